@@ -1,0 +1,337 @@
+//! The interface every runtime (local, Kubernetes) implements, and the values it exchanges.
+//!
+//! Command output is written to file descriptors the caller provides: the CLI passes its own
+//! stdout and stderr, a server passes pipes it reads from. A runtime never buffers output.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::naming::ThreadId;
+use crate::spec::{SandboxSpec, SpecError};
+
+/// A sandbox's id: `sbx-` and 12 lowercase hex digits for sandboxes Paddock made.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    pub fn parse(s: &str) -> Result<Self, RuntimeError> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-');
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(RuntimeError::InvalidArgument(format!(
+                "{s:?} is not a sandbox id: ids look like sbx-0123456789ab (see `paddock ls`)"
+            )))
+        }
+    }
+    /// A fresh random id from 48 random bits.
+    pub fn from_random(bits: [u8; 6]) -> Self {
+        Self(format!("sbx-{}", hex::encode(bits)))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for SandboxId {
+    type Error = RuntimeError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+impl From<SandboxId> for String {
+    fn from(id: SandboxId) -> String {
+        id.0
+    }
+}
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Running,
+    Paused,
+    /// The sandbox's supervisor is gone; its processes are dead, its workspace is kept.
+    Failed,
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Failed => "failed",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceInfo {
+    pub thread: ThreadId,
+    /// The collision-resistant name the workspace is stored under.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: SandboxId,
+    pub state: SandboxState,
+    pub spec: SandboxSpec,
+    pub created_unix_ms: u64,
+    pub expires_unix_ms: Option<u64>,
+    pub workspace: Option<WorkspaceInfo>,
+    /// Why the sandbox failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+/// A command to run in a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Program and arguments; the program is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Working directory inside the sandbox; relative paths start at `/workspace`.
+    pub cwd: Option<String>,
+    /// Variables added to the sandbox's environment for this command.
+    pub env: BTreeMap<String, String>,
+    /// After this long the command's whole process group is killed and it exits 124.
+    pub timeout_ms: Option<u64>,
+}
+
+impl ExecRequest {
+    /// A shell command line, run by `/bin/sh -c`.
+    pub fn shell(command: &str) -> Self {
+        Self { argv: vec!["/bin/sh".into(), "-c".into(), command.into()], ..Self::default() }
+    }
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err(RuntimeError::InvalidArgument(
+                "no command given: pass the program to run and its arguments".into(),
+            ));
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(RuntimeError::InvalidArgument(
+                "a command argument contains a NUL byte, which no program can receive".into(),
+            ));
+        }
+        if self.timeout_ms == Some(0) {
+            return Err(RuntimeError::InvalidArgument(
+                "a command timeout must be positive; leave it unset for none".into(),
+            ));
+        }
+        crate::spec::validate_env(&self.env).map_err(RuntimeError::from)
+    }
+}
+
+/// Where a command's standard streams go. Without stdin the command reads end-of-file.
+#[derive(Debug)]
+pub struct ExecIo {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutcome {
+    /// The exit code; `128 + n` when killed by signal `n`; 124 after a timeout; 127 when the
+    /// program was not found; 126 when it could not be executed.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// The sandbox ran out of memory while the command ran.
+    pub oom_killed: bool,
+}
+
+/// A command started in a sandbox.
+#[async_trait::async_trait]
+pub trait Execution: Send {
+    /// The command's process id inside the sandbox.
+    fn pid(&self) -> u32;
+    /// Sends a signal to the command's process group.
+    async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError>;
+    /// Waits for the command to end.
+    async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError>;
+}
+
+/// A file operation, with every path resolved inside the sandbox's own view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FileOp {
+    /// Streams the file's bytes into the data descriptor.
+    Read {
+        path: String,
+    },
+    /// Replaces the file with the bytes read from the data descriptor, creating parents.
+    Write {
+        path: String,
+        mode: Option<u32>,
+    },
+    List {
+        path: String,
+    },
+    Stat {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        mode: Option<u32>,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    Chmod {
+        path: String,
+        mode: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_unix_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum FileReply {
+    Done,
+    Stat(FileStat),
+    List { entries: Vec<FileStat> },
+}
+
+/// Why a runtime call failed. `code()` is stable and becomes the API error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("invalid sandbox spec: {0}")]
+    InvalidSpec(#[from] SpecError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A file operation failed inside the sandbox (missing file, read-only path, ...).
+    #[error("{message}")]
+    File { kind: FileErrorKind, message: String },
+    /// The sandbox cannot serve requests (its supervisor is gone, or it is paused).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The host could not do what was asked; the message says what failed.
+    #[error("{0}")]
+    System(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileErrorKind {
+    NotFound,
+    PermissionDenied,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    InvalidPath,
+    Other,
+}
+
+impl RuntimeError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) | Self::InvalidSpec(_) => "INVALID_ARGUMENT",
+            Self::NotFound(_) => "NOT_FOUND",
+            Self::Conflict(_) => "CONFLICT",
+            Self::File { kind: FileErrorKind::NotFound, .. } => "FILE_NOT_FOUND",
+            Self::File { kind: FileErrorKind::PermissionDenied, .. } => "PERMISSION_DENIED",
+            Self::File { .. } => "FILE_ERROR",
+            Self::Unavailable(_) => "UNAVAILABLE",
+            Self::System(_) => "INTERNAL",
+        }
+    }
+}
+
+/// A place to run sandboxes. The local runtime implements it with namespaces on this machine;
+/// the Kubernetes runtime with Pods.
+#[async_trait::async_trait]
+pub trait Runtime: Send + Sync {
+    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError>;
+    async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError>;
+    async fn exec(&self, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<Box<dyn Execution>, RuntimeError>;
+    /// Runs a file operation; `data` is the source (write) or sink (read) of file contents.
+    async fn file(&self, id: &SandboxId, op: FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError>;
+    /// Freezes every process of the sandbox in place, keeping its memory.
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+    /// Moves the sandbox's expiry to `ttl` from now.
+    async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError>;
+    /// Kills every process and removes the sandbox; its persistent workspace, if any, is kept.
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
+    /// Returns the live sandbox of this thread's workspace, or creates one (the workspace too,
+    /// on first use). Concurrent acquires of one thread yield one sandbox.
+    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
+    /// Stops the thread's sandbox and keeps its workspace.
+    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError>;
+    /// Stops the thread's sandbox and deletes its workspace.
+    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ids_are_checked() {
+        assert_eq!(SandboxId::from_random([0, 1, 2, 3, 4, 0xff]).as_str(), "sbx-0001020304ff");
+        for bad in ["", "../x", "SBX", "a b", "-x", &"a".repeat(65)] {
+            assert!(SandboxId::parse(bad).is_err(), "{bad:?}");
+        }
+        SandboxId::parse("sbx-0001020304ff").unwrap();
+    }
+
+    #[test]
+    fn exec_requests_are_checked() {
+        assert!(ExecRequest::default().validate().is_err());
+        assert!(ExecRequest { argv: vec!["a\0".into()], ..Default::default() }.validate().is_err());
+        ExecRequest::shell("echo hi").validate().unwrap();
+    }
+
+    #[test]
+    fn error_codes_are_stable() {
+        let e = RuntimeError::File { kind: FileErrorKind::NotFound, message: "x".into() };
+        assert_eq!(e.code(), "FILE_NOT_FOUND");
+        assert_eq!(RuntimeError::NotFound("x".into()).code(), "NOT_FOUND");
+    }
+}

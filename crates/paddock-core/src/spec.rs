@@ -1,0 +1,277 @@
+//! What a caller asks for when it creates a sandbox, with safe defaults and validation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::naming::{NamingMode, ThreadId};
+use crate::units::{format_bytes, format_duration};
+
+/// The tree shown read-only as the sandbox's `/`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum RootFs {
+    /// The host's own root filesystem, read-only.
+    #[default]
+    Host,
+    /// An unpacked image directory, read-only.
+    Dir { path: PathBuf },
+}
+
+/// How the sandbox reaches the network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkPolicy {
+    /// A network namespace with only loopback: zero egress, no DNS.
+    #[default]
+    LoopbackOnly,
+}
+
+/// Resource limits; every sandbox has all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Resources {
+    /// Memory (including `/tmp` and `/dev/shm` contents), bytes.
+    pub memory_bytes: u64,
+    /// CPU quota in thousandths of a CPU.
+    pub millicpus: u32,
+    /// Most processes and threads alive at once.
+    pub pids: u32,
+    /// Size cap of `/tmp`, bytes.
+    pub tmp_bytes: u64,
+}
+
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
+pub const DEFAULT_MILLICPUS: u32 = 1000;
+pub const DEFAULT_PIDS: u32 = 512;
+pub const DEFAULT_TMP: u64 = 256 << 20;
+pub const MIN_MEMORY: u64 = 16 << 20;
+pub const MAX_PIDS: u32 = 16_384;
+pub const MIN_PIDS: u32 = 8;
+pub const MAX_MILLICPUS: u32 = 1_024_000;
+pub const MIN_TMP: u64 = 1 << 20;
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self { memory_bytes: DEFAULT_MEMORY, millicpus: DEFAULT_MILLICPUS, pids: DEFAULT_PIDS, tmp_bytes: DEFAULT_TMP }
+    }
+}
+
+/// The identity processes run as inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Default for User {
+    fn default() -> Self {
+        Self { uid: 1000, gid: 1000 }
+    }
+}
+
+/// The persistent workspace a sandbox mounts at `/workspace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceRef {
+    pub thread: ThreadId,
+    #[serde(default)]
+    pub naming: NamingMode,
+}
+
+/// Everything needed to create a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSpec {
+    pub rootfs: RootFs,
+    pub resources: Resources,
+    /// The environment of every command, on top of `HOME=/workspace` and a default `PATH`.
+    /// The host's environment is never inherited.
+    pub env: BTreeMap<String, String>,
+    pub user: User,
+    /// Lifetime after which the sandbox is destroyed; `None` keeps it until removed.
+    pub timeout_secs: Option<u64>,
+    /// Persistent workspace; without one, `/workspace` lives and dies with the sandbox.
+    pub workspace: Option<WorkspaceRef>,
+    pub network: NetworkPolicy,
+    /// Free-form labels for the caller's bookkeeping.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A spec that cannot be run, with the field at fault and what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn err(field: &'static str, message: impl Into<String>) -> SpecError {
+    SpecError { field, message: message.into() }
+}
+
+/// The `PATH` commands get unless the spec sets its own.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Checks an environment variable name: a POSIX shell name.
+pub fn validate_env_name(name: &str) -> Result<(), SpecError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            "env",
+            format!("{name:?} is not a valid variable name: use letters, digits and _, not starting with a digit"),
+        ))
+    }
+}
+
+/// Checks a whole environment map.
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
+    for (k, v) in env {
+        validate_env_name(k)?;
+        if v.contains('\0') {
+            return Err(err("env", format!("the value of {k} contains a NUL byte, which no process can receive")));
+        }
+    }
+    Ok(())
+}
+
+/// The environment a command starts with: exactly the spec's and the request's variables, plus
+/// `HOME` and `PATH` unless they set those themselves.
+pub fn command_env(
+    spec_env: &BTreeMap<String, String>,
+    request_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env =
+        BTreeMap::from([("HOME".to_owned(), "/workspace".to_owned()), ("PATH".to_owned(), DEFAULT_PATH.to_owned())]);
+    env.extend(spec_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(request_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+impl SandboxSpec {
+    /// Rejects impossible or unsafe specs with a message that says what to change.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let r = &self.resources;
+        if r.memory_bytes < MIN_MEMORY {
+            return Err(err(
+                "memory",
+                format!(
+                    "{} is too little to start a process: give at least {}",
+                    format_bytes(r.memory_bytes),
+                    format_bytes(MIN_MEMORY)
+                ),
+            ));
+        }
+        if !(MIN_PIDS..=MAX_PIDS).contains(&r.pids) {
+            return Err(err("pids", format!("{} is out of range: choose between {MIN_PIDS} and {MAX_PIDS}", r.pids)));
+        }
+        if r.millicpus == 0 || r.millicpus > MAX_MILLICPUS {
+            return Err(err(
+                "cpus",
+                format!("{} millicpus is out of range: choose between 0.01 and 1024 CPUs", r.millicpus),
+            ));
+        }
+        if r.tmp_bytes < MIN_TMP {
+            return Err(err(
+                "tmp",
+                format!("{} is too small for /tmp: give at least {}", format_bytes(r.tmp_bytes), format_bytes(MIN_TMP)),
+            ));
+        }
+        if self.user.uid == 0 || self.user.gid == 0 {
+            return Err(err(
+                "user",
+                "running as root inside a sandbox is not supported: choose a non-zero uid and gid such as 1000:1000",
+            ));
+        }
+        if let Some(t) = self.timeout_secs {
+            if t == 0 {
+                return Err(err("timeout", "must be at least one second; leave it unset for no timeout"));
+            }
+            if t > 366 * 24 * 3600 {
+                return Err(err(
+                    "timeout",
+                    format!(
+                        "{} is longer than a year: leave it unset for no timeout",
+                        format_duration(std::time::Duration::from_secs(t))
+                    ),
+                ));
+            }
+        }
+        if let RootFs::Dir { path } = &self.rootfs
+            && !path.is_absolute()
+        {
+            return Err(err(
+                "rootfs",
+                format!("{} is not an absolute path: pass the full path of an unpacked image", path.display()),
+            ));
+        }
+        validate_env(&self.env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_spec_is_valid_and_safe() {
+        let s = SandboxSpec::default();
+        s.validate().unwrap();
+        assert_eq!(s.user, User { uid: 1000, gid: 1000 });
+        assert_eq!(s.resources.pids, 512);
+        assert_eq!(s.network, NetworkPolicy::LoopbackOnly);
+    }
+
+    #[test]
+    fn impossible_limits_are_rejected_with_the_field() {
+        let mut s = SandboxSpec::default();
+        s.resources.memory_bytes = 1;
+        assert_eq!(s.validate().unwrap_err().field, "memory");
+        let mut s = SandboxSpec::default();
+        s.resources.pids = 1_000_000;
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "pids");
+        assert!(e.to_string().contains("between 8 and 16384"), "{e}");
+        let mut s = SandboxSpec::default();
+        s.user.uid = 0;
+        assert_eq!(s.validate().unwrap_err().field, "user");
+        let mut s = SandboxSpec::default();
+        s.rootfs = RootFs::Dir { path: "relative/dir".into() };
+        assert_eq!(s.validate().unwrap_err().field, "rootfs");
+    }
+
+    #[test]
+    fn env_names_and_values_are_checked() {
+        for bad in ["", "1A", "A-B", "A B", "A=B"] {
+            assert!(validate_env_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["A", "_", "a_1", "PATH"] {
+            validate_env_name(good).unwrap();
+        }
+        let mut s = SandboxSpec::default();
+        s.env.insert("X".into(), "a\0b".into());
+        assert_eq!(s.validate().unwrap_err().field, "env");
+    }
+
+    #[test]
+    fn command_env_is_exactly_spec_and_request_plus_home_and_path() {
+        let spec = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
+        let req = BTreeMap::from([("B".to_owned(), "2".to_owned()), ("PATH".to_owned(), "/x".to_owned())]);
+        let env = command_env(&spec, &req);
+        assert_eq!(env.keys().collect::<Vec<_>>(), ["A", "B", "HOME", "PATH"]);
+        assert_eq!(env["PATH"], "/x");
+        assert_eq!(env["HOME"], "/workspace");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let e = serde_json::from_str::<SandboxSpec>(r#"{"resources":{"memory":1}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+}

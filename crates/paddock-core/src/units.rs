@@ -1,0 +1,493 @@
+//! Human-friendly limits ("512M", "1m30s", "0.5"), parsed strictly.
+//!
+//! Numbers are plain decimals (`12`, `1.5`, `.5`); signs, exponents, `_`
+//! separators, inner whitespace, `NaN` and `inf` are rejected. Surrounding
+//! whitespace is ignored. Fractions are scaled exactly, without floats, and
+//! rounded down to the base unit (byte, nanosecond, millicpu).
+
+use std::fmt;
+use std::time::Duration;
+
+/// What was being parsed; it picks the wording and the example in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantity {
+    Bytes,
+    Duration,
+    Cpus,
+}
+
+impl Quantity {
+    fn syntax(self) -> &'static str {
+        match self {
+            Self::Bytes => "a number with an optional binary unit (B, K, M, G, T, P, or KiB/KB/Ki etc.)",
+            Self::Duration => "numbers with units ms, s, m, h, or plain seconds",
+            Self::Cpus => "a plain decimal number of CPUs",
+        }
+    }
+
+    fn example(self) -> &'static str {
+        match self {
+            Self::Bytes => "512M",
+            Self::Duration => "1m30s",
+            Self::Cpus => "0.5",
+        }
+    }
+}
+
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Bytes => "byte size",
+            Self::Duration => "duration",
+            Self::Cpus => "cpu count",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum UnitError {
+    #[error("{quantity} is empty: write {}, e.g. {}", .quantity.syntax(), .quantity.example())]
+    Empty { quantity: Quantity },
+    #[error("{quantity} {input:?} is not valid: write {}, e.g. {}", .quantity.syntax(), .quantity.example())]
+    Invalid { quantity: Quantity, input: String },
+    #[error("{quantity} {input:?} has unknown unit {unit:?}: write {}, e.g. {}", .quantity.syntax(), .quantity.example())]
+    UnknownUnit { quantity: Quantity, input: String, unit: String },
+    #[error("{quantity} {input:?} is negative: it must be > 0, e.g. {}", .quantity.example())]
+    Negative { quantity: Quantity, input: String },
+    #[error("{quantity} {input:?} is zero or rounds down to zero: it must be > 0, e.g. {}", .quantity.example())]
+    Zero { quantity: Quantity, input: String },
+    #[error("{quantity} {input:?} is too large to represent: pass a smaller value, e.g. {}", .quantity.example())]
+    Overflow { quantity: Quantity, input: String },
+    #[error("cpu count {input:?} is outside 0.01..=1024: pass a value in that range, e.g. 0.5")]
+    CpusOutOfRange { input: String },
+}
+
+/// Parses a byte size such as `"512M"`, `"1G"`, `"1.5GiB"`, `"64m"`,
+/// `"100k"`, `"2Gi"` or `"1048576"` (plain bytes).
+///
+/// Every unit is binary (1024-based) and case-insensitive: `k`, `kb`, `ki`
+/// and `kib` all mean 1024, likewise `m`, `g`, `t`, `p`; `b` means bytes.
+/// So `1MB` is 1048576, not 10^6 — limits here are always written in binary
+/// units, and accepting `MB` spares users a pointless error. Exabytes are
+/// left out because `1e9`-style input would otherwise parse as 1 EiB.
+pub fn parse_bytes(s: &str) -> Result<u64, UnitError> {
+    const QUANTITY: Quantity = Quantity::Bytes;
+    let (number, unit) = split_number(QUANTITY, s)?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "ki" | "kib" => 10,
+        "m" | "mb" | "mi" | "mib" => 20,
+        "g" | "gb" | "gi" | "gib" => 30,
+        "t" | "tb" | "ti" | "tib" => 40,
+        "p" | "pb" | "pi" | "pib" => 50,
+        _ => return Err(unknown_unit(QUANTITY, s, unit)),
+    };
+    let bytes =
+        number.scale(1 << shift).ok_or_else(|| UnitError::Overflow { quantity: QUANTITY, input: s.to_owned() })?;
+    nonzero(QUANTITY, s, bytes)
+}
+
+/// Parses a duration such as `"30s"`, `"1m"`, `"1h"`, `"500ms"`, `"1m30s"`
+/// or `"90"` (plain seconds, only when it is the whole input).
+///
+/// Units are `ms`, `s`, `m`, `h`, lowercase only so `M` cannot be misread as
+/// months; components may be fractional (`1.5h`) and are summed.
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
+    const QUANTITY: Quantity = Quantity::Duration;
+    let overflow = || UnitError::Overflow { quantity: QUANTITY, input: s.to_owned() };
+    let (first, rest) = split_number(QUANTITY, s)?;
+    if rest.is_empty() {
+        let nanos = first.scale(1_000_000_000).ok_or_else(overflow)?;
+        return nonzero(QUANTITY, s, nanos).map(Duration::from_nanos);
+    }
+    let (mut number, mut rest) = (first, rest);
+    let mut total: u64 = 0;
+    loop {
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let (unit, tail) = rest.split_at(unit_len);
+        let nanos_per_unit = match unit {
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            // A later number without a unit, e.g. "1m30": plain seconds only stand alone.
+            "" => return Err(invalid(QUANTITY, s)),
+            _ => return Err(unknown_unit(QUANTITY, s, unit)),
+        };
+        let nanos = number.scale(nanos_per_unit).ok_or_else(overflow)?;
+        total = total.checked_add(nanos).ok_or_else(overflow)?;
+        if tail.is_empty() {
+            return nonzero(QUANTITY, s, total).map(Duration::from_nanos);
+        }
+        (number, rest) = Decimal::split(tail).ok_or_else(|| invalid(QUANTITY, s))?;
+    }
+}
+
+/// Parses a CPU count the way `docker --cpus` does (`"1"`, `"0.5"`,
+/// `"2.25"`) into millicpus. Accepts 0.01..=1024; finer precision than a
+/// millicpu is rounded down.
+pub fn parse_cpus(s: &str) -> Result<u32, UnitError> {
+    const QUANTITY: Quantity = Quantity::Cpus;
+    // The kernel's smallest CFS quota is 1ms per default 100ms period.
+    const MIN_MILLIS: u32 = 10;
+    const MAX_MILLIS: u32 = 1024 * 1000;
+    let (number, unit) = split_number(QUANTITY, s)?;
+    if !unit.is_empty() {
+        return Err(invalid(QUANTITY, s));
+    }
+    if number.is_zero() {
+        return Err(UnitError::Zero { quantity: QUANTITY, input: s.to_owned() });
+    }
+    match number.scale(1000).and_then(|m| u32::try_from(m).ok()) {
+        Some(millis @ MIN_MILLIS..=MAX_MILLIS) => Ok(millis),
+        _ => Err(UnitError::CpusOutOfRange { input: s.to_owned() }),
+    }
+}
+
+const BYTE_UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+
+/// Formats bytes with the largest fitting binary unit and up to two
+/// decimals (rounded): `268435456` → `"256MiB"`, `1536` → `"1.5KiB"`.
+/// The output is accepted by [`parse_bytes`], though rounding may make it
+/// differ from `n` by a fraction of the unit.
+pub fn format_bytes(n: u64) -> String {
+    let mut exp = (BYTE_UNITS.len() - 1).min((n.max(1).ilog2() / 10) as usize);
+    let mut hundredths = round_div(u128::from(n) * 100, 1u128 << (10 * exp));
+    // Rounding can carry into the next unit, e.g. 1023.999KiB → 1024KiB.
+    if hundredths >= 1024 * 100 && exp + 1 < BYTE_UNITS.len() {
+        exp += 1;
+        hundredths = round_div(u128::from(n) * 100, 1u128 << (10 * exp));
+    }
+    let (whole, frac) = (hundredths / 100, hundredths % 100);
+    let unit = BYTE_UNITS[exp];
+    match frac {
+        0 => format!("{whole}{unit}"),
+        _ if frac % 10 == 0 => format!("{whole}.{}{unit}", frac / 10),
+        _ => format!("{whole}.{frac:02}{unit}"),
+    }
+}
+
+/// Formats a duration as `1h2m3s4ms`, skipping zero components: 90s →
+/// `"1m30s"`. Sub-millisecond parts are dropped; zero is `"0s"`. The output
+/// is accepted by [`parse_duration`].
+pub fn format_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let parts = [(secs / 3600, "h"), (secs / 60 % 60, "m"), (secs % 60, "s"), (u64::from(d.subsec_millis()), "ms")];
+    let out: String =
+        parts.iter().filter(|(value, _)| *value > 0).map(|(value, unit)| format!("{value}{unit}")).collect();
+    if out.is_empty() { "0s".to_owned() } else { out }
+}
+
+/// A non-negative decimal kept as digit strings so scaling stays exact.
+struct Decimal<'a> {
+    int: &'a str,
+    frac: &'a str,
+}
+
+impl<'a> Decimal<'a> {
+    /// Splits a leading decimal off `s`; `None` if `s` does not start with one.
+    fn split(s: &'a str) -> Option<(Self, &'a str)> {
+        let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let (number, rest) = s.split_at(end);
+        let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+        if frac.contains('.') || (int.is_empty() && frac.is_empty()) {
+            return None;
+        }
+        Some((Self { int, frac }, rest))
+    }
+
+    fn is_zero(&self) -> bool {
+        self.int.bytes().chain(self.frac.bytes()).all(|b| b == b'0')
+    }
+
+    /// `floor(self * scale)`, or `None` if it does not fit in a u64.
+    fn scale(&self, scale: u64) -> Option<u64> {
+        let int: u64 = if self.int.is_empty() { 0 } else { self.int.parse().ok()? };
+        // Folding fraction digits right to left is exact for any digit count,
+        // since floor((floor(x) + a) / 10) == floor((x + a) / 10) for integer
+        // a, and the accumulator stays below 10 * scale.
+        let frac = self.frac.bytes().rev().fold(0, |acc, digit| (acc + u64::from(digit - b'0') * scale) / 10);
+        int.checked_mul(scale)?.checked_add(frac)
+    }
+}
+
+/// Trims `s` and splits it into a leading number and the unit after it.
+fn split_number(quantity: Quantity, s: &str) -> Result<(Decimal<'_>, &str), UnitError> {
+    let trimmed = s.trim();
+    if trimmed.is_empty() {
+        return Err(UnitError::Empty { quantity });
+    }
+    if let Some(rest) = trimmed.strip_prefix('-')
+        && rest.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+    {
+        return Err(UnitError::Negative { quantity, input: s.to_owned() });
+    }
+    Decimal::split(trimmed).ok_or_else(|| invalid(quantity, s))
+}
+
+fn nonzero(quantity: Quantity, input: &str, value: u64) -> Result<u64, UnitError> {
+    if value == 0 { Err(UnitError::Zero { quantity, input: input.to_owned() }) } else { Ok(value) }
+}
+
+fn invalid(quantity: Quantity, input: &str) -> UnitError {
+    UnitError::Invalid { quantity, input: input.to_owned() }
+}
+
+fn unknown_unit(quantity: Quantity, input: &str, unit: &str) -> UnitError {
+    UnitError::UnknownUnit { quantity, input: input.to_owned(), unit: unit.to_owned() }
+}
+
+fn round_div(numerator: u128, denominator: u128) -> u128 {
+    (numerator + denominator / 2) / denominator
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn bytes_accepts_documented_forms() {
+        let cases = [
+            ("512M", 512 * MIB),
+            ("1G", GIB),
+            ("1.5GiB", GIB + GIB / 2),
+            ("64m", 64 * MIB),
+            ("1048576", MIB),
+            ("100k", 100 * 1024),
+            ("2Gi", 2 * GIB),
+            ("1MB", MIB),
+            ("1mib", MIB),
+            ("3KI", 3 * 1024),
+            ("1t", 1 << 40),
+            ("2PiB", 2 << 50),
+            ("512B", 512),
+            (" 1G\n", GIB),
+            (".5k", 512),
+            ("0.1k", 102),
+            ("1.5", 1),
+            ("0000000000000000000000001k", 1024),
+            ("15.99999999999999999999999999999999P", 16 * (1 << 50) - 1),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_bytes(input), Ok(want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_accepts_u64_max_exactly() {
+        assert_eq!(parse_bytes(&u64::MAX.to_string()), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn bytes_rejects_empty_and_whitespace() {
+        for input in ["", "   ", "\t\n"] {
+            assert_eq!(parse_bytes(input), Err(UnitError::Empty { quantity: Quantity::Bytes }), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_rejects_negative() {
+        assert!(matches!(parse_bytes("-1M"), Err(UnitError::Negative { .. })));
+    }
+
+    #[test]
+    fn bytes_rejects_zero_and_fractions_rounding_to_zero() {
+        for input in ["0", "0M", "0.0G", "0.5", "0.9b"] {
+            assert!(matches!(parse_bytes(input), Err(UnitError::Zero { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_rejects_overflow() {
+        for input in ["16384P", "18446744073709551616", "99999999999999999999999G"] {
+            assert!(matches!(parse_bytes(input), Err(UnitError::Overflow { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_rejects_unknown_suffix() {
+        assert_eq!(
+            parse_bytes("5X"),
+            Err(UnitError::UnknownUnit { quantity: Quantity::Bytes, input: "5X".to_owned(), unit: "X".to_owned() })
+        );
+        for input in ["1e9", "1E", "5 M", "1kk", "1_000"] {
+            assert!(matches!(parse_bytes(input), Err(UnitError::UnknownUnit { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_rejects_non_numbers() {
+        for input in ["NaN", "inf", "-inf", "M", "+1M", ".", "1.5.5M", "abc"] {
+            assert!(matches!(parse_bytes(input), Err(UnitError::Invalid { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn error_messages_name_input_and_show_example() {
+        let msg = parse_bytes("5X").unwrap_err().to_string();
+        assert!(msg.contains("\"5X\"") && msg.contains("e.g. 512M"), "{msg}");
+        let msg = parse_bytes("0M").unwrap_err().to_string();
+        assert!(msg.contains("must be > 0"), "{msg}");
+        let msg = parse_duration("").unwrap_err().to_string();
+        assert!(msg.contains("duration is empty") && msg.contains("1m30s"), "{msg}");
+        let msg = parse_cpus("2000").unwrap_err().to_string();
+        assert!(msg.contains("\"2000\"") && msg.contains("0.01..=1024"), "{msg}");
+    }
+
+    #[test]
+    fn duration_accepts_documented_forms() {
+        let cases = [
+            ("30s", Duration::from_secs(30)),
+            ("1m", Duration::from_secs(60)),
+            ("1h", Duration::from_secs(3600)),
+            ("500ms", Duration::from_millis(500)),
+            ("1m30s", Duration::from_secs(90)),
+            ("90", Duration::from_secs(90)),
+            ("1h2m3s4ms", Duration::from_millis(3_723_004)),
+            ("1.5h", Duration::from_secs(5400)),
+            ("0.5", Duration::from_millis(500)),
+            ("0.5ms", Duration::from_micros(500)),
+            (" 10s ", Duration::from_secs(10)),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_duration(input), Ok(want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn duration_rejects_empty() {
+        for input in ["", "  "] {
+            assert_eq!(parse_duration(input), Err(UnitError::Empty { quantity: Quantity::Duration }));
+        }
+    }
+
+    #[test]
+    fn duration_rejects_zero() {
+        for input in ["0", "0s", "0m0s", "0.0000000001s"] {
+            assert!(matches!(parse_duration(input), Err(UnitError::Zero { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn duration_rejects_negative() {
+        assert!(matches!(parse_duration("-1s"), Err(UnitError::Negative { .. })));
+    }
+
+    #[test]
+    fn duration_rejects_unknown_unit() {
+        for (input, unit) in [("5d", "d"), ("1M", "M"), ("1H", "H"), ("10 s", " s"), ("1m-30s", "m-")] {
+            assert_eq!(
+                parse_duration(input),
+                Err(UnitError::UnknownUnit {
+                    quantity: Quantity::Duration,
+                    input: input.to_owned(),
+                    unit: unit.to_owned(),
+                }),
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn duration_rejects_non_numbers() {
+        for input in ["s", "NaN", "inf", "1m30", "1ms.", "1s.5.5s"] {
+            assert!(matches!(parse_duration(input), Err(UnitError::Invalid { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn duration_rejects_overflow() {
+        for input in ["99999999999999999999", "10000000h", "5000000h5000000h"] {
+            assert!(matches!(parse_duration(input), Err(UnitError::Overflow { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn cpus_accepts_documented_forms() {
+        for (input, want) in [
+            ("1", 1000),
+            ("0.5", 500),
+            ("2.25", 2250),
+            ("0.01", 10),
+            ("1024", 1_024_000),
+            ("0.0125", 12),
+            (" 4 ", 4000),
+        ] {
+            assert_eq!(parse_cpus(input), Ok(want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn cpus_rejects_zero_and_negative() {
+        assert!(matches!(parse_cpus("0"), Err(UnitError::Zero { .. })));
+        assert!(matches!(parse_cpus("0.000"), Err(UnitError::Zero { .. })));
+        assert!(matches!(parse_cpus("-1"), Err(UnitError::Negative { .. })));
+        assert!(matches!(parse_cpus("-0.5"), Err(UnitError::Negative { .. })));
+    }
+
+    #[test]
+    fn cpus_rejects_out_of_range() {
+        for input in ["0.009", "0.0001", "1024.001", "2000", "99999999999999999999999"] {
+            assert_eq!(parse_cpus(input), Err(UnitError::CpusOutOfRange { input: input.to_owned() }), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn cpus_rejects_garbage() {
+        assert!(matches!(parse_cpus(""), Err(UnitError::Empty { .. })));
+        for input in ["NaN", "inf", "abc", "500m", "1.5.5", "1e3", "."] {
+            assert!(matches!(parse_cpus(input), Err(UnitError::Invalid { .. })), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn format_bytes_picks_largest_unit() {
+        for (n, want) in [
+            (0, "0B"),
+            (1, "1B"),
+            (1023, "1023B"),
+            (1024, "1KiB"),
+            (1536, "1.5KiB"),
+            (1024 + 1024 / 3, "1.33KiB"),
+            (268_435_456, "256MiB"),
+            (MIB - 1, "1MiB"),
+            (GIB + 10 * MIB, "1.01GiB"),
+            (u64::MAX, "16384PiB"),
+        ] {
+            assert_eq!(format_bytes(n), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn format_bytes_output_parses_back() {
+        for n in [1, 1536, 268_435_456, 5 * GIB, u64::MAX >> 1] {
+            let text = format_bytes(n);
+            assert!(parse_bytes(&text).is_ok(), "{text}");
+        }
+        assert_eq!(parse_bytes(&format_bytes(268_435_456)), Ok(268_435_456));
+    }
+
+    #[test]
+    fn format_duration_skips_zero_parts() {
+        for (d, want) in [
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::ZERO, "0s"),
+            (Duration::from_micros(999), "0s"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::from_millis(3_600_500), "1h500ms"),
+            (Duration::from_secs(100 * 3600 + 5), "100h5s"),
+        ] {
+            assert_eq!(format_duration(d), want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn format_duration_output_parses_back() {
+        for d in [Duration::from_secs(90), Duration::from_millis(3_723_004), Duration::from_millis(1)] {
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! [`LocalRuntime`]: the `Runtime` of this machine. It starts one supervisor per sandbox and talks
+//! to supervisors over their sockets, so any process (a CLI run, a restarted server) can find
+//! and drive the sandboxes that are running.
+
+use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use paddock_core::naming::{NamingMode, ThreadId, resource_name};
+use paddock_core::runtime::{
+    ExecIo, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Runtime, RuntimeError, SandboxId, SandboxInfo,
+    SandboxState,
+};
+use paddock_core::spec::{SandboxSpec, WorkspaceRef};
+use paddock_sys::cgroup::CgroupLayout;
+use paddock_sys::fdpass;
+use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::layout::DataDir;
+use crate::protocol::{self, Control, Ready, Record, Reply, Request};
+use crate::supervisor::CGROUP_PARENT;
+
+/// The embedded local runtime.
+#[derive(Debug, Clone)]
+pub struct LocalRuntime {
+    dd: DataDir,
+    /// The `paddock` binary, re-executed as each sandbox's supervisor.
+    exe: PathBuf,
+    naming: NamingMode,
+}
+
+fn sys_err(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeError {
+    move |e| RuntimeError::System(format!("{context}: {e}"))
+}
+
+impl LocalRuntime {
+    /// A runtime keeping its state in `data_dir`, starting supervisors with `exe __supervise`.
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        exe: impl Into<PathBuf>,
+        naming: NamingMode,
+    ) -> Result<Self, RuntimeError> {
+        let dd = DataDir::new(data_dir);
+        dd.check_socket_path_fits().map_err(RuntimeError::InvalidArgument)?;
+        for dir in [dd.root().to_path_buf(), dd.sandboxes(), dd.workspaces()] {
+            fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+                .map_err(sys_err(format!("chmod {}", dir.display())))?;
+        }
+        Ok(Self { dd, exe: exe.into(), naming })
+    }
+
+    pub fn naming(&self) -> NamingMode {
+        self.naming
+    }
+
+    pub fn data_dir(&self) -> &DataDir {
+        &self.dd
+    }
+
+    fn new_id() -> Result<SandboxId, RuntimeError> {
+        let mut bits = [0u8; 6];
+        rustix::rand::getrandom(&mut bits, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| RuntimeError::System(format!("getrandom: {e}")))?;
+        Ok(SandboxId::from_random(bits))
+    }
+
+    /// Starts a supervisor and waits until the sandbox is ready (or failed to start).
+    async fn spawn_supervisor(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let id = Self::new_id()?;
+        let dir = self.dd.sandbox(&id);
+        fs::create_dir(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(sys_err("chmod"))?;
+        let result = self.run_supervisor(&id, spec).await;
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    async fn run_supervisor(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let mut child = tokio::process::Command::new(&self.exe)
+            .arg("__supervise")
+            .arg("--data-dir")
+            .arg(self.dd.root())
+            .arg("--id")
+            .arg(id.as_str())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env_clear()
+            .spawn()
+            .map_err(sys_err(format!("starting the sandbox supervisor {}", self.exe.display())))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(&protocol::encode(spec)).await.map_err(sys_err("sending the spec to the supervisor"))?;
+        drop(stdin);
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .await
+            .map_err(sys_err("reading the supervisor's readiness"))?;
+        if line.is_empty() {
+            let status = child.wait().await.ok();
+            return Err(RuntimeError::System(format!(
+                "the sandbox supervisor exited before it was ready ({status:?}); see {}",
+                self.dd.log(id).display()
+            )));
+        }
+        match protocol::decode::<Ready>(line.as_bytes())? {
+            Ready::Ready { record } => Ok(record.info),
+            Ready::Failed { error } => {
+                let _ = child.wait().await;
+                Err(error.into())
+            }
+        }
+    }
+
+    fn read_record(&self, id: &SandboxId) -> Result<Record, RuntimeError> {
+        let path = self.dd.record(id);
+        match fs::read(&path) {
+            Ok(bytes) => protocol::decode(&bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(RuntimeError::NotFound(format!("no sandbox {id}: see `paddock ls` for the sandboxes that exist")))
+            }
+            Err(e) => Err(RuntimeError::System(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// Sends a request on a fresh connection to the sandbox's supervisor.
+    async fn request(
+        &self,
+        id: &SandboxId,
+        request: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<Conn, RuntimeError> {
+        let conn = Conn::connect(&self.dd.socket(id)).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                if self.dd.sandbox(id).exists() {
+                    RuntimeError::Unavailable(format!(
+                        "sandbox {id} is not running (its supervisor is gone): remove it with `paddock rm {id}`"
+                    ))
+                } else {
+                    RuntimeError::NotFound(format!("no sandbox {id}: see `paddock ls` for the sandboxes that exist"))
+                }
+            }
+            _ => RuntimeError::System(format!("connecting to sandbox {id}: {e}")),
+        })?;
+        conn.send(&protocol::encode(request), fds).await?;
+        Ok(conn)
+    }
+
+    async fn call(&self, id: &SandboxId, request: &Request) -> Result<Reply, RuntimeError> {
+        let conn = self.request(id, request, &[]).await?;
+        match conn.recv().await? {
+            Some(Reply::Error { error }) => Err(error.into()),
+            Some(r) => Ok(r),
+            None => Err(RuntimeError::Unavailable(format!("sandbox {id} closed the connection without answering"))),
+        }
+    }
+
+    /// Removes what a sandbox whose supervisor died left behind.
+    fn clean_dead(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        if let Ok(layout) = CgroupLayout::detect() {
+            let cg = layout.existing(CGROUP_PARENT, id.as_str());
+            cg.kill_all(Duration::from_secs(10))
+                .map_err(|e| RuntimeError::System(format!("killing what is left of {id}: {e}")))?;
+            cg.remove(Duration::from_secs(5))
+                .map_err(|e| RuntimeError::System(format!("removing the cgroup of {id}: {e}")))?;
+        }
+        let dir = self.dd.sandbox(id);
+        fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
+    }
+
+    fn workspace_name(&self, thread: &ThreadId) -> String {
+        resource_name(thread, self.naming)
+    }
+
+    /// Runs `f` holding the workspace's lock, so acquire/release/destroy of one thread never
+    /// interleave, in this process or across processes.
+    async fn with_workspace_lock<T>(
+        &self,
+        thread: &ThreadId,
+        f: impl AsyncFnOnce(String) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let name = self.workspace_name(thread);
+        let path = self.dd.workspace_lock(&name);
+        let lock = tokio::task::spawn_blocking(move || -> std::io::Result<fs::File> {
+            let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+            Ok(file)
+        })
+        .await
+        .map_err(|e| RuntimeError::System(format!("workspace lock task: {e}")))?
+        .map_err(sys_err("locking the workspace"))?;
+        let result = f(name).await;
+        drop(lock);
+        result
+    }
+
+    fn live_sandbox_of(&self, name: &str) -> Option<SandboxId> {
+        let text = fs::read_to_string(self.dd.workspace(name).join("sandbox")).ok()?;
+        SandboxId::parse(text.trim()).ok()
+    }
+
+    fn prepare_workspace(&self, name: &str, thread: &ThreadId, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let files = self.dd.workspace_files(name);
+        if files.is_dir() {
+            return Ok(());
+        }
+        let dir = self.dd.workspace(name);
+        fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
+        fs::write(dir.join("thread.json"), protocol::encode(thread)).map_err(sys_err("writing thread.json"))?;
+        fs::create_dir(&files).map_err(sys_err(format!("creating {}", files.display())))?;
+        chown(&files, Some(spec.user.uid), Some(spec.user.gid)).map_err(sys_err("chown workspace"))?;
+        fs::set_permissions(&files, fs::Permissions::from_mode(0o755)).map_err(sys_err("chmod workspace"))
+    }
+
+    async fn acquire_locked(
+        &self,
+        name: &str,
+        thread: &ThreadId,
+        mut spec: SandboxSpec,
+        reuse: bool,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        if let Some(id) = self.live_sandbox_of(name) {
+            match self.get(&id).await {
+                Ok(info) if info.state != SandboxState::Failed => {
+                    if reuse {
+                        return Ok(info);
+                    }
+                    return Err(RuntimeError::Conflict(format!(
+                        "the workspace of thread {thread} is in use by sandbox {id}: acquire it to reattach, or release it first"
+                    )));
+                }
+                Ok(_) => {
+                    let _ = self.clean_dead(&id);
+                }
+                Err(_) => {}
+            }
+        }
+        spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming: self.naming });
+        spec.validate()?;
+        self.prepare_workspace(name, thread, &spec)?;
+        let info = self.spawn_supervisor(&spec).await?;
+        let pointer = self.dd.workspace(name).join("sandbox");
+        fs::write(&pointer, info.id.as_str()).map_err(sys_err(format!("writing {}", pointer.display())))?;
+        Ok(info)
+    }
+
+    async fn release_locked(&self, name: &str) -> Result<(), RuntimeError> {
+        if let Some(id) = self.live_sandbox_of(name) {
+            match self.destroy(&id).await {
+                Ok(()) | Err(RuntimeError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let _ = fs::remove_file(self.dd.workspace(name).join("sandbox"));
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for LocalRuntime {
+    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        spec.validate()?;
+        match spec.workspace.clone() {
+            Some(w) => {
+                self.with_workspace_lock(&w.thread, async |name| {
+                    self.acquire_locked(&name, &w.thread, spec, false).await
+                })
+                .await
+            }
+            None => self.spawn_supervisor(&spec).await,
+        }
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
+        let record = self.read_record(id)?;
+        if record.info.state == SandboxState::Failed {
+            return Ok(record.info);
+        }
+        match self.call(id, &Request::Info).await {
+            Ok(Reply::Info { info }) => Ok(*info),
+            Ok(other) => Err(RuntimeError::System(format!("unexpected answer from sandbox {id}: {other:?}"))),
+            Err(RuntimeError::Unavailable(_)) => {
+                let mut info = record.info;
+                info.state = SandboxState::Failed;
+                info.failure = Some("its supervisor is not running".into());
+                Ok(info)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        let dir = self.dd.sandboxes();
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(sys_err(format!("listing {}", dir.display())))? {
+            let Ok(entry) = entry else { continue };
+            let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
+            // A directory without a record is a sandbox still starting (or one that never did).
+            if let Ok(info) = self.get(&id).await {
+                out.push(info);
+            }
+        }
+        out.sort_by_key(|i| i.created_unix_ms);
+        Ok(out)
+    }
+
+    async fn exec(&self, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<Box<dyn Execution>, RuntimeError> {
+        request.validate()?;
+        let has_stdin = io.stdin.is_some();
+        let mut fds = Vec::new();
+        if let Some(stdin) = &io.stdin {
+            fds.push(stdin.as_fd());
+        }
+        fds.push(io.stdout.as_fd());
+        fds.push(io.stderr.as_fd());
+        let conn = self.request(id, &Request::Exec { request, has_stdin }, &fds).await?;
+        drop(io);
+        match conn.recv().await? {
+            Some(Reply::Started { pid }) => Ok(Box::new(LocalExecution { conn, pid })),
+            Some(Reply::Error { error }) => Err(error.into()),
+            other => Err(RuntimeError::System(format!("unexpected answer to an exec: {other:?}"))),
+        }
+    }
+
+    async fn file(&self, id: &SandboxId, op: FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
+        let fds: Vec<_> = data.iter().map(|d| d.as_fd()).collect();
+        let conn = self.request(id, &Request::File { op, has_data: data.is_some() }, &fds).await?;
+        drop(data);
+        match conn.recv().await? {
+            Some(Reply::File { reply }) => Ok(reply),
+            Some(Reply::Error { error }) => Err(error.into()),
+            other => Err(RuntimeError::System(format!("unexpected answer to a file operation: {other:?}"))),
+        }
+    }
+
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.call(id, &Request::Pause).await.map(drop)
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.call(id, &Request::Resume).await.map(drop)
+    }
+
+    async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
+        match self.call(id, &Request::Renew { ttl_ms: ttl.as_millis() as u64 }).await? {
+            Reply::Info { info } => Ok(*info),
+            other => Err(RuntimeError::System(format!("unexpected answer to renew: {other:?}"))),
+        }
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        if !self.dd.sandbox(id).exists() {
+            return Err(RuntimeError::NotFound(format!(
+                "no sandbox {id}: see `paddock ls` for the sandboxes that exist"
+            )));
+        }
+        match self.call(id, &Request::Destroy).await {
+            Ok(_) => Ok(()),
+            Err(RuntimeError::Unavailable(_)) => self.clean_dead(id),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        self.with_workspace_lock(thread, async |name| self.acquire_locked(&name, thread, spec, true).await).await
+    }
+
+    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.with_workspace_lock(thread, async |name| self.release_locked(&name).await).await
+    }
+
+    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.with_workspace_lock(thread, async |name| {
+            let dir = self.dd.workspace(&name);
+            if !dir.exists() {
+                return Err(RuntimeError::NotFound(format!("thread {thread} has no workspace")));
+            }
+            self.release_locked(&name).await?;
+            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
+        })
+        .await
+    }
+}
+
+/// A command running in a local sandbox; its connection carries signals and the exit.
+struct LocalExecution {
+    conn: Conn,
+    pid: u32,
+}
+
+#[async_trait::async_trait]
+impl Execution for LocalExecution {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
+        self.conn.send(&protocol::encode(&Control::Signal { signal }), &[]).await
+    }
+
+    async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError> {
+        match self.conn.recv().await? {
+            Some(Reply::Exited { outcome }) => Ok(outcome),
+            Some(other) => {
+                Err(RuntimeError::System(format!("unexpected message while waiting for a command: {other:?}")))
+            }
+            None => Err(RuntimeError::Unavailable("the sandbox stopped while the command was running".into())),
+        }
+    }
+}
+
+/// One connection to a supervisor (and, for exec and file operations, to the sandbox init).
+struct Conn {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Conn {
+    async fn connect(path: &std::path::Path) -> std::io::Result<Self> {
+        let sock = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        let addr = SocketAddrUnix::new(path)?;
+        let mut tries = 0;
+        loop {
+            match rustix::net::connect(&sock, &addr) {
+                Ok(()) => break,
+                // A full backlog: the supervisor is busy accepting; try again shortly.
+                Err(rustix::io::Errno::AGAIN) if tries < 200 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Self { fd: paddock_sys::asyncfd::register(sock)? })
+    }
+
+    async fn send(&self, body: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(), RuntimeError> {
+        loop {
+            let mut guard = self.fd.writable().await.map_err(sys_err("waiting to send"))?;
+            match guard.try_io(|fd| fdpass::send(fd.get_ref(), body, fds)) {
+                Ok(r) => {
+                    return r.map_err(|e| RuntimeError::Unavailable(format!("the sandbox connection failed: {e}")));
+                }
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// The next reply; `None` when the other side closed the connection.
+    async fn recv(&self) -> Result<Option<Reply>, RuntimeError> {
+        loop {
+            let mut guard = self.fd.readable().await.map_err(sys_err("waiting for an answer"))?;
+            match guard.try_io(|fd| fdpass::recv(fd.get_ref(), RecvFlags::DONTWAIT)) {
+                Ok(Ok((body, _))) if body.is_empty() => return Ok(None),
+                Ok(Ok((body, _))) => return protocol::decode(&body).map(Some),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+                Ok(Err(e)) => return Err(RuntimeError::Unavailable(format!("the sandbox connection failed: {e}"))),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}

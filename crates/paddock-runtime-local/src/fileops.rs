@@ -1,0 +1,173 @@
+//! File operations, executed inside the sandbox by a worker forked from its init.
+//!
+//! The worker runs as the sandbox user with the sandbox's mounts, seccomp filter and Landlock
+//! ruleset, so every path — symlinks included — resolves in the sandbox's own view and can only
+//! touch what the sandbox itself could. There is no host-side path checking to get wrong.
+
+use std::fs::{self, File, Metadata};
+use std::io::{self, ErrorKind};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, RuntimeError};
+
+/// Resolves a request path: absolute as given, relative from `/workspace`.
+pub fn resolve(path: &str) -> Result<PathBuf, RuntimeError> {
+    if path.is_empty() {
+        return Err(file_err(FileErrorKind::InvalidPath, "empty path: give a path such as /workspace/file.txt".into()));
+    }
+    if path.contains('\0') {
+        return Err(file_err(FileErrorKind::InvalidPath, format!("{path:?} contains a NUL byte")));
+    }
+    Ok(Path::new("/workspace").join(path))
+}
+
+fn file_err(kind: FileErrorKind, message: String) -> RuntimeError {
+    RuntimeError::File { kind, message }
+}
+
+fn io_err(op: &str, path: &Path, e: io::Error) -> RuntimeError {
+    let kind = match e.kind() {
+        ErrorKind::NotFound => FileErrorKind::NotFound,
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => FileErrorKind::PermissionDenied,
+        ErrorKind::AlreadyExists => FileErrorKind::AlreadyExists,
+        ErrorKind::NotADirectory => FileErrorKind::NotADirectory,
+        ErrorKind::IsADirectory => FileErrorKind::IsADirectory,
+        ErrorKind::DirectoryNotEmpty => FileErrorKind::DirectoryNotEmpty,
+        ErrorKind::InvalidInput | ErrorKind::InvalidFilename => FileErrorKind::InvalidPath,
+        _ => FileErrorKind::Other,
+    };
+    file_err(kind, format!("{op} {}: {e}", path.display()))
+}
+
+/// Runs one operation; `data` is the pipe file contents flow through for read and write.
+pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
+    match op {
+        FileOp::Read { path } => {
+            let p = resolve(path)?;
+            let mut file = File::open(&p).map_err(|e| io_err("read", &p, e))?;
+            let meta = file.metadata().map_err(|e| io_err("read", &p, e))?;
+            if meta.is_dir() {
+                return Err(file_err(
+                    FileErrorKind::IsADirectory,
+                    format!("read {}: is a directory: list it instead", p.display()),
+                ));
+            }
+            let mut sink = File::from(data.ok_or_else(|| missing_data("read"))?);
+            io::copy(&mut file, &mut sink).map_err(|e| io_err("read", &p, e))?;
+            Ok(FileReply::Stat(stat_of(&p, &meta)))
+        }
+        FileOp::Write { path, mode } => {
+            let p = resolve(path)?;
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).map_err(|e| io_err("create parent of", &p, e))?;
+            }
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode.unwrap_or(0o644))
+                .open(&p)
+                .map_err(|e| io_err("write", &p, e))?;
+            let mut source = File::from(data.ok_or_else(|| missing_data("write"))?);
+            io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
+            if let Some(mode) = mode {
+                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+            }
+            stat(&p)
+        }
+        FileOp::List { path } => {
+            let p = resolve(path)?;
+            let mut entries = Vec::new();
+            for entry in fs::read_dir(&p).map_err(|e| io_err("list", &p, e))? {
+                let entry = entry.map_err(|e| io_err("list", &p, e))?;
+                let child = entry.path();
+                if let Ok(meta) = fs::symlink_metadata(&child) {
+                    entries.push(stat_of(&child, &meta));
+                }
+            }
+            entries.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(FileReply::List { entries })
+        }
+        FileOp::Stat { path } => stat(&resolve(path)?),
+        FileOp::Mkdir { path, mode } => {
+            let p = resolve(path)?;
+            fs::create_dir_all(&p).map_err(|e| io_err("mkdir", &p, e))?;
+            if let Some(mode) = mode {
+                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+            }
+            stat(&p)
+        }
+        FileOp::Remove { path, recursive } => {
+            let p = resolve(path)?;
+            let meta = fs::symlink_metadata(&p).map_err(|e| io_err("remove", &p, e))?;
+            let r = if !meta.is_dir() {
+                fs::remove_file(&p)
+            } else if *recursive {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_dir(&p)
+            };
+            r.map_err(|e| io_err("remove", &p, e))?;
+            Ok(FileReply::Done)
+        }
+        FileOp::Move { from, to } => {
+            let (f, t) = (resolve(from)?, resolve(to)?);
+            if let Some(parent) = t.parent() {
+                fs::create_dir_all(parent).map_err(|e| io_err("create parent of", &t, e))?;
+            }
+            fs::rename(&f, &t).map_err(|e| io_err("move", &f, e))?;
+            stat(&t)
+        }
+        FileOp::Chmod { path, mode } => {
+            let p = resolve(path)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+            stat(&p)
+        }
+    }
+}
+
+fn missing_data(op: &str) -> RuntimeError {
+    RuntimeError::InvalidArgument(format!("a {op} needs a data stream, and none was attached"))
+}
+
+fn stat(p: &Path) -> Result<FileReply, RuntimeError> {
+    let meta = fs::symlink_metadata(p).map_err(|e| io_err("stat", p, e))?;
+    Ok(FileReply::Stat(stat_of(p, &meta)))
+}
+
+fn stat_of(p: &Path, meta: &Metadata) -> FileStat {
+    let ft = meta.file_type();
+    let kind = if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    FileStat {
+        path: p.to_string_lossy().into_owned(),
+        kind,
+        size: meta.size(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        modified_unix_ms: meta.mtime() * 1000 + meta.mtime_nsec() / 1_000_000,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_start_at_the_workspace() {
+        assert_eq!(resolve("a/b").unwrap(), Path::new("/workspace/a/b"));
+        assert_eq!(resolve("/etc/x").unwrap(), Path::new("/etc/x"));
+        assert!(matches!(resolve(""), Err(RuntimeError::File { kind: FileErrorKind::InvalidPath, .. })));
+        assert!(matches!(resolve("a\0b"), Err(RuntimeError::File { kind: FileErrorKind::InvalidPath, .. })));
+    }
+}

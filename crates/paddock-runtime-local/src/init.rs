@@ -1,0 +1,331 @@
+//! The sandbox's PID 1: the supervisor's clone, which builds the sandbox from the inside, drops
+//! every privilege, and then starts commands and file workers on request and reaps every
+//! process that ends in the sandbox.
+//!
+//! It runs as the sandbox user under the same seccomp filter and Landlock ruleset as the
+//! commands it starts, so it is no way around either. Signals from inside the sandbox cannot
+//! kill it: the kernel drops signals to a namespace's init that it has no handler for.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use paddock_core::runtime::{ExecOutcome, RuntimeError};
+use paddock_sys::fdpass;
+use paddock_sys::fence::{LandlockPolicy, SeccompProgram};
+use paddock_sys::mounts::RootPlan;
+use paddock_sys::process::{self as sp, Forked};
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::RecvFlags;
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use crate::protocol::{self, Control, InitRequest, Reply, WireError};
+
+/// Everything the child needs, prepared by the supervisor before the clone.
+pub struct ChildSetup {
+    /// Becomes readable once the supervisor has written the id maps and cgroup membership.
+    pub go: OwnedFd,
+    /// Where the child reports `ok` or why setup failed.
+    pub status: OwnedFd,
+    /// The init's end of the control socket to the supervisor.
+    pub control: OwnedFd,
+    pub plan: RootPlan,
+    pub seccomp: SeccompProgram,
+    /// Read-only handle on the sandbox's OOM counter, to tell an OOM kill from other kills.
+    pub oom_counter: Option<File>,
+    pub uid: u32,
+    pub gid: u32,
+    pub hostname: String,
+}
+
+/// Runs in the cloned child; never returns.
+pub fn child_main(setup: ChildSetup) -> ! {
+    let ChildSetup { go, status, control, plan, seccomp, oom_counter, uid, gid, hostname } = setup;
+    let mut status = File::from(status);
+    match build(go, &plan, &seccomp, uid, gid, &hostname) {
+        Ok(sigchld) => {
+            let _ = status.write_all(b"ok\n");
+            drop(status);
+            let code = Init { control, sigchld, oom_counter, running: HashMap::new() }.run();
+            sp::exit_now(code)
+        }
+        Err(message) => {
+            let _ = status.write_all(message.as_bytes());
+            sp::exit_now(1)
+        }
+    }
+}
+
+fn build(
+    go: OwnedFd,
+    plan: &RootPlan,
+    seccomp: &SeccompProgram,
+    uid: u32,
+    gid: u32,
+    hostname: &str,
+) -> Result<OwnedFd, String> {
+    // If the supervisor dies, the sandbox must not outlive it unsupervised.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(|e| format!("set death signal: {e}"))?;
+    sp::stdio_to_null().map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    if !matches!(File::from(go).read(&mut byte), Ok(1)) {
+        return Err("the supervisor went away before the sandbox was set up".into());
+    }
+    sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
+    plan.enter().map_err(|e| format!("building the sandbox filesystem failed: {e}"))?;
+    rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
+    sp::bring_up_loopback().map_err(|e| e.to_string())?;
+    // Blocked before anything is forked, so no child's exit is missed.
+    let sigchld = sp::signal_fd(&[libc_sigchld()]).map_err(|e| e.to_string())?;
+    paddock_sys::ids::drop_to(uid, gid).map_err(|e| format!("dropping privileges failed: {e}"))?;
+    paddock_sys::fence::set_no_new_privs().map_err(|e| e.to_string())?;
+    paddock_sys::fence::apply_landlock(&LandlockPolicy::default()).map_err(|e| e.to_string())?;
+    paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
+    rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
+    Ok(sigchld)
+}
+
+fn libc_sigchld() -> i32 {
+    Signal::CHILD.as_raw()
+}
+
+struct Exec {
+    connection: OwnedFd,
+    /// False once the client hung up; the command keeps running.
+    listening: bool,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    oom_before: u64,
+}
+
+struct Init {
+    control: OwnedFd,
+    sigchld: OwnedFd,
+    oom_counter: Option<File>,
+    running: HashMap<u32, Exec>,
+}
+
+impl Init {
+    fn run(mut self) -> i32 {
+        loop {
+            let now = Instant::now();
+            let timeout = self
+                .running
+                .values()
+                .filter(|e| !e.timed_out)
+                .filter_map(|e| e.deadline)
+                .min()
+                .map(|d| d.saturating_duration_since(now));
+            let listening: Vec<u32> = self.running.iter().filter(|(_, e)| e.listening).map(|(p, _)| *p).collect();
+            let (control_ready, sigchld_ready, conns_ready) = {
+                let mut fds =
+                    vec![PollFd::new(&self.control, PollFlags::IN), PollFd::new(&self.sigchld, PollFlags::IN)];
+                fds.extend(listening.iter().map(|p| PollFd::new(&self.running[p].connection, PollFlags::IN)));
+                let ts = timeout
+                    .map(|d| rustix::time::Timespec::try_from(d.max(Duration::from_millis(1))).unwrap_or_default());
+                match rustix::event::poll(&mut fds, ts.as_ref()) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => return 1,
+                }
+                let ready = |f: &PollFd<'_>| !f.revents().is_empty();
+                let conns: Vec<u32> =
+                    listening.iter().zip(&fds[2..]).filter(|(_, f)| ready(f)).map(|(p, _)| *p).collect();
+                (ready(&fds[0]), ready(&fds[1]), conns)
+            };
+            if sigchld_ready {
+                sp::drain_signalfd(&self.sigchld);
+            }
+            // Reap on every wake-up: orphans reparented to us end up here too.
+            self.reap();
+            for pid in conns_ready {
+                self.on_client_message(pid);
+            }
+            self.enforce_deadlines();
+            if control_ready && !self.on_control() {
+                return 0;
+            }
+        }
+    }
+
+    fn oom_count(&self) -> u64 {
+        let Some(file) = &self.oom_counter else { return 0 };
+        let mut buf = [0u8; 512];
+        let n = file.read_at(&mut buf, 0).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Handles one request from the supervisor; false when the supervisor is gone.
+    fn on_control(&mut self) -> bool {
+        let (body, mut fds) = match fdpass::recv(&self.control, RecvFlags::DONTWAIT) {
+            Ok((b, _)) if b.is_empty() => return false,
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(_) => return false,
+        };
+        if fds.is_empty() {
+            return true;
+        }
+        let connection = fds.remove(0);
+        let request: InitRequest = match protocol::decode(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                reply(&connection, &Reply::Error { error: WireError::from(&e) });
+                return true;
+            }
+        };
+        match request {
+            InitRequest::Exec { argv, cwd, env, timeout_ms, has_stdin } => {
+                self.spawn(connection, fds, has_stdin, argv, cwd, env, timeout_ms)
+            }
+            InitRequest::File { op, has_data } => {
+                let data = if has_data { fds.pop() } else { None };
+                match sp::fork() {
+                    Ok(Forked::Child) => {
+                        let result = crate::fileops::run(&op, data);
+                        let msg = match result {
+                            Ok(reply) => Reply::File { reply },
+                            Err(e) => Reply::Error { error: WireError::from(&e) },
+                        };
+                        reply(&connection, &msg);
+                        sp::exit_now(0)
+                    }
+                    Ok(Forked::Parent(_)) => {}
+                    Err(e) => {
+                        let e = RuntimeError::System(format!("could not start a file worker in the sandbox: {e}"));
+                        reply(&connection, &Reply::Error { error: WireError::from(&e) });
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn(
+        &mut self,
+        connection: OwnedFd,
+        mut fds: Vec<OwnedFd>,
+        has_stdin: bool,
+        argv: Vec<String>,
+        cwd: String,
+        env: std::collections::BTreeMap<String, String>,
+        timeout_ms: Option<u64>,
+    ) {
+        let expected = if has_stdin { 3 } else { 2 };
+        if fds.len() != expected || argv.is_empty() {
+            let e = RuntimeError::InvalidArgument("an exec needs a command, stdout and stderr".into());
+            reply(&connection, &Reply::Error { error: WireError::from(&e) });
+            return;
+        }
+        let stderr = fds.pop().expect("length checked");
+        let stdout = fds.pop().expect("length checked");
+        let stdin = fds.pop().map(Stdio::from).unwrap_or_else(Stdio::null);
+        let mut stderr_copy = stderr.try_clone().ok().map(File::from);
+        let oom_before = self.oom_count();
+        let spawned = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .envs(&env)
+            .current_dir(&cwd)
+            .process_group(0)
+            .stdin(stdin)
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .spawn();
+        match spawned {
+            Ok(child) => {
+                let pid = child.id();
+                // The child is reaped by our waitpid loop, not through `Child`.
+                drop(child);
+                reply(&connection, &Reply::Started { pid });
+                let deadline = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+                self.running.insert(pid, Exec { connection, listening: true, deadline, timed_out: false, oom_before });
+            }
+            Err(e) => {
+                // Like a shell: say why on the command's stderr, exit 127 or 126.
+                let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+                let what = if e.kind() == std::io::ErrorKind::NotFound && !std::path::Path::new(&cwd).is_dir() {
+                    format!("paddock: cannot run {:?}: working directory {cwd} does not exist\n", argv[0])
+                } else {
+                    format!("paddock: cannot run {:?}: {e}\n", argv[0])
+                };
+                if let Some(f) = stderr_copy.as_mut() {
+                    let _ = f.write_all(what.as_bytes());
+                }
+                reply(&connection, &Reply::Started { pid: 0 });
+                let outcome = ExecOutcome { exit_code: code, signal: None, timed_out: false, oom_killed: false };
+                reply(&connection, &Reply::Exited { outcome });
+            }
+        }
+    }
+
+    fn on_client_message(&mut self, pid: u32) {
+        let Some(exec) = self.running.get_mut(&pid) else { return };
+        match fdpass::recv(&exec.connection, RecvFlags::DONTWAIT) {
+            Ok((body, _)) if !body.is_empty() => {
+                if let Ok(Control::Signal { signal }) = protocol::decode(&body)
+                    && let (Some(pg), Some(sig)) = (Pid::from_raw(pid as i32), signal_from_raw(signal))
+                {
+                    let _ = rustix::process::kill_process_group(pg, sig);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // Hung up: the command goes on; nobody hears how it ends.
+            _ => exec.listening = false,
+        }
+    }
+
+    fn enforce_deadlines(&mut self) {
+        let now = Instant::now();
+        for (pid, exec) in self.running.iter_mut() {
+            if !exec.timed_out && exec.deadline.is_some_and(|d| d <= now) {
+                exec.timed_out = true;
+                if let Some(pg) = Pid::from_raw(*pid as i32) {
+                    let _ = rustix::process::kill_process_group(pg, Signal::KILL);
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+            let pid = pid.as_raw_nonzero().get() as u32;
+            let Some(exec) = self.running.remove(&pid) else { continue };
+            if exec.timed_out {
+                // Whatever the group left behind dies with the command.
+                if let Some(pg) = Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process_group(pg, Signal::KILL);
+                }
+            }
+            let signal = status.terminating_signal();
+            let exit_code = if exec.timed_out {
+                124
+            } else if let Some(s) = signal {
+                128 + s
+            } else {
+                status.exit_status().unwrap_or(1)
+            };
+            let oom_killed = signal == Some(Signal::KILL.as_raw()) && self.oom_count() > exec.oom_before;
+            let outcome = ExecOutcome { exit_code, signal, timed_out: exec.timed_out, oom_killed };
+            reply(&exec.connection, &Reply::Exited { outcome });
+        }
+    }
+}
+
+fn signal_from_raw(n: i32) -> Option<Signal> {
+    Signal::from_named_raw(n)
+}
+
+fn reply(connection: &OwnedFd, msg: &Reply) {
+    // A client that went away just does not hear the answer.
+    let _ = fdpass::send(connection.as_fd(), &protocol::encode(msg), &[]);
+}

@@ -1,0 +1,85 @@
+//! Where the local runtime keeps things on disk.
+//!
+//! ```text
+//! <data>/sandboxes/<id>/record.json   what was created, by whom, when (written once ready)
+//! <data>/sandboxes/<id>/sock          the supervisor's socket
+//! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
+//! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one
+//! <data>/sandboxes/<id>/supervisor.log
+//! <data>/workspaces/<name>/files/     a thread's persistent `/workspace`
+//! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
+//! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use paddock_core::runtime::SandboxId;
+
+/// The root of all local-runtime state.
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+/// The data directory used when none is given: `$PADDOCK_DATA_DIR`, else `/var/lib/paddock`.
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("PADDOCK_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/paddock"))
+}
+
+/// Longest path a Unix socket address can hold.
+const SUN_PATH_MAX: usize = 107;
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn sandboxes(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+    pub fn sandbox(&self, id: &SandboxId) -> PathBuf {
+        self.sandboxes().join(id.as_str())
+    }
+    pub fn record(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("record.json")
+    }
+    pub fn socket(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("sock")
+    }
+    pub fn skeleton(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("root")
+    }
+    pub fn scratch_workspace(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("workspace")
+    }
+    pub fn log(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("supervisor.log")
+    }
+    pub fn workspaces(&self) -> PathBuf {
+        self.root.join("workspaces")
+    }
+    pub fn workspace(&self, name: &str) -> PathBuf {
+        self.workspaces().join(name)
+    }
+    pub fn workspace_files(&self, name: &str) -> PathBuf {
+        self.workspace(name).join("files")
+    }
+    pub fn workspace_lock(&self, name: &str) -> PathBuf {
+        self.workspaces().join(format!("{name}.lock"))
+    }
+
+    /// Checks that sockets under this directory fit in a socket address.
+    pub fn check_socket_path_fits(&self) -> Result<(), String> {
+        let probe = self.socket(&SandboxId::from_random([0; 6]));
+        let len = probe.as_os_str().len();
+        if len > SUN_PATH_MAX {
+            return Err(format!(
+                "the data directory {} is too deep: socket paths under it would be {len} bytes, over the {SUN_PATH_MAX}-byte limit; choose a shorter --data-dir",
+                self.root.display()
+            ));
+        }
+        Ok(())
+    }
+}

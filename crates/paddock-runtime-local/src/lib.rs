@@ -1,0 +1,15 @@
+//! Paddock's embedded local runtime.
+//!
+//! Each sandbox is one supervisor process (the `paddock` binary re-executed, single-threaded)
+//! and the sandbox's init, which the supervisor clones into new namespaces. [`LocalRuntime`] is
+//! the async client side used by the CLI and the server; [`supervisor::main`] is the entry point
+//! of the supervisor process.
+
+mod client;
+mod fileops;
+mod init;
+pub mod layout;
+mod protocol;
+pub mod supervisor;
+
+pub use client::LocalRuntime;

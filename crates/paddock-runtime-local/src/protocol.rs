@@ -1,0 +1,121 @@
+//! Messages between a client, a sandbox's supervisor and the sandbox's init.
+//!
+//! Every connection carries one operation. Messages are JSON documents, one per `SOCK_SEQPACKET`
+//! packet, with file descriptors attached where an operation needs them: the client's stdio
+//! for an exec and a data pipe for a file transfer. The supervisor hands exec and file requests
+//! (and the connection itself) to the init, which answers the client directly.
+
+use std::collections::BTreeMap;
+
+use paddock_core::runtime::{ExecOutcome, ExecRequest, FileErrorKind, FileOp, FileReply, RuntimeError, SandboxInfo};
+use serde::{Deserialize, Serialize};
+
+/// Client → supervisor: the first message of a connection.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    /// Descriptors: [stdin]? stdout stderr.
+    Exec {
+        request: ExecRequest,
+        has_stdin: bool,
+    },
+    /// Descriptors: [data]?
+    File {
+        op: FileOp,
+        has_data: bool,
+    },
+    Info,
+    Pause,
+    Resume,
+    Renew {
+        ttl_ms: u64,
+    },
+    Destroy,
+}
+
+/// Supervisor → init. The connection to answer on is the first descriptor.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InitRequest {
+    Exec { argv: Vec<String>, cwd: String, env: BTreeMap<String, String>, timeout_ms: Option<u64>, has_stdin: bool },
+    File { op: FileOp, has_data: bool },
+}
+
+/// Client → init, on an exec's connection while it runs.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Control {
+    Signal { signal: i32 },
+}
+
+/// Supervisor or init → client.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    Ok,
+    Info { info: Box<SandboxInfo> },
+    Started { pid: u32 },
+    Exited { outcome: ExecOutcome },
+    File { reply: FileReply },
+    Error { error: WireError },
+}
+
+/// A [`RuntimeError`] on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireError {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_kind: Option<FileErrorKind>,
+}
+
+impl From<&RuntimeError> for WireError {
+    fn from(e: &RuntimeError) -> Self {
+        let file_kind = match e {
+            RuntimeError::File { kind, .. } => Some(*kind),
+            _ => None,
+        };
+        Self { code: e.code().to_owned(), message: e.to_string(), file_kind }
+    }
+}
+
+impl From<WireError> for RuntimeError {
+    fn from(w: WireError) -> Self {
+        if let Some(kind) = w.file_kind {
+            return RuntimeError::File { kind, message: w.message };
+        }
+        match w.code.as_str() {
+            "INVALID_ARGUMENT" => RuntimeError::InvalidArgument(w.message),
+            "NOT_FOUND" => RuntimeError::NotFound(w.message),
+            "CONFLICT" => RuntimeError::Conflict(w.message),
+            "UNAVAILABLE" => RuntimeError::Unavailable(w.message),
+            _ => RuntimeError::System(w.message),
+        }
+    }
+}
+
+/// What a sandbox's record file holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub info: SandboxInfo,
+    pub supervisor_pid: u32,
+    /// The sandbox init's pid on the host.
+    pub init_pid: u32,
+}
+
+/// The supervisor's first line on stdout: ready, or why not.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Ready {
+    Ready { record: Box<Record> },
+    Failed { error: WireError },
+}
+
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    serde_json::to_vec(msg).expect("protocol messages always serialize")
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RuntimeError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| RuntimeError::System(format!("malformed message from the sandbox supervisor: {e}")))
+}

@@ -1,0 +1,440 @@
+//! The per-sandbox supervisor: a single-threaded process (our own binary, re-executed) that
+//! creates the sandbox's cgroups and skeleton, clones the sandbox's init into new namespaces,
+//! and then serves the sandbox's socket until the sandbox is destroyed or expires.
+//!
+//! It outlives the process that started it. If it dies, the kernel kills the sandbox's init
+//! (parent-death signal) and with it every process of the sandbox; the record stays behind and
+//! the sandbox is reported failed, with its workspace kept.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use paddock_core::naming::resource_name;
+use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxState, WorkspaceInfo};
+use paddock_core::spec::{RootFs, SandboxSpec, command_env};
+use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
+use paddock_sys::fdpass;
+use paddock_sys::mounts::RootPlan;
+use paddock_sys::process::{self as sp, Forked};
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::process::{Pid, PidfdFlags, WaitOptions};
+
+use crate::init::{ChildSetup, child_main};
+use crate::layout::DataDir;
+use crate::protocol::{self, InitRequest, Ready, Record, Reply, Request, WireError};
+
+/// The cgroup under which every sandbox's cgroup is created.
+pub const CGROUP_PARENT: &str = "paddock";
+
+/// Entry point of `paddock __supervise`: reads the spec from stdin, reports readiness as one
+/// JSON line on stdout, then serves until the sandbox ends. Returns the process exit code.
+pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
+    if let Err(e) = sp::close_inherited_fds() {
+        eprintln!("{e}");
+        return 1;
+    }
+    let mut input = String::new();
+    let started = std::io::stdin()
+        .read_to_string(&mut input)
+        .map_err(|e| RuntimeError::System(format!("reading the sandbox spec: {e}")))
+        .and_then(|_| {
+            serde_json::from_str::<SandboxSpec>(&input).map_err(|e| RuntimeError::InvalidArgument(e.to_string()))
+        })
+        .and_then(|spec| Supervisor::start(DataDir::new(data_dir), id.clone(), spec));
+    let mut out = std::io::stdout();
+    match started {
+        Ok(mut sup) => {
+            let line = protocol::encode(&Ready::Ready { record: Box::new(sup.record.clone()) });
+            let _ = out.write_all(&line).and_then(|_| out.write_all(b"\n")).and_then(|_| out.flush());
+            if let Ok(log) = fs::OpenOptions::new().create(true).append(true).open(sup.dd.log(id)) {
+                let null = File::open("/dev/null");
+                if let Ok(null) = null {
+                    let _ = sp::redirect_stdio(&null, &log);
+                }
+            }
+            sup.serve()
+        }
+        Err(e) => {
+            let line = protocol::encode(&Ready::Failed { error: WireError::from(&e) });
+            let _ = out.write_all(&line).and_then(|_| out.write_all(b"\n"));
+            1
+        }
+    }
+}
+
+struct Supervisor {
+    dd: DataDir,
+    id: SandboxId,
+    record: Record,
+    cgroup: SandboxCgroup,
+    init_pid: u32,
+    init_pidfd: OwnedFd,
+    control: OwnedFd,
+    listener: OwnedFd,
+    signals: OwnedFd,
+    expires: Option<Instant>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn sys(context: &str) -> impl Fn(paddock_sys::SysError) -> RuntimeError + '_ {
+    move |e| RuntimeError::System(format!("{context}: {e}"))
+}
+
+impl Supervisor {
+    fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec) -> Result<Self, RuntimeError> {
+        spec.validate()?;
+        let _ = rustix::process::setsid();
+        let layout = CgroupLayout::detect().map_err(sys("reading the cgroup layout"))?;
+        let limits = Limits {
+            memory_bytes: spec.resources.memory_bytes,
+            pids: spec.resources.pids,
+            millicpus: Some(spec.resources.millicpus),
+        };
+        let cgroup = layout.create(CGROUP_PARENT, id.as_str(), &limits).map_err(sys("creating the sandbox cgroup"))?;
+        match Self::start_in_cgroup(dd, id, spec, cgroup.clone()) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = cgroup.kill_all(Duration::from_secs(2));
+                let _ = cgroup.remove(Duration::from_secs(1));
+                Err(e)
+            }
+        }
+    }
+
+    fn start_in_cgroup(
+        dd: DataDir,
+        id: SandboxId,
+        spec: SandboxSpec,
+        cgroup: SandboxCgroup,
+    ) -> Result<Self, RuntimeError> {
+        let state_dir = dd.sandbox(&id);
+        let (workspace_dir, workspace) = match &spec.workspace {
+            Some(w) => {
+                let name = resource_name(&w.thread, w.naming);
+                let dir = dd.workspace_files(&name);
+                if !dir.is_dir() {
+                    return Err(RuntimeError::NotFound(format!(
+                        "workspace {name} has no files directory at {}: acquire the workspace instead of creating the sandbox directly",
+                        dir.display()
+                    )));
+                }
+                (dir, Some(WorkspaceInfo { thread: w.thread.clone(), name }))
+            }
+            None => {
+                let dir = dd.scratch_workspace(&id);
+                fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+                chown(&dir, Some(spec.user.uid), Some(spec.user.gid)).map_err(|e| io(&dir, e))?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
+                (dir, None)
+            }
+        };
+        let source = match &spec.rootfs {
+            RootFs::Host => PathBuf::from("/"),
+            RootFs::Dir { path } => {
+                if !path.is_dir() {
+                    return Err(RuntimeError::InvalidArgument(format!(
+                        "rootfs {} is not a directory: pass the path of an unpacked root filesystem",
+                        path.display()
+                    )));
+                }
+                path.clone()
+            }
+        };
+        let masks = fs::canonicalize(dd.root()).into_iter().collect();
+        let plan = RootPlan {
+            skeleton: dd.skeleton(&id),
+            source,
+            workspace: workspace_dir,
+            masks,
+            tmp_bytes: spec.resources.tmp_bytes,
+            shm_bytes: spec.resources.tmp_bytes.min(64 << 20),
+        };
+        plan.prepare_skeleton().map_err(sys("preparing the sandbox root"))?;
+        let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
+        let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
+        let (control, init_control) =
+            fdpass::seqpacket_pair().map_err(|e| RuntimeError::System(format!("socketpair: {e}")))?;
+        let (go_r, go_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let (uid, gid) = (spec.user.uid, spec.user.gid);
+
+        let forked = sp::clone_into_new_namespaces().map_err(sys("creating the sandbox namespaces"))?;
+        let init_pid = match forked {
+            Forked::Child => {
+                drop((control, go_w, status_r));
+                child_main(ChildSetup {
+                    go: go_r,
+                    status: status_w,
+                    control: init_control,
+                    plan,
+                    seccomp,
+                    oom_counter,
+                    uid,
+                    gid,
+                    hostname: id.to_string(),
+                })
+            }
+            Forked::Parent(pid) => pid,
+        };
+        drop((init_control, go_r, status_w, oom_counter));
+        let init_pidfd = rustix::process::pidfd_open(
+            Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
+            PidfdFlags::empty(),
+        )
+        .map_err(|e| RuntimeError::System(format!("pidfd_open: {e}")))?;
+        let setup = (|| {
+            paddock_sys::ids::write_id_maps(init_pid, uid, gid).map_err(sys("writing the user namespace id maps"))?;
+            cgroup.add_process(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
+            File::from(go_w).write_all(b"g").map_err(|e| RuntimeError::System(format!("starting the sandbox: {e}")))?;
+            let mut report = String::new();
+            let _ = File::from(status_r).read_to_string(&mut report);
+            if report != "ok\n" {
+                let why = if report.is_empty() { "the sandbox init exited during setup".to_owned() } else { report };
+                return Err(RuntimeError::System(format!("sandbox setup failed: {why}")));
+            }
+            Ok(())
+        })();
+        if let Err(e) = setup {
+            let _ = cgroup.kill_all(Duration::from_secs(2));
+            let _ = rustix::process::waitpid(Pid::from_raw(init_pid as i32), WaitOptions::empty());
+            return Err(e);
+        }
+
+        let listener = listen(&dd.socket(&id))?;
+        let signals = sp::signal_fd(&[rustix::process::Signal::TERM.as_raw(), rustix::process::Signal::INT.as_raw()])
+            .map_err(sys("signalfd"))?;
+        let created = now_ms();
+        let expires = spec.timeout_secs.map(|t| Instant::now() + Duration::from_secs(t));
+        let info = SandboxInfo {
+            id: id.clone(),
+            state: SandboxState::Running,
+            expires_unix_ms: spec.timeout_secs.map(|t| created + t * 1000),
+            created_unix_ms: created,
+            spec,
+            workspace,
+            failure: None,
+        };
+        let record = Record { info, supervisor_pid: std::process::id(), init_pid };
+        write_record(&dd, &record)?;
+        let _ = state_dir;
+        Ok(Self { dd, id, record, cgroup, init_pid, init_pidfd, control, listener, signals, expires })
+    }
+
+    fn serve(&mut self) -> i32 {
+        let mut pending: Vec<OwnedFd> = Vec::new();
+        loop {
+            let timeout = self.expires.map(|e| e.saturating_duration_since(Instant::now()));
+            if timeout == Some(Duration::ZERO) {
+                self.teardown();
+                return 0;
+            }
+            let (init_gone, signalled, accept, ready) = {
+                let mut fds = vec![
+                    PollFd::new(&self.init_pidfd, PollFlags::IN),
+                    PollFd::new(&self.signals, PollFlags::IN),
+                    PollFd::new(&self.listener, PollFlags::IN),
+                ];
+                fds.extend(pending.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+                let ts = timeout.map(|d| rustix::time::Timespec::try_from(d).unwrap_or_default());
+                if let Err(e) = rustix::event::poll(&mut fds, ts.as_ref())
+                    && e != rustix::io::Errno::INTR
+                {
+                    eprintln!("poll failed: {e}");
+                    return 1;
+                }
+                let ready: Vec<usize> =
+                    fds[3..].iter().enumerate().filter(|(_, f)| !f.revents().is_empty()).map(|(i, _)| i).collect();
+                let r = |i: usize| !fds[i].revents().is_empty();
+                (r(0), r(1), r(2), ready)
+            };
+            if init_gone {
+                self.init_died();
+                return 1;
+            }
+            if signalled {
+                self.teardown();
+                return 0;
+            }
+            if accept {
+                while let Ok(conn) =
+                    rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
+                {
+                    pending.push(conn);
+                }
+            }
+            for i in ready.into_iter().rev() {
+                let conn = pending.swap_remove(i);
+                if self.handle(conn) {
+                    return 0;
+                }
+            }
+        }
+    }
+
+    /// Serves one connection's request; true when the sandbox is now destroyed.
+    fn handle(&mut self, conn: OwnedFd) -> bool {
+        let (body, fds) = match fdpass::recv(&conn, RecvFlags::DONTWAIT) {
+            Ok((b, _)) if b.is_empty() => return false,
+            Ok(m) => m,
+            Err(_) => return false,
+        };
+        let request: Request = match protocol::decode(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                send(&conn, &Reply::Error { error: WireError::from(&e) });
+                return false;
+            }
+        };
+        let paused = || {
+            RuntimeError::Unavailable(
+                "the sandbox is paused: resume it before running commands or file operations".into(),
+            )
+        };
+        let result = match request {
+            Request::Exec { request, has_stdin } => {
+                if self.cgroup.is_frozen() {
+                    Err(paused())
+                } else if let Err(e) = request.validate() {
+                    Err(e)
+                } else {
+                    let env = command_env(&self.record.info.spec.env, &request.env);
+                    let cwd = request
+                        .cwd
+                        .as_deref()
+                        .map(|c| Path::new("/workspace").join(c))
+                        .unwrap_or_else(|| "/workspace".into());
+                    let msg = InitRequest::Exec {
+                        argv: request.argv,
+                        cwd: cwd.to_string_lossy().into_owned(),
+                        env,
+                        timeout_ms: request.timeout_ms,
+                        has_stdin,
+                    };
+                    return self.forward(conn, &msg, fds);
+                }
+            }
+            Request::File { op, has_data } => {
+                if self.cgroup.is_frozen() {
+                    Err(paused())
+                } else {
+                    return self.forward(conn, &InitRequest::File { op, has_data }, fds);
+                }
+            }
+            Request::Info => Ok(Reply::Info { info: Box::new(self.info()) }),
+            Request::Pause => self.cgroup.freeze().map(|()| Reply::Ok).map_err(sys("pausing")),
+            Request::Resume => self.cgroup.thaw().map(|()| Reply::Ok).map_err(sys("resuming")),
+            Request::Renew { ttl_ms } => {
+                self.expires = Some(Instant::now() + Duration::from_millis(ttl_ms));
+                self.record.info.expires_unix_ms = Some(now_ms() + ttl_ms);
+                write_record(&self.dd, &self.record).map(|()| Reply::Info { info: Box::new(self.info()) })
+            }
+            Request::Destroy => {
+                self.teardown();
+                send(&conn, &Reply::Ok);
+                return true;
+            }
+        };
+        let reply = result.unwrap_or_else(|e| Reply::Error { error: WireError::from(&e) });
+        send(&conn, &reply);
+        false
+    }
+
+    /// Hands a request and its connection to the init, which answers the client directly.
+    fn forward(&mut self, conn: OwnedFd, msg: &InitRequest, fds: Vec<OwnedFd>) -> bool {
+        let mut all = vec![conn.as_fd()];
+        all.extend(fds.iter().map(|f| f.as_fd()));
+        if let Err(e) = fdpass::send(&self.control, &protocol::encode(msg), &all) {
+            let e = RuntimeError::Unavailable(format!("the sandbox init is not accepting requests: {e}"));
+            send(&conn, &Reply::Error { error: WireError::from(&e) });
+        }
+        false
+    }
+
+    fn info(&self) -> SandboxInfo {
+        let mut info = self.record.info.clone();
+        info.state = if self.cgroup.is_frozen() { SandboxState::Paused } else { SandboxState::Running };
+        info
+    }
+
+    /// Kills everything, removes the cgroups and the sandbox directory.
+    fn teardown(&mut self) {
+        let _ = fs::remove_file(self.dd.socket(&self.id));
+        if let Err(e) = self.cgroup.kill_all(Duration::from_secs(10)) {
+            eprintln!("killing the sandbox: {e}");
+        }
+        let _ = rustix::process::waitpid(Pid::from_raw(self.init_pid as i32), WaitOptions::empty());
+        if let Err(e) = self.cgroup.remove(Duration::from_secs(5)) {
+            eprintln!("removing the sandbox cgroup: {e}");
+        }
+        let _ = fs::remove_dir_all(self.dd.sandbox(&self.id));
+    }
+
+    /// The init ended on its own: record the sandbox as failed, keep its workspace.
+    fn init_died(&mut self) {
+        let status = rustix::process::waitpid(Pid::from_raw(self.init_pid as i32), WaitOptions::NOHANG).ok().flatten();
+        let why = match status.map(|(_, s)| s) {
+            Some(s) if s.terminating_signal().is_some() => {
+                let sig = s.terminating_signal().unwrap_or(0);
+                if sig == 9 && self.cgroup.oom_kills() > 0 {
+                    "the sandbox init was killed by the out-of-memory killer; give the sandbox more memory".to_owned()
+                } else {
+                    format!("the sandbox init was killed by signal {sig}")
+                }
+            }
+            Some(s) => format!("the sandbox init exited with status {}", s.exit_status().unwrap_or(-1)),
+            None => "the sandbox init is gone".to_owned(),
+        };
+        let _ = fs::remove_file(self.dd.socket(&self.id));
+        let _ = self.cgroup.kill_all(Duration::from_secs(10));
+        let _ = self.cgroup.remove(Duration::from_secs(5));
+        let _ = fs::remove_dir_all(self.dd.skeleton(&self.id));
+        self.record.info.state = SandboxState::Failed;
+        self.record.info.failure = Some(why);
+        let _ = write_record(&self.dd, &self.record);
+    }
+}
+
+fn io(path: &Path, e: std::io::Error) -> RuntimeError {
+    RuntimeError::System(format!("{}: {e}", path.display()))
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| RuntimeError::System(format!("pipe: {e}")))
+}
+
+fn listen(path: &Path) -> Result<OwnedFd, RuntimeError> {
+    let fail = |e: rustix::io::Errno| RuntimeError::System(format!("listening on {}: {e}", path.display()));
+    let sock = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(fail)?;
+    let addr = SocketAddrUnix::new(path).map_err(fail)?;
+    let _ = fs::remove_file(path);
+    rustix::net::bind(&sock, &addr).map_err(fail)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| io(path, e))?;
+    rustix::net::listen(&sock, 128).map_err(fail)?;
+    Ok(sock)
+}
+
+fn send(conn: &OwnedFd, reply: &Reply) {
+    let _ = fdpass::send(conn, &protocol::encode(reply), &[]);
+}
+
+/// Writes the record atomically, so a reader never sees half of it.
+pub fn write_record(dd: &DataDir, record: &Record) -> Result<(), RuntimeError> {
+    let path = dd.record(&record.info.id);
+    let tmp = path.with_extension("json.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(record).expect("records serialize")).map_err(|e| io(&tmp, e))?;
+    fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+}

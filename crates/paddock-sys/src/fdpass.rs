@@ -1,0 +1,82 @@
+//! Messages with file descriptors attached (SCM_RIGHTS) over `SOCK_SEQPACKET` Unix sockets.
+//!
+//! Paddock hands the caller's own stdin/stdout/stderr (or pipes) straight to the sandboxed
+//! process this way, so output never passes through the supervisor.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags, SocketFlags, SocketType,
+};
+
+/// Most descriptors one message can carry.
+pub const MAX_FDS: usize = 8;
+
+/// Largest message body; requests are small JSON documents.
+pub const MAX_MESSAGE: usize = 256 * 1024;
+
+/// A connected pair of close-on-exec `SOCK_SEQPACKET` sockets.
+pub fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
+}
+
+/// Sends one message with `fds` attached.
+pub fn send(socket: impl AsFd, body: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other(format!("cannot attach {} descriptors (max {MAX_FDS})", fds.len())));
+    }
+    let sent = rustix::net::sendmsg(socket, &[IoSlice::new(body)], &mut control, SendFlags::NOSIGNAL)?;
+    if sent != body.len() {
+        return Err(std::io::Error::other("message was truncated on send"));
+    }
+    Ok(())
+}
+
+/// Receives one message; returns its body (empty at end of stream) and the attached
+/// descriptors, which arrive close-on-exec.
+pub fn recv(socket: impl AsFd, flags: RecvFlags) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut body = vec![0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg =
+        rustix::net::recvmsg(socket, &mut [IoSliceMut::new(&mut body)], &mut control, flags | RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            fds.extend(rights);
+        }
+    }
+    if msg.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(std::io::Error::other(format!("message larger than {MAX_MESSAGE} bytes")));
+    }
+    body.truncate(msg.bytes);
+    Ok((body, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_bytes_and_descriptors() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        send(&a, b"hello", &[w.as_fd()]).unwrap();
+        drop(w);
+        let (body, mut fds) = recv(&b, RecvFlags::empty()).unwrap();
+        assert_eq!(body, b"hello");
+        assert_eq!(fds.len(), 1);
+        rustix::io::write(fds.pop().unwrap(), b"via fd").unwrap();
+        let mut buf = [0u8; 16];
+        let n = rustix::io::read(&r, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"via fd");
+        drop(a);
+        let (eof, fds) = recv(&b, RecvFlags::empty()).unwrap();
+        assert!(eof.is_empty() && fds.is_empty());
+    }
+}

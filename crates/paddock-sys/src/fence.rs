@@ -1,0 +1,202 @@
+//! The two fences applied to the sandbox's init before it runs anything: a seccomp filter and a
+//! Landlock ruleset. Both are inherited by every process the init starts and cannot be lifted.
+
+use std::collections::BTreeMap;
+
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    path_beneath_rules,
+};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+};
+
+use crate::{Result, SysError};
+
+/// Syscalls a sandboxed process never needs and that widen the kernel surface or break the
+/// boundary: they fail with EPERM.
+const DENIED_SYSCALLS: &[i64] = &[
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_acct,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_userfaultfd,
+    libc::SYS_quotactl,
+    libc::SYS_syslog,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_iopl,
+    libc::SYS_ioperm,
+    libc::SYS_vhangup,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_fanotify_init,
+];
+
+/// `clone` flags that would create namespaces.
+const NAMESPACE_FLAGS: &[u64] = &[
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+/// Terminal ioctls that push input into (or hijack) a terminal the sandbox was handed: a
+/// sandboxed process given the caller's tty as stdout must not type commands into its shell.
+const DENIED_IOCTLS: &[u64] = &[libc::TIOCSTI, libc::TIOCLINUX];
+
+/// The seccomp filters of a sandbox, compiled ahead of the clone so the child only installs them.
+pub struct SeccompProgram {
+    /// EPERM for the denied syscalls, namespace-creating clones and terminal injection.
+    deny: BpfProgram,
+    /// ENOSYS for clone3: its flags live in memory that seccomp cannot inspect, and ENOSYS makes
+    /// libc fall back to clone, whose flags the other filter checks.
+    clone3: BpfProgram,
+}
+
+fn arch() -> TargetArch {
+    #[cfg(target_arch = "x86_64")]
+    return TargetArch::x86_64;
+    #[cfg(target_arch = "aarch64")]
+    return TargetArch::aarch64;
+    #[cfg(target_arch = "riscv64")]
+    return TargetArch::riscv64;
+}
+
+fn seccomp_err(e: impl std::fmt::Display) -> SysError {
+    SysError::Other(format!("building the seccomp filter failed: {e}"))
+}
+
+/// Compiles the sandbox's seccomp filters.
+pub fn compile_seccomp() -> Result<SeccompProgram> {
+    let masked = |arg: u8, flag: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)
+            .and_then(|c| SeccompRule::new(vec![c]))
+            .map_err(seccomp_err)
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS.iter().map(|s| (*s, Vec::new())).collect();
+    rules.insert(libc::SYS_clone, NAMESPACE_FLAGS.iter().map(|f| masked(0, *f)).collect::<Result<_>>()?);
+    let ioctl_rules = DENIED_IOCTLS
+        .iter()
+        .map(|cmd| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *cmd)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(seccomp_err)
+        })
+        .collect::<Result<_>>()?;
+    rules.insert(libc::SYS_ioctl, ioctl_rules);
+    let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
+        .map_err(seccomp_err)?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch(),
+    )
+    .map_err(seccomp_err)?;
+    Ok(SeccompProgram { deny: deny.try_into().map_err(seccomp_err)?, clone3: clone3.try_into().map_err(seccomp_err)? })
+}
+
+/// Installs the filters on the calling thread (no_new_privs must already be set).
+pub fn apply_seccomp(program: &SeccompProgram) -> Result<()> {
+    seccompiler::apply_filter(&program.clone3).map_err(seccomp_err)?;
+    seccompiler::apply_filter(&program.deny).map_err(seccomp_err)
+}
+
+/// Paths of the sandbox's own view that stay writable; everything else is read-only.
+#[derive(Debug, Clone)]
+pub struct LandlockPolicy {
+    pub writable_dirs: Vec<&'static str>,
+    pub writable_files: Vec<&'static str>,
+}
+
+impl Default for LandlockPolicy {
+    fn default() -> Self {
+        Self {
+            writable_dirs: vec!["/workspace", "/tmp", "/dev/shm", "/dev/pts"],
+            writable_files: vec!["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"],
+        }
+    }
+}
+
+/// Restricts the calling thread (and everything it later starts) with Landlock: read and
+/// execute everywhere, write only where the policy says; signals and abstract unix sockets
+/// scoped to the sandbox. Fails closed when the kernel enforces no Landlock at all.
+pub fn apply_landlock(policy: &LandlockPolicy) -> Result<RulesetStatus> {
+    let abi = ABI::V6;
+    let ll = |e: landlock::RulesetError| SysError::Other(format!("Landlock: {e}"));
+    let status = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(ll)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(ll)?
+        .create()
+        .map_err(ll)?
+        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))
+        .map_err(ll)?
+        .add_rules(path_beneath_rules(&policy.writable_dirs, AccessFs::from_all(abi)))
+        .map_err(ll)?
+        .add_rules(path_beneath_rules(&policy.writable_files, AccessFs::from_read(abi) | AccessFs::WriteFile))
+        .map_err(ll)?
+        .restrict_self()
+        .map_err(ll)?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err(SysError::Other(
+            "this kernel enforces no Landlock ruleset: enable Landlock (CONFIG_SECURITY_LANDLOCK and lsm=landlock) to run sandboxes".into(),
+        ));
+    }
+    Ok(status.ruleset)
+}
+
+/// Sets no_new_privs: from here on, exec never grants privileges (setuid, file capabilities).
+pub fn set_no_new_privs() -> Result<()> {
+    rustix::thread::set_no_new_privs(true).map_err(|e| SysError::call("set no_new_privs", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seccomp_filters_compile() {
+        let p = compile_seccomp().unwrap();
+        assert!(!p.deny.is_empty() && !p.clone3.is_empty());
+    }
+}

@@ -1,0 +1,292 @@
+//! The sandbox's filesystem view.
+//!
+//! The supervisor (host root) prepares a skeleton directory on disk: one empty directory or file
+//! for every top-level entry of the source root, plus the mount points Paddock adds. The child,
+//! inside its new user and mount namespaces, then only mounts onto that skeleton and pivots into
+//! it. Nothing is created inside the user namespace, so no file needs an owner that is mapped
+//! there, and nothing is mounted in the host's mount namespace.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+use crate::{Result, SysError};
+
+/// Top-level entries of the source root that are never shown: kernel and device trees are
+/// mounted fresh, `/tmp` and `/run` are private, and people's homes stay private.
+const NEVER_BOUND: &[&str] = &["proc", "sys", "dev", "tmp", "run", "root", "home", "workspace", "lost+found"];
+
+/// Device nodes bound from the host's `/dev`.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// What to mount where for one sandbox.
+#[derive(Debug, Clone)]
+pub struct RootPlan {
+    /// The skeleton directory, which becomes `/` inside.
+    pub skeleton: PathBuf,
+    /// The tree shown read-only as `/`: the host's `/`, or an image rootfs directory.
+    pub source: PathBuf,
+    /// Host directory mounted read-write at `/workspace`.
+    pub workspace: PathBuf,
+    /// Paths inside the sandbox hidden behind an empty read-only tmpfs (the data directory).
+    pub masks: Vec<PathBuf>,
+    /// Size cap of `/tmp`, bytes.
+    pub tmp_bytes: u64,
+    /// Size cap of `/dev/shm`, bytes.
+    pub shm_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    File,
+}
+
+impl RootPlan {
+    /// Builds the skeleton on the host. Runs as host root before the clone.
+    pub fn prepare_skeleton(&self) -> Result<()> {
+        let sk = &self.skeleton;
+        mkdir(sk, 0o755)?;
+        let entries = fs::read_dir(&self.source).map_err(|e| SysError::path("list", &self.source, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| SysError::path("list", &self.source, e))?;
+            let name = entry.file_name();
+            let Some(name_str) = name.to_str() else { continue };
+            if NEVER_BOUND.contains(&name_str) {
+                continue;
+            }
+            let ft = entry.file_type().map_err(|e| SysError::path("stat", entry.path(), e))?;
+            let target = sk.join(&name);
+            if ft.is_symlink() {
+                let link = fs::read_link(entry.path()).map_err(|e| SysError::path("readlink", entry.path(), e))?;
+                symlink(&link, &target).map_err(|e| SysError::path("symlink", &target, e))?;
+            } else if ft.is_dir() {
+                mkdir(&target, 0o755)?;
+            } else if ft.is_file() {
+                touch(&target)?;
+            }
+        }
+        for dir in ["proc", "sys", "dev", "tmp", "run", "root", "home", "workspace"] {
+            mkdir(&sk.join(dir), 0o755)?;
+        }
+        let dev = sk.join("dev");
+        for node in DEV_NODES {
+            touch(&dev.join(node))?;
+        }
+        for dir in ["pts", "shm"] {
+            mkdir(&dev.join(dir), 0o755)?;
+        }
+        for (name, target) in [
+            ("ptmx", "pts/ptmx"),
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            let path = dev.join(name);
+            symlink(target, &path).map_err(|e| SysError::path("symlink", &path, e))?;
+        }
+        Ok(())
+    }
+
+    /// The top-level entries of the skeleton that come from the source root.
+    fn bound_entries(&self) -> Result<Vec<(PathBuf, Kind)>> {
+        let mut out = Vec::new();
+        let entries = fs::read_dir(&self.skeleton).map_err(|e| SysError::path("list", &self.skeleton, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| SysError::path("list", &self.skeleton, e))?;
+            let name = entry.file_name();
+            if NEVER_BOUND.iter().any(|n| name == *n) {
+                continue;
+            }
+            let ft = entry.file_type().map_err(|e| SysError::path("stat", entry.path(), e))?;
+            if ft.is_dir() {
+                out.push((PathBuf::from(name), Kind::Dir));
+            } else if ft.is_file() {
+                out.push((PathBuf::from(name), Kind::File));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Mounts the sandbox's filesystem and makes it the root. Runs in the child, in its new
+    /// mount and user namespaces, with the capabilities it holds there.
+    pub fn enter(&self) -> Result<()> {
+        let sk = &self.skeleton;
+        rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
+            .map_err(|e| SysError::call("make mounts private", e))?;
+        bind(sk, sk, false)?;
+        for (name, kind) in self.bound_entries()? {
+            let src = self.source.join(&name);
+            bind(&src, &sk.join(&name), kind == Kind::Dir)?;
+        }
+        for mask in &self.masks {
+            let at = sk.join(mask.strip_prefix("/").unwrap_or(mask));
+            if at.is_dir() {
+                mount_tmpfs(&at, "size=4k,mode=0755,nr_inodes=16", MountFlags::RDONLY)?;
+            }
+        }
+        mount_tmpfs(&sk.join("run"), "size=64k,mode=0755,nr_inodes=64", MountFlags::empty())?;
+        // Everything so far is the read-only part of the view.
+        set_tree_read_only(sk)?;
+
+        let dev = sk.join("dev");
+        for node in DEV_NODES {
+            let at = dev.join(node);
+            bind(&Path::new("/dev").join(node), &at, false)?;
+            remount_bind(&at, MountFlags::NOSUID | MountFlags::NOEXEC)?;
+        }
+        mount_fs(
+            "devpts",
+            &dev.join("pts"),
+            "devpts",
+            MountFlags::NOSUID | MountFlags::NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620",
+        )?;
+        let nosuid_nodev = MountFlags::NOSUID | MountFlags::NODEV;
+        mount_tmpfs(
+            &dev.join("shm"),
+            &format!("size={},mode=1777", self.shm_bytes),
+            nosuid_nodev | MountFlags::NOEXEC,
+        )?;
+        mount_tmpfs(&sk.join("tmp"), &format!("size={},mode=1777", self.tmp_bytes), nosuid_nodev)?;
+        let ws = sk.join("workspace");
+        bind(&self.workspace, &ws, false)?;
+        remount_bind(&ws, nosuid_nodev)?;
+        mount_fs("proc", &sk.join("proc"), "proc", nosuid_nodev | MountFlags::NOEXEC, "")?;
+        // sysfs can only be mounted when the kernel sees the host's one fully; without it the
+        // sandbox simply has an empty /sys.
+        let _ = mount_fs("sysfs", &sk.join("sys"), "sysfs", nosuid_nodev | MountFlags::NOEXEC | MountFlags::RDONLY, "");
+
+        rustix::process::chdir(sk).map_err(|e| SysError::path("chdir", sk, e))?;
+        // pivot_root(".", ".") stacks the old root under the new one; detaching "." then drops
+        // the old root without needing a directory for it in the read-only new root.
+        rustix::process::pivot_root(".", ".").map_err(|e| SysError::path("pivot_root", sk, e))?;
+        rustix::mount::unmount(".", UnmountFlags::DETACH).map_err(|e| SysError::call("detach old root", e))?;
+        rustix::process::chdir("/").map_err(|e| SysError::call("chdir /", e))?;
+        Ok(())
+    }
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    match fs::create_dir(path) {
+        Ok(()) => {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| SysError::path("chmod", path, e))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(SysError::path("mkdir", path, e)),
+    }
+}
+
+fn touch(path: &Path) -> Result<()> {
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map(drop)
+        .map_err(|e| SysError::path("create", path, e))
+}
+
+fn bind(src: &Path, dst: &Path, recursive: bool) -> Result<()> {
+    let r = if recursive { rustix::mount::mount_bind_recursive(src, dst) } else { rustix::mount::mount_bind(src, dst) };
+    r.map_err(|e| SysError::path("bind mount", format!("{} -> {}", src.display(), dst.display()), e))
+}
+
+fn remount_bind(at: &Path, flags: MountFlags) -> Result<()> {
+    rustix::mount::mount_remount(at, flags | MountFlags::BIND, "").map_err(|e| SysError::path("remount", at, e))
+}
+
+fn mount_tmpfs(at: &Path, options: &str, flags: MountFlags) -> Result<()> {
+    mount_fs("tmpfs", at, "tmpfs", flags | MountFlags::NOSUID | MountFlags::NODEV, options)
+}
+
+fn mount_fs(source: &str, at: &Path, fstype: &str, flags: MountFlags, options: &str) -> Result<()> {
+    let options = CString::new(options).map_err(|_| SysError::Other("mount options contain a NUL byte".into()))?;
+    rustix::mount::mount(source, at, fstype, flags, Some(options.as_c_str()))
+        .map_err(|e| SysError::path("mount", at, e))
+}
+
+/// Makes `root` and every mount below it read-only, nosuid and nodev in one call.
+fn set_tree_read_only(root: &Path) -> Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let path = CString::new(root.as_os_str().as_encoded_bytes())
+        .map_err(|_| SysError::Other(format!("path {} contains a NUL byte", root.display())))?;
+    // rustix has no mount_setattr(2); the raw syscall is the only way to change a whole tree.
+    // SAFETY: `path` is a valid NUL-terminated string and `attr` a valid mount_attr of the size
+    // passed; both outlive the call, which only reads them.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret != 0 {
+        return Err(SysError::path(
+            "make read-only (mount_setattr, Linux >= 5.12)",
+            root,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skeleton_mirrors_top_level_and_adds_mount_points() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir_all(src.join("usr/bin")).unwrap();
+        fs::create_dir_all(src.join("etc")).unwrap();
+        fs::create_dir_all(src.join("home/alice")).unwrap();
+        fs::create_dir_all(src.join("root")).unwrap();
+        fs::write(src.join("vmlinuz.old"), b"x").unwrap();
+        symlink("usr/bin", src.join("bin")).unwrap();
+        let plan = RootPlan {
+            skeleton: tmp.path().join("sk"),
+            source: src,
+            workspace: tmp.path().join("ws"),
+            masks: vec![],
+            tmp_bytes: 1 << 20,
+            shm_bytes: 1 << 20,
+        };
+        plan.prepare_skeleton().unwrap();
+        let sk = &plan.skeleton;
+        assert!(sk.join("usr").is_dir() && fs::read_dir(sk.join("usr")).unwrap().next().is_none());
+        assert_eq!(fs::read_link(sk.join("bin")).unwrap(), Path::new("usr/bin"));
+        assert!(sk.join("vmlinuz.old").is_file());
+        assert!(fs::read_dir(sk.join("home")).unwrap().next().is_none(), "homes are never mirrored");
+        for d in ["proc", "dev/pts", "dev/shm", "tmp", "workspace", "run"] {
+            assert!(sk.join(d).is_dir(), "{d}");
+        }
+        assert_eq!(fs::read_link(sk.join("dev/ptmx")).unwrap(), Path::new("pts/ptmx"));
+        let mut bound: Vec<_> = plan.bound_entries().unwrap().into_iter().map(|(p, _)| p).collect();
+        bound.sort();
+        assert_eq!(bound, vec![PathBuf::from("etc"), PathBuf::from("usr"), PathBuf::from("vmlinuz.old")]);
+    }
+}

@@ -1,0 +1,158 @@
+//! Process creation and signals: cloning into new namespaces, forking workers, SIGCHLD as a file
+//! descriptor, and bringing up loopback in a fresh network namespace.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use crate::{Result, SysError};
+
+/// Which side of a fork the caller is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    /// The parent, with the child's pid as the parent sees it.
+    Parent(u32),
+    Child,
+}
+
+/// The namespaces every sandbox gets at creation. The cgroup namespace is entered later, once
+/// the child sits in its own cgroup, so that its cgroup root is the sandbox's cgroup.
+const SANDBOX_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS) as libc::c_ulong;
+
+/// Forks the calling process into new user, mount, pid, network, ipc and uts namespaces.
+///
+/// The caller must be single-threaded: the child continues on a copy of this thread only.
+pub fn clone_into_new_namespaces() -> Result<Forked> {
+    let flags = SANDBOX_NAMESPACES | libc::SIGCHLD as libc::c_ulong;
+    // SAFETY: a raw clone with a null stack behaves like fork(2): the child gets a copy-on-write
+    // image of this process and resumes here. The supervisor that calls this is single-threaded
+    // (documented precondition), so no lock can be held by another thread in the copy.
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    match ret {
+        -1 => Err(SysError::call("clone into new namespaces", std::io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as u32)),
+    }
+}
+
+/// Plain fork, for the in-sandbox init's short-lived file workers.
+///
+/// The caller must be single-threaded.
+pub fn fork() -> Result<Forked> {
+    // SAFETY: fork in a single-threaded process (documented precondition) is sound; the child
+    // only runs code of this process that the parent could also run.
+    let ret = unsafe { libc::fork() };
+    match ret {
+        -1 => Err(SysError::call("fork", std::io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as u32)),
+    }
+}
+
+/// Ends the calling process at once, without unwinding or running destructors: what a forked
+/// child must do so it never runs its parent's cleanup twice.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions; it never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Blocks `signals` for this thread and returns a signalfd that becomes readable when one
+/// arrives, so a poll loop can handle them (SIGCHLD included) without signal handlers.
+pub fn signal_fd(signals: &[i32]) -> Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data; all-zero is a valid (empty) value before sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the signal numbers are checked
+    // by the kernel-facing calls below, sigaddset only writes into `set`.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in signals {
+            libc::sigaddset(&mut set, *s);
+        }
+    }
+    // SAFETY: `set` is initialised; the old mask is not requested (null).
+    if unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
+        return Err(SysError::call("block signals", std::io::Error::last_os_error()));
+    }
+    // SAFETY: -1 asks for a new signalfd; `set` is initialised.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(SysError::call("signalfd", std::io::Error::last_os_error()));
+    }
+    // SAFETY: signalfd returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Drains pending notifications from a [`signal_fd`] so it stops polling readable.
+pub fn drain_signalfd(fd: &OwnedFd) {
+    let mut buf = [0u8; 128 * 8];
+    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
+}
+
+/// Sets the `lo` interface of the current network namespace up. A new network namespace starts
+/// with `lo` down; this needs CAP_NET_ADMIN over the namespace.
+pub fn bring_up_loopback() -> Result<()> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
+    let sock = socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+        .map_err(|e| SysError::call("socket for loopback setup", e))?;
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which is a
+    // valid, exclusively borrowed ifreq; the socket is open.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } != 0 {
+        return Err(SysError::call("read flags of lo", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the union member written by SIOCGIFFLAGS is ifru_flags.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
+        return Err(SysError::call("set lo up", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Moves the calling process into a new cgroup namespace rooted at its current cgroup.
+pub fn unshare_cgroup_namespace() -> Result<()> {
+    // SAFETY: CLONE_NEWCGROUP changes only which cgroup paths this process sees; it does not
+    // unshare the file table or memory, which is what makes unshare unsafe in general.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+        .map_err(|e| SysError::call("unshare cgroup namespace", e))
+}
+
+/// Points stdin, stdout and stderr at `/dev/null`, so a process does not keep its parent's
+/// pipes open.
+pub fn stdio_to_null() -> Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| SysError::path("open", "/dev/null", e))?;
+    redirect_stdio(&null, &null)
+}
+
+/// Points stdin at `input` and both stdout and stderr at `output`.
+pub fn redirect_stdio(input: impl std::os::fd::AsFd, output: impl std::os::fd::AsFd) -> Result<()> {
+    rustix::stdio::dup2_stdin(&input).map_err(|e| SysError::call("dup2 stdin", e))?;
+    rustix::stdio::dup2_stdout(&output).map_err(|e| SysError::call("dup2 stdout", e))?;
+    rustix::stdio::dup2_stderr(&output).map_err(|e| SysError::call("dup2 stderr", e))
+}
+
+/// Closes every descriptor above stderr. The supervisor calls this first thing, so that no
+/// descriptor its starter leaked (without close-on-exec) can reach the sandbox.
+///
+/// Must run before this process creates any descriptor it wants to keep.
+pub fn close_inherited_fds() -> Result<()> {
+    // SAFETY: close_range only closes descriptors. The documented precondition (called before
+    // this process opened anything of its own) means no live Rust object owns any of them.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if ret != 0 {
+        return Err(SysError::call("close_range", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -1,0 +1,401 @@
+//! Command-line interface: argument definitions and what each command does.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use paddock_core::naming::{NamingMode, ThreadId};
+use paddock_core::runtime::{ExecIo, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Runtime, SandboxId};
+use paddock_core::spec::{RootFs, SandboxSpec, User, validate_env_name};
+use paddock_core::units::{format_duration, parse_bytes, parse_cpus, parse_duration};
+use paddock_runtime_local::LocalRuntime;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::output;
+
+/// Exit code when Paddock itself fails (as opposed to the command it ran).
+pub const ERROR_EXIT: u8 = 125;
+
+#[derive(Debug, Parser)]
+#[command(name = "paddock", version, about = "Isolated sandboxes for AI agents, on this machine.")]
+pub struct Cli {
+    /// Where sandboxes and workspaces are kept.
+    #[arg(long, global = true, env = "PADDOCK_DATA_DIR", default_value = "/var/lib/paddock")]
+    pub data_dir: PathBuf,
+    /// Print machine-readable JSON instead of human output.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// How thread ids become workspace names: `hashed` (collision-resistant) or `dawn-compat`
+    /// (Dawn's exact names, to reattach volumes it created).
+    #[arg(long, global = true, env = "PADDOCK_NAMING", default_value = "hashed")]
+    pub naming: NamingMode,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one command in a new sandbox, stream its output, exit with its exit code, and
+    /// remove the sandbox (a --workspace is kept).
+    Run {
+        #[command(flatten)]
+        sandbox: SandboxOpts,
+        /// Kill the command's process group after this long (e.g. 30s, 5m); it then exits 124.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        #[command(flatten)]
+        exec: ExecOpts,
+    },
+    /// Create a long-lived sandbox and print its id.
+    Create {
+        #[command(flatten)]
+        sandbox: SandboxOpts,
+        /// Destroy the sandbox automatically after this long (e.g. 1h).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// List sandboxes.
+    #[command(alias = "ps")]
+    Ls,
+    /// Show one sandbox.
+    Inspect { id: String },
+    /// Run a command in a running sandbox.
+    Exec {
+        id: String,
+        /// Kill the command's process group after this long; it then exits 124.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        #[command(flatten)]
+        exec: ExecOpts,
+    },
+    /// Copy a file into or out of a sandbox: `paddock cp ./a ID:/workspace/a` or
+    /// `paddock cp ID:/workspace/a ./a`.
+    Cp { src: String, dst: String },
+    /// Remove sandboxes: kill their processes and delete everything but their workspaces.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Freeze every process of a sandbox, keeping its memory.
+    Pause { id: String },
+    /// Let a paused sandbox run again.
+    Resume { id: String },
+    /// Persistent workspaces keyed by an agent's thread id.
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+    #[command(name = "__supervise", hide = true)]
+    Supervise {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCommand {
+    /// Return the thread's running sandbox, or create one on its workspace.
+    Acquire {
+        thread: String,
+        #[command(flatten)]
+        sandbox: SandboxOpts,
+    },
+    /// Stop the thread's sandbox and keep its workspace.
+    Release { thread: String },
+    /// Stop the thread's sandbox and delete its workspace.
+    Rm { thread: String },
+    /// Show the on-disk name of a thread's workspace.
+    Name { thread: String },
+}
+
+#[derive(Debug, Args)]
+pub struct SandboxOpts {
+    /// Memory limit, /tmp included (e.g. 256M, 1G).
+    #[arg(long, value_parser = parse_bytes)]
+    memory: Option<u64>,
+    /// CPU quota in CPUs (e.g. 0.5, 2).
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<u32>,
+    /// Most processes and threads at once.
+    #[arg(long)]
+    pids: Option<u32>,
+    /// Size cap of /tmp (e.g. 64M).
+    #[arg(long, value_parser = parse_bytes)]
+    tmp_size: Option<u64>,
+    /// Environment variable for every command, NAME=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Mount this thread's persistent workspace at /workspace.
+    #[arg(long)]
+    workspace: Option<String>,
+    /// Use this unpacked root filesystem instead of the host's `/` (read-only either way).
+    #[arg(long)]
+    rootfs: Option<PathBuf>,
+    /// uid:gid to run as inside the sandbox.
+    #[arg(long, value_parser = parse_user)]
+    user: Option<User>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecOpts {
+    /// Working directory, relative to /workspace unless absolute.
+    #[arg(long, short = 'w')]
+    cwd: Option<String>,
+    /// Pass this terminal's stdin to the command (piped stdin is always passed).
+    #[arg(long, short = 'i')]
+    interactive: bool,
+    /// Environment variable for this command only, NAME=VALUE (repeatable).
+    #[arg(long = "cmd-env", value_parser = parse_env)]
+    cmd_env: Vec<(String, String)>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    argv: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+    validate_env_name(k).map_err(|e| e.message)?;
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+fn parse_user(s: &str) -> Result<User, String> {
+    let (u, g) = s.split_once(':').unwrap_or((s, s));
+    let num = |x: &str| x.parse::<u32>().map_err(|_| format!("{s:?} is not uid:gid, e.g. 1000:1000"));
+    Ok(User { uid: num(u)?, gid: num(g)? })
+}
+
+impl SandboxOpts {
+    fn spec(&self, timeout: Option<Duration>) -> Result<(SandboxSpec, Option<ThreadId>)> {
+        let mut spec = SandboxSpec::default();
+        let r = &mut spec.resources;
+        if let Some(m) = self.memory {
+            r.memory_bytes = m;
+        }
+        if let Some(c) = self.cpus {
+            r.millicpus = c;
+        }
+        if let Some(p) = self.pids {
+            r.pids = p;
+        }
+        if let Some(t) = self.tmp_size {
+            r.tmp_bytes = t;
+        }
+        spec.env = self.env.iter().cloned().collect();
+        if let Some(u) = self.user {
+            spec.user = u;
+        }
+        if let Some(root) = &self.rootfs {
+            let path = std::path::absolute(root).with_context(|| format!("resolving --rootfs {}", root.display()))?;
+            spec.rootfs = RootFs::Dir { path };
+        }
+        spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
+        spec.validate().map_err(|e| anyhow!("--{e}"))?;
+        let thread =
+            self.workspace.as_deref().map(|t| ThreadId::new(t).map_err(|e| anyhow!("--workspace: {e}"))).transpose()?;
+        Ok((spec, thread))
+    }
+}
+
+impl ExecOpts {
+    fn request(&self, timeout: Option<Duration>) -> ExecRequest {
+        ExecRequest {
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            env: self.cmd_env.iter().cloned().collect::<BTreeMap<_, _>>(),
+            timeout_ms: timeout.map(|t| t.as_millis() as u64),
+        }
+    }
+
+    fn io(&self) -> Result<ExecIo> {
+        let dup = |fd: std::os::fd::BorrowedFd<'_>| -> Result<OwnedFd> { Ok(fd.try_clone_to_owned()?) };
+        let stdin = std::io::stdin();
+        let pass_stdin = self.interactive || !stdin.is_terminal();
+        Ok(ExecIo {
+            stdin: if pass_stdin { Some(dup(stdin.as_fd())?) } else { None },
+            stdout: dup(std::io::stdout().as_fd())?,
+            stderr: dup(std::io::stderr().as_fd())?,
+        })
+    }
+}
+
+fn sandbox_id(s: &str) -> Result<SandboxId> {
+    Ok(SandboxId::parse(s)?)
+}
+
+pub async fn run(cli: Cli) -> Result<u8> {
+    let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
+    let rt = LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
+    let json = cli.json;
+    match cli.command {
+        Command::Run { sandbox, timeout, exec } => {
+            let (spec, thread) = sandbox.spec(None)?;
+            let request = exec.request(timeout);
+            request.validate()?;
+            let info = match &thread {
+                Some(t) => rt.acquire(t, spec).await?,
+                None => rt.create(spec).await?,
+            };
+            let result = run_to_exit(&rt, &info.id, request, exec.io()?).await;
+            // The sandbox goes either way; a workspace stays.
+            let removed = rt.destroy(&info.id).await;
+            let outcome = result?;
+            removed.with_context(|| format!("removing sandbox {}", info.id))?;
+            Ok(report_outcome(&outcome, timeout))
+        }
+        Command::Create { sandbox, timeout } => {
+            let (spec, thread) = sandbox.spec(timeout)?;
+            let info = match &thread {
+                Some(t) => rt.acquire(t, spec).await?,
+                None => rt.create(spec).await?,
+            };
+            output::created(&info, json);
+            Ok(0)
+        }
+        Command::Ls => {
+            output::list(&rt.list().await?, json);
+            Ok(0)
+        }
+        Command::Inspect { id } => {
+            output::info(&rt.get(&sandbox_id(&id)?).await?);
+            Ok(0)
+        }
+        Command::Exec { id, timeout, exec } => {
+            let request = exec.request(timeout);
+            let outcome = run_to_exit(&rt, &sandbox_id(&id)?, request, exec.io()?).await?;
+            Ok(report_outcome(&outcome, timeout))
+        }
+        Command::Cp { src, dst } => copy(&rt, &src, &dst, json).await,
+        Command::Rm { ids } => {
+            let mut failed = false;
+            for id in ids {
+                match async { rt.destroy(&sandbox_id(&id)?).await.map_err(anyhow::Error::from) }.await {
+                    Ok(()) => output::line(json, "removed", &id),
+                    Err(e) => {
+                        eprintln!("paddock: error: {e:#}");
+                        failed = true;
+                    }
+                }
+            }
+            Ok(if failed { ERROR_EXIT } else { 0 })
+        }
+        Command::Pause { id } => {
+            rt.pause(&sandbox_id(&id)?).await?;
+            output::line(json, "paused", &id);
+            Ok(0)
+        }
+        Command::Resume { id } => {
+            rt.resume(&sandbox_id(&id)?).await?;
+            output::line(json, "resumed", &id);
+            Ok(0)
+        }
+        Command::Workspace(cmd) => workspace(&rt, cmd, json).await,
+        Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
+    }
+}
+
+async fn workspace(rt: &LocalRuntime, cmd: WorkspaceCommand, json: bool) -> Result<u8> {
+    let thread = |t: &str| ThreadId::new(t).map_err(|e| anyhow!("thread id: {e}"));
+    match cmd {
+        WorkspaceCommand::Acquire { thread: t, sandbox } => {
+            if sandbox.workspace.is_some() {
+                bail!("pass the thread id as the argument, not with --workspace");
+            }
+            let (spec, _) = sandbox.spec(None)?;
+            let info = rt.acquire(&thread(&t)?, spec).await?;
+            output::created(&info, json);
+        }
+        WorkspaceCommand::Release { thread: t } => {
+            rt.release(&thread(&t)?).await?;
+            output::line(json, "released", &t);
+        }
+        WorkspaceCommand::Rm { thread: t } => {
+            rt.destroy_workspace(&thread(&t)?).await?;
+            output::line(json, "removed", &t);
+        }
+        WorkspaceCommand::Name { thread: t } => {
+            let name = paddock_core::naming::resource_name(&thread(&t)?, rt.naming());
+            output::line(json, "name", &name);
+        }
+    }
+    Ok(0)
+}
+
+/// Runs a command to its end, forwarding SIGINT, SIGTERM and SIGHUP to it.
+async fn run_to_exit(rt: &LocalRuntime, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<ExecOutcome> {
+    let mut exec: Box<dyn Execution> = rt.exec(id, request, io).await?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    loop {
+        let forward = tokio::select! {
+            outcome = exec.wait() => return Ok(outcome?),
+            _ = sigint.recv() => SignalKind::interrupt(),
+            _ = sigterm.recv() => SignalKind::terminate(),
+            _ = sighup.recv() => SignalKind::hangup(),
+        };
+        exec.signal(forward.as_raw_value()).await?;
+    }
+}
+
+fn report_outcome(outcome: &ExecOutcome, timeout: Option<Duration>) -> u8 {
+    if outcome.timed_out {
+        let after = timeout.map(format_duration).unwrap_or_default();
+        eprintln!(
+            "paddock: command timed out after {after}; its process group was killed (exit 124). Raise --timeout if it needs longer."
+        );
+    } else if outcome.oom_killed {
+        eprintln!(
+            "paddock: command was killed for exceeding the sandbox's memory limit; raise --memory if it needs more."
+        );
+    }
+    outcome.exit_code.clamp(0, 255) as u8
+}
+
+/// `ID:/path` names a path in a sandbox; anything else is a local path.
+fn split_remote(s: &str) -> Option<(&str, &str)> {
+    let (id, path) = s.split_once(':')?;
+    SandboxId::parse(id).ok().map(|_| (id, path))
+}
+
+async fn copy(rt: &LocalRuntime, src: &str, dst: &str, json: bool) -> Result<u8> {
+    match (split_remote(src), split_remote(dst)) {
+        (None, Some((id, path))) => {
+            let mut file = std::fs::File::open(src).with_context(|| format!("opening {src}"))?;
+            let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata()?.permissions()) & 0o777;
+            let (reader, mut writer) = std::io::pipe()?;
+            let pump = std::thread::spawn(move || std::io::copy(&mut file, &mut writer));
+            let reply = rt
+                .file(&sandbox_id(id)?, FileOp::Write { path: path.to_owned(), mode: Some(mode) }, Some(reader.into()))
+                .await;
+            let copied = pump.join().map_err(|_| anyhow!("the copy thread panicked"))?;
+            let reply = reply?;
+            copied.with_context(|| format!("reading {src}"))?;
+            output::file_reply(&reply, json);
+        }
+        (Some((id, path)), None) => {
+            let (mut reader, writer) = std::io::pipe()?;
+            let target = dst.to_owned();
+            let pump = std::thread::spawn(move || -> std::io::Result<u64> {
+                let mut out = std::fs::File::create(&target)?;
+                std::io::copy(&mut reader, &mut out)
+            });
+            let reply = rt.file(&sandbox_id(id)?, FileOp::Read { path: path.to_owned() }, Some(writer.into())).await;
+            let copied = pump.join().map_err(|_| anyhow!("the copy thread panicked"))?;
+            if reply.is_err() {
+                let _ = std::fs::remove_file(dst);
+            }
+            let reply = reply?;
+            copied.with_context(|| format!("writing {dst}"))?;
+            if let FileReply::Stat(_) = &reply {
+                output::file_reply(&reply, json);
+            }
+        }
+        (Some(_), Some(_)) => bail!("copying between two sandboxes is not supported: copy to a local file first"),
+        (None, None) => bail!("neither {src:?} nor {dst:?} names a sandbox path: write one as SANDBOX_ID:/path"),
+    }
+    Ok(0)
+}

@@ -1,0 +1,38 @@
+//! `paddock`: the one binary. The CLI, the hidden per-sandbox supervisor entry point, and (later)
+//! the server all live here; the supervisor is dispatched before any async runtime exists, so it
+//! stays single-threaded.
+
+mod cli;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    if let cli::Command::Supervise { data_dir, id } = &args.command {
+        let id = match paddock_core::runtime::SandboxId::parse(id) {
+            Ok(id) => id,
+            Err(e) => {
+                eprintln!("paddock: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return ExitCode::from(paddock_runtime_local::supervisor::main(data_dir, &id) as u8);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("paddock: error: cannot start the async runtime: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("paddock: error: {e:#}");
+            ExitCode::from(cli::ERROR_EXIT)
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Human and JSON output of the CLI.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use paddock_core::runtime::{FileReply, SandboxInfo};
+use paddock_core::units::{format_bytes, format_duration};
+
+fn print_json<T: serde::Serialize>(value: &T) {
+    println!("{}", serde_json::to_string_pretty(value).expect("output serializes"));
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn ago(ms: u64) -> String {
+    let d = std::time::Duration::from_secs(now_ms().saturating_sub(ms) / 1000);
+    format!("{} ago", format_duration(d))
+}
+
+pub fn created(info: &SandboxInfo, json: bool) {
+    if json {
+        print_json(info);
+    } else {
+        println!("{}", info.id);
+    }
+}
+
+pub fn line(json: bool, what: &str, value: &str) {
+    if json {
+        print_json(&serde_json::json!({ what: value }));
+    } else {
+        println!("{value}");
+    }
+}
+
+pub fn list(infos: &[SandboxInfo], json: bool) {
+    if json {
+        print_json(&infos);
+        return;
+    }
+    println!("{:<18} {:<8} {:<8} {:<6} {:<14} WORKSPACE", "ID", "STATE", "MEMORY", "CPUS", "CREATED");
+    for i in infos {
+        let r = &i.spec.resources;
+        let ws = i.workspace.as_ref().map(|w| w.thread.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<18} {:<8} {:<8} {:<6} {:<14} {}",
+            i.id,
+            i.state,
+            format_bytes(r.memory_bytes),
+            format!("{}", f64::from(r.millicpus) / 1000.0),
+            ago(i.created_unix_ms),
+            ws
+        );
+    }
+}
+
+pub fn info(info: &SandboxInfo) {
+    print_json(info);
+}
+
+pub fn file_reply(reply: &FileReply, json: bool) {
+    if json {
+        print_json(reply);
+    } else if let FileReply::Stat(s) = reply {
+        println!("{} ({} bytes)", s.path, s.size);
+    }
+}
