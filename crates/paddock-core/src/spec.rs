@@ -241,8 +241,7 @@ mod tests {
         let mut s = SandboxSpec::default();
         s.user.uid = 0;
         assert_eq!(s.validate().unwrap_err().field, "user");
-        let mut s = SandboxSpec::default();
-        s.rootfs = RootFs::Dir { path: "relative/dir".into() };
+        let s = SandboxSpec { rootfs: RootFs::Dir { path: "relative/dir".into() }, ..Default::default() };
         assert_eq!(s.validate().unwrap_err().field, "rootfs");
     }
 

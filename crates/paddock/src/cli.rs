@@ -84,6 +84,8 @@ pub enum Command {
     Pause { id: String },
     /// Let a paused sandbox run again.
     Resume { id: String },
+    /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
@@ -293,6 +295,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Workspace(cmd) => workspace(&rt, cmd, json).await,
+        Command::Bench(args) => crate::bench::run(&rt, args, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
     }
 }

@@ -2,6 +2,7 @@
 //! the server all live here; the supervisor is dispatched before any async runtime exists, so it
 //! stays single-threaded.
 
+mod bench;
 mod cli;
 mod output;
 

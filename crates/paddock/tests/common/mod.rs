@@ -1,0 +1,125 @@
+//! Shared helpers for the privileged tests: real sandboxes, in a data directory of their own.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use paddock_core::naming::NamingMode;
+use paddock_core::runtime::{ExecIo, ExecOutcome, ExecRequest, Runtime, SandboxId, SandboxInfo};
+use paddock_core::spec::SandboxSpec;
+use paddock_runtime_local::LocalRuntime;
+
+pub const EXE: &str = env!("CARGO_BIN_EXE_paddock");
+
+/// A runtime with its own data directory, removed (with every sandbox in it) on drop.
+pub struct Env {
+    pub rt: LocalRuntime,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the privileged tests create namespaces and cgroups: run them as root (CI does)"
+    );
+}
+
+impl Env {
+    pub fn new() -> Self {
+        require_root();
+        let dir = tempfile::Builder::new().prefix("pdk").tempdir_in("/tmp").expect("temp dir");
+        let rt = LocalRuntime::new(dir.path(), EXE, NamingMode::Hashed).expect("runtime");
+        Self { rt, dir }
+    }
+
+    pub fn data(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub async fn create(&self, spec: SandboxSpec) -> SandboxInfo {
+        self.rt.create(spec).await.expect("create sandbox")
+    }
+
+    /// Creates a default sandbox and proves it is confined before anything else runs in it:
+    /// uid 1000, no capabilities in any set, no_new_privs, seccomp. Panics otherwise, so an
+    /// escape test never runs in a sandbox that could harm the host.
+    pub async fn confined(&self, spec: SandboxSpec) -> SandboxId {
+        let info = self.create(spec).await;
+        assert_confined(&self.rt, &info.id).await;
+        info.id
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Best effort: destroy whatever a failed test left behind.
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async {
+            if let Ok(list) = self.rt.list().await {
+                for info in list {
+                    let _ = self.rt.destroy(&info.id).await;
+                }
+            }
+        });
+    }
+}
+
+pub async fn assert_confined(rt: &LocalRuntime, id: &SandboxId) {
+    let out = sh(rt, id, "id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let expected = "1000\n1000\n1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+    assert_eq!(out.stdout, expected, "STOP: the sandbox is not confined; refusing to run escape attempts. stderr: {}", out.stderr);
+}
+
+#[derive(Debug)]
+pub struct Output {
+    pub outcome: ExecOutcome,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn code(&self) -> i32 {
+        self.outcome.exit_code
+    }
+}
+
+fn pipe() -> (std::io::PipeReader, OwnedFd) {
+    let (r, w) = std::io::pipe().expect("pipe");
+    (r, w.into())
+}
+
+fn drain(mut r: std::io::PipeReader) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// Runs a request to completion and collects its output.
+pub async fn exec(rt: &LocalRuntime, id: &SandboxId, request: ExecRequest, stdin: Option<OwnedFd>) -> Output {
+    let (out_r, out_w) = pipe();
+    let (err_r, err_w) = pipe();
+    let (out_t, err_t) = (drain(out_r), drain(err_r));
+    let mut exec = rt.exec(id, request, ExecIo { stdin, stdout: out_w, stderr: err_w }).await.expect("exec");
+    let outcome = exec.wait().await.expect("wait");
+    Output { outcome, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+}
+
+pub async fn sh(rt: &LocalRuntime, id: &SandboxId, script: &str) -> Output {
+    exec(rt, id, ExecRequest::shell(script), None).await
+}
+
+/// Host-side check that nothing of a destroyed sandbox is left.
+pub fn assert_nothing_left(data: &Path, id: &SandboxId) {
+    assert!(!data.join("sandboxes").join(id.as_str()).exists(), "state directory of {id} left behind");
+    for ctl in ["memory", "pids", "cpu", "freezer", "unified"] {
+        let p = PathBuf::from("/sys/fs/cgroup").join(ctl).join("paddock").join(id.as_str());
+        assert!(!p.exists(), "cgroup {} left behind", p.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(id.as_str()), "a mount of {id} is left on the host");
+    let procs = std::process::Command::new("pgrep").args(["-f", id.as_str()]).output().unwrap();
+    assert!(procs.stdout.is_empty(), "processes of {id} left: {}", String::from_utf8_lossy(&procs.stdout));
+}
