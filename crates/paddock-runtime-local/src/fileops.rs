@@ -46,7 +46,12 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
     match op {
         FileOp::Read { path } => {
             let p = resolve(path)?;
-            let mut file = File::open(&p).map_err(|e| io_err("read", &p, e))?;
+            // Non-blocking open, so a FIFO cannot hang the worker before we look at what it is.
+            let mut file = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(o_nonblock())
+                .open(&p)
+                .map_err(|e| io_err("read", &p, e))?;
             let meta = file.metadata().map_err(|e| io_err("read", &p, e))?;
             if meta.is_dir() {
                 return Err(file_err(
@@ -54,6 +59,8 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
                     format!("read {}: is a directory: list it instead", p.display()),
                 ));
             }
+            // Devices and FIFOs never end (/dev/zero) or block: only regular files are read.
+            require_regular("read", &p, &meta)?;
             let mut sink = File::from(data.ok_or_else(|| missing_data("read"))?);
             io::copy(&mut file, &mut sink).map_err(|e| io_err("read", &p, e))?;
             Ok(FileReply::Stat(stat_of(&p, &meta)))
@@ -68,8 +75,10 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
                 .create(true)
                 .truncate(true)
                 .mode(mode.unwrap_or(0o644))
+                .custom_flags(o_nonblock())
                 .open(&p)
                 .map_err(|e| io_err("write", &p, e))?;
+            require_regular("write", &p, &file.metadata().map_err(|e| io_err("write", &p, e))?)?;
             let mut source = File::from(data.ok_or_else(|| missing_data("write"))?);
             io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
             if let Some(mode) = mode {
@@ -126,6 +135,23 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
             stat(&p)
         }
     }
+}
+
+fn o_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+fn require_regular(op: &str, p: &Path, meta: &Metadata) -> Result<(), RuntimeError> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    Err(file_err(
+        FileErrorKind::InvalidPath,
+        format!(
+            "{op} {}: not a regular file (a device, FIFO or socket): only regular files can be transferred",
+            p.display()
+        ),
+    ))
 }
 
 fn missing_data(op: &str) -> RuntimeError {

@@ -1,7 +1,7 @@
 //! Command-line interface: argument definitions and what each command does.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -224,6 +224,10 @@ impl ExecOpts {
     }
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
 fn sandbox_id(s: &str) -> Result<SandboxId> {
     Ok(SandboxId::parse(s)?)
 }
@@ -237,13 +241,16 @@ pub async fn run(cli: Cli) -> Result<u8> {
             let (spec, thread) = sandbox.spec(None)?;
             let request = exec.request(timeout);
             request.validate()?;
+            let before = now_ms();
             let info = match &thread {
                 Some(t) => rt.acquire(t, spec).await?,
                 None => rt.create(spec).await?,
             };
+            // A live sandbox of the thread that acquire handed back belongs to whoever made it.
+            let ours = info.created_unix_ms >= before;
             let result = run_to_exit(&rt, &info.id, request, exec.io()?).await;
-            // The sandbox goes either way; a workspace stays.
-            let removed = rt.destroy(&info.id).await;
+            // A sandbox we made goes either way; a workspace stays.
+            let removed = if ours { rt.destroy(&info.id).await } else { Ok(()) };
             let outcome = result?;
             removed.with_context(|| format!("removing sandbox {}", info.id))?;
             Ok(report_outcome(&outcome, timeout))
@@ -301,7 +308,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
 }
 
 async fn workspace(rt: &LocalRuntime, cmd: WorkspaceCommand, json: bool) -> Result<u8> {
-    let thread = |t: &str| ThreadId::new(t).map_err(|e| anyhow!("thread id: {e}"));
+    let thread = |t: &str| ThreadId::new(t).map_err(|e| anyhow!("{e}"));
     match cmd {
         WorkspaceCommand::Acquire { thread: t, sandbox } => {
             if sandbox.workspace.is_some() {
@@ -380,19 +387,21 @@ async fn copy(rt: &LocalRuntime, src: &str, dst: &str, json: bool) -> Result<u8>
             output::file_reply(&reply, json);
         }
         (Some((id, path)), None) => {
+            // Download next to the target and rename on success, so a failed copy never
+            // clobbers an existing file.
+            let target = std::path::absolute(dst).with_context(|| format!("resolving {dst}"))?;
+            let dir = target.parent().unwrap_or(std::path::Path::new("/"));
+            let mut partial =
+                tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
             let (mut reader, writer) = std::io::pipe()?;
-            let target = dst.to_owned();
-            let pump = std::thread::spawn(move || -> std::io::Result<u64> {
-                let mut out = std::fs::File::create(&target)?;
-                std::io::copy(&mut reader, &mut out)
-            });
+            let mut out = partial.as_file().try_clone()?;
+            let pump = std::thread::spawn(move || std::io::copy(&mut reader, &mut out));
             let reply = rt.file(&sandbox_id(id)?, FileOp::Read { path: path.to_owned() }, Some(writer.into())).await;
             let copied = pump.join().map_err(|_| anyhow!("the copy thread panicked"))?;
-            if reply.is_err() {
-                let _ = std::fs::remove_file(dst);
-            }
             let reply = reply?;
             copied.with_context(|| format!("writing {dst}"))?;
+            partial.as_file_mut().flush()?;
+            partial.persist(&target).with_context(|| format!("writing {dst}"))?;
             if let FileReply::Stat(_) = &reply {
                 output::file_reply(&reply, json);
             }

@@ -53,22 +53,33 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        // Best effort: destroy whatever a failed test left behind.
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-        rt.block_on(async {
-            if let Ok(list) = self.rt.list().await {
-                for info in list {
-                    let _ = self.rt.destroy(&info.id).await;
+        // Best effort: destroy whatever a failed test left behind. A thread of its own, since
+        // the test's async runtime may be the one dropping us.
+        let rt = self.rt.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(tokio_rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            tokio_rt.block_on(async {
+                if let Ok(list) = rt.list().await {
+                    for info in list {
+                        let _ = rt.destroy(&info.id).await;
+                    }
                 }
-            }
-        });
+            });
+        })
+        .join();
     }
 }
 
 pub async fn assert_confined(rt: &LocalRuntime, id: &SandboxId) {
-    let out = sh(rt, id, "id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let out =
+        sh(rt, id, "id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
+            .await;
     let expected = "1000\n1000\n1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
-    assert_eq!(out.stdout, expected, "STOP: the sandbox is not confined; refusing to run escape attempts. stderr: {}", out.stderr);
+    assert_eq!(
+        out.stdout, expected,
+        "STOP: the sandbox is not confined; refusing to run escape attempts. stderr: {}",
+        out.stderr
+    );
 }
 
 #[derive(Debug)]

@@ -1,0 +1,559 @@
+//! The real `paddock` binary: bad input fails with a non-zero exit and a clear error that says
+//! what to do, and leaves no sandbox behind; the main commands work end to end.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{EXE, require_root};
+use paddock_core::runtime::{SandboxId, SandboxInfo, SandboxState};
+use tokio::io::AsyncWriteExt;
+
+/// Our own errors exit with this; clap's usage errors with 2.
+const ERROR_EXIT: i32 = 125;
+const USAGE_EXIT: i32 = 2;
+const PIDS_CGROUP: &str = "/sys/fs/cgroup/pids/paddock";
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// The CLI with a data directory of its own; whatever a failed test left is removed on drop.
+struct Cli {
+    dir: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new() -> Self {
+        require_root();
+        let dir = tempfile::Builder::new().prefix("pdc").tempdir_in("/tmp").expect("temp dir");
+        Self { dir }
+    }
+
+    fn data(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn command<S: AsRef<OsStr>>(&self, args: &[S]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(EXE);
+        c.args(args)
+            .env_clear()
+            .env("PADDOCK_DATA_DIR", self.data())
+            // Relative paths in arguments resolve here, where nothing but our state exists.
+            .current_dir(self.data())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    }
+
+    async fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Out {
+        let child = self.command(args).spawn().expect("starting paddock");
+        finish(child, args).await
+    }
+
+    async fn run_with_stdin<S: AsRef<OsStr>>(&self, args: &[S], input: Vec<u8>) -> Out {
+        let mut child = self.command(args).stdin(Stdio::piped()).spawn().expect("starting paddock");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let feeder = tokio::spawn(async move {
+            stdin.write_all(&input).await.expect("feeding stdin");
+            // Dropping stdin closes it: the command reads end-of-file.
+        });
+        let out = finish(child, args).await;
+        feeder.await.expect("stdin feeder");
+        out
+    }
+
+    fn entries(&self, sub: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.data().join(sub))
+            .map(|rd| rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// No sandbox state in our data directory, and no cgroup of ours added since `before`.
+    fn assert_nothing_left(&self, before: &BTreeSet<String>, what: &str) {
+        assert_eq!(self.entries("sandboxes"), Vec::<String>::new(), "{what}: a sandbox was left behind");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // Other tests create sandboxes concurrently: a new cgroup is ours unless its
+            // supervisor belongs to another data directory. Ours must be gone by now; allow
+            // others' short-lived ones to finish.
+            let suspects: Vec<String> = paddock_cgroups()
+                .difference(before)
+                .filter(|id| supervisor_data_dir(id).is_none_or(|d| d == self.data()))
+                .cloned()
+                .collect();
+            if suspects.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: cgroups left behind: {suspects:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs bad input that Paddock itself rejects: exit 125, exactly one line on stderr that
+    /// contains every word, nothing on stdout, nothing created.
+    async fn rejects<S: AsRef<OsStr> + std::fmt::Debug>(&self, args: &[S], words: &[&str]) -> Out {
+        let before = paddock_cgroups();
+        let workspaces = self.entries("workspaces");
+        let out = self.run(args).await;
+        let what = format!("paddock {args:?}");
+        assert_eq!(out.code, ERROR_EXIT, "{what}: {out:?}");
+        assert_eq!(out.stdout, "", "{what}");
+        assert!(out.stderr.starts_with("paddock: error: "), "{what}: {:?}", out.stderr);
+        assert!(out.stderr.ends_with('\n'), "{what}: {:?}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{what}: the error is not one line: {:?}", out.stderr);
+        for w in words {
+            assert!(out.stderr.contains(w), "{what}: the error lacks {w:?}: {:?}", out.stderr);
+        }
+        self.assert_nothing_left(&before, &what);
+        assert_eq!(self.entries("workspaces"), workspaces, "{what}: a workspace was created");
+        out
+    }
+
+    /// Runs arguments clap rejects: exit 2, every word on stderr, nothing created.
+    async fn usage_error<S: AsRef<OsStr> + std::fmt::Debug>(&self, args: &[S], words: &[&str]) -> Out {
+        let before = paddock_cgroups();
+        let workspaces = self.entries("workspaces");
+        let out = self.run(args).await;
+        let what = format!("paddock {args:?}");
+        assert_eq!(out.code, USAGE_EXIT, "{what}: {out:?}");
+        assert_eq!(out.stdout, "", "{what}");
+        for w in words {
+            assert!(out.stderr.contains(w), "{what}: the error lacks {w:?}: {:?}", out.stderr);
+        }
+        self.assert_nothing_left(&before, &what);
+        assert_eq!(self.entries("workspaces"), workspaces, "{what}: a workspace was created");
+        out
+    }
+
+    /// Runs a command that must succeed, returning its stdout.
+    async fn ok<S: AsRef<OsStr> + std::fmt::Debug>(&self, args: &[S]) -> String {
+        let out = self.run(args).await;
+        assert_eq!(out.code, 0, "paddock {args:?}: {out:?}");
+        out.stdout
+    }
+}
+
+impl Drop for Cli {
+    fn drop(&mut self) {
+        for id in self.entries("sandboxes") {
+            let _ = std::process::Command::new(EXE)
+                .args(["rm", &id])
+                .env_clear()
+                .env("PADDOCK_DATA_DIR", self.data())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+async fn finish<S: AsRef<OsStr>>(child: tokio::process::Child, args: &[S]) -> Out {
+    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("paddock {:?} did not finish in 2 minutes", args.iter().map(|a| a.as_ref()).collect::<Vec<_>>())
+        })
+        .expect("waiting for paddock");
+    Out {
+        code: out.status.code().expect("paddock was killed by a signal"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn paddock_cgroups() -> BTreeSet<String> {
+    std::fs::read_dir(PIDS_CGROUP)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("sbx-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The data directory of the running supervisor of sandbox `id`, if there is one.
+fn supervisor_data_dir(id: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let Ok(entry) = entry else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if !args.contains(&&b"__supervise"[..]) {
+            continue;
+        }
+        let after = |flag: &[u8]| args.iter().position(|a| *a == flag).and_then(|i| args.get(i + 1)).copied();
+        if after(b"--id") == Some(id.as_bytes()) {
+            return after(b"--data-dir").map(|d| PathBuf::from(String::from_utf8_lossy(d).into_owned()));
+        }
+    }
+    None
+}
+
+fn long_thread(len: usize) -> String {
+    "t".repeat(len)
+}
+
+// --- Bad input ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn unknown_options_are_usage_errors() {
+    let cli = Cli::new();
+    cli.usage_error(&["--bogus", "ls"], &["unexpected argument", "--bogus", "--help"]).await;
+    cli.usage_error(&["run", "--bogus", "--", "true"], &["unexpected argument", "--bogus"]).await;
+    cli.usage_error(&["frobnicate"], &["unrecognized subcommand", "frobnicate"]).await;
+    // The positive case: the same data directory works.
+    assert_eq!(cli.ok(&["--json", "ls"]).await.trim(), "[]");
+}
+
+#[tokio::test]
+async fn run_without_a_command_is_refused() {
+    let cli = Cli::new();
+    cli.usage_error(&["run"], &["required", "<CMD>"]).await;
+    cli.usage_error(&["run", "--"], &["required", "<CMD>"]).await;
+    cli.usage_error(&["run", "true"], &["unexpected argument", "--"]).await;
+    cli.rejects(&["run", "--", ""], &["no command given", "pass the program"]).await;
+    cli.usage_error(&["exec", "sbx-000000000000"], &["required", "<CMD>"]).await;
+}
+
+#[tokio::test]
+async fn invalid_thread_ids_are_refused() {
+    let cli = Cli::new();
+    let too_long = long_thread(513);
+    let cases: [(&str, &[&str]); 5] = [
+        ("", &["thread id is empty", "pass a non-empty id"]),
+        (&too_long, &["513 bytes", "512-byte limit", "pass a shorter id"]),
+        ("a\nb", &["control character at byte 1", "remove newlines"]),
+        ("a\u{1}b", &["control character at byte 1", "remove"]),
+        ("tab\there", &["control character at byte 3"]),
+    ];
+    for (thread, words) in cases {
+        let out = cli.rejects(&["run", "--workspace", thread, "--", "true"], words).await;
+        assert!(out.stderr.contains("--workspace"), "{out:?}");
+        cli.rejects(&["create", "--workspace", thread], words).await;
+        for sub in ["acquire", "release", "rm", "name"] {
+            let out = cli.rejects(&["workspace", sub, thread], words).await;
+            assert!(out.stderr.contains("thread id"), "{out:?}");
+        }
+    }
+    // The positive case at the limit: 512 bytes, and any printable text, are fine.
+    for thread in [long_thread(512), "thread/ü 1".to_owned()] {
+        let name = cli.ok(&["workspace", "name", &thread]).await;
+        assert_eq!(name.lines().count(), 1, "{name:?}");
+        assert!(name.len() <= 64 && name.is_ascii(), "{name:?}");
+    }
+    assert_eq!(cli.entries("sandboxes"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_thread_id_may_not_also_be_given_with_workspace() {
+    let cli = Cli::new();
+    cli.rejects(&["workspace", "acquire", "t1", "--workspace", "t2"], &["not with --workspace"]).await;
+}
+
+#[tokio::test]
+async fn invalid_memory_is_refused() {
+    let cli = Cli::new();
+    cli.usage_error(&["run", "--memory", "0", "--", "true"], &["--memory", "zero", "512M"]).await;
+    // clap takes `-1` for an option; either way it is refused and named.
+    cli.usage_error(&["run", "--memory", "-1", "--", "true"], &["-1"]).await;
+    cli.usage_error(&["run", "--memory=-1", "--", "true"], &["--memory", "negative", "512M"]).await;
+    cli.rejects(&["run", "--memory", "1", "--", "true"], &["--memory", "1B", "too little", "at least 16MiB"]).await;
+    cli.rejects(&["create", "--memory", "15M"], &["--memory", "at least 16MiB"]).await;
+    cli.usage_error(&["run", "--memory", "5X", "--", "true"], &["--memory", "unknown unit", "\"X\"", "512M"]).await;
+    cli.usage_error(&["run", "--tmp-size", "0", "--", "true"], &["--tmp-size", "zero"]).await;
+    cli.rejects(&["run", "--tmp-size", "1K", "--", "true"], &["--tmp", "at least 1MiB"]).await;
+}
+
+#[tokio::test]
+async fn invalid_pids_cpus_and_timeouts_are_refused() {
+    let cli = Cli::new();
+    for pids in ["100000", "0", "7"] {
+        cli.rejects(&["run", "--pids", pids, "--", "true"], &["--pids", pids, "between 8 and 16384"]).await;
+    }
+    cli.usage_error(&["run", "--pids", "-5", "--", "true"], &["-5"]).await;
+    cli.usage_error(&["run", "--pids", "many", "--", "true"], &["--pids", "many"]).await;
+    cli.usage_error(&["run", "--cpus", "0", "--", "true"], &["--cpus", "zero", "0.5"]).await;
+    cli.usage_error(&["run", "--cpus", "abc", "--", "true"], &["--cpus", "\"abc\"", "not valid", "0.5"]).await;
+    cli.usage_error(&["run", "--cpus", "2000", "--", "true"], &["--cpus", "0.01..=1024"]).await;
+    cli.usage_error(&["run", "--timeout", "0", "--", "true"], &["--timeout", "zero", "1m30s"]).await;
+    cli.usage_error(&["create", "--timeout", "0"], &["--timeout", "zero"]).await;
+    cli.usage_error(&["run", "--timeout", "5d", "--", "true"], &["--timeout", "unknown unit"]).await;
+    cli.rejects(&["create", "--timeout", "400000h"], &["--timeout", "longer than a year"]).await;
+}
+
+#[tokio::test]
+async fn invalid_env_and_user_are_refused() {
+    let cli = Cli::new();
+    cli.usage_error(&["run", "--env", "1BAD=x", "--", "true"], &["--env", "\"1BAD\"", "not a valid variable name"])
+        .await;
+    cli.usage_error(&["run", "-e", "A-B=x", "--", "true"], &["\"A-B\"", "letters, digits and _"]).await;
+    cli.usage_error(&["run", "--env", "NOEQUALS", "--", "true"], &["NAME=VALUE"]).await;
+    cli.usage_error(&["run", "--cmd-env", "1X=y", "--", "true"], &["--cmd-env", "not a valid variable name"]).await;
+    cli.rejects(&["run", "--user", "0:0", "--", "true"], &["--user", "root", "non-zero uid and gid", "1000:1000"])
+        .await;
+    cli.rejects(&["run", "--user", "0", "--", "true"], &["--user", "root"]).await;
+    cli.rejects(&["create", "--user", "1000:0"], &["--user", "root"]).await;
+    cli.usage_error(&["run", "--user", "abc", "--", "true"], &["--user", "uid:gid", "1000:1000"]).await;
+}
+
+#[tokio::test]
+async fn invalid_root_filesystems_are_refused() {
+    let cli = Cli::new();
+    // A relative path resolves against the working directory (our data directory here), where
+    // it does not exist.
+    let resolved = cli.data().join("relative/dir");
+    cli.rejects(&["run", "--rootfs", "relative/dir", "--", "true"], &[resolved.to_str().unwrap(), "not a directory"])
+        .await;
+    cli.rejects(&["run", "--rootfs", "/nonexistent", "--", "true"], &["/nonexistent", "not a directory", "unpacked"])
+        .await;
+    cli.rejects(&["create", "--rootfs", "/etc/hostname"], &["/etc/hostname", "not a directory"]).await;
+}
+
+#[tokio::test]
+async fn commands_on_missing_or_malformed_sandbox_ids_fail() {
+    let cli = Cli::new();
+    let missing = "sbx-000000000000";
+    let not_found: &[&str] = &["no sandbox sbx-000000000000", "paddock ls"];
+    cli.rejects(&["exec", missing, "--", "true"], not_found).await;
+    cli.rejects(&["inspect", missing], not_found).await;
+    cli.rejects(&["rm", missing], not_found).await;
+    cli.rejects(&["pause", missing], not_found).await;
+    cli.rejects(&["resume", missing], not_found).await;
+    let malformed: &[&str] = &["\"../etc\" is not a sandbox id", "sbx-0123456789ab"];
+    cli.rejects(&["exec", "../etc", "--", "true"], malformed).await;
+    cli.rejects(&["inspect", "../etc"], malformed).await;
+    cli.rejects(&["rm", "../etc"], malformed).await;
+    cli.rejects(&["inspect", "SBX-ABC"], &["is not a sandbox id"]).await;
+    // Removing several reports each failure on its own line and still fails.
+    let out = cli.run(&["rm", missing, "../etc"]).await;
+    assert_eq!(out.code, ERROR_EXIT, "{out:?}");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(lines[0].contains("no sandbox") && lines[1].contains("not a sandbox id"), "{out:?}");
+    assert_eq!(cli.entries("sandboxes"), Vec::<String>::new());
+    cli.usage_error(&["rm"], &["required"]).await;
+}
+
+#[tokio::test]
+async fn cp_needs_exactly_one_sandbox_side() {
+    let cli = Cli::new();
+    std::fs::write(cli.data().join("local.txt"), "local").unwrap();
+    cli.rejects(&["cp", "a", "b"], &["neither \"a\" nor \"b\" names a sandbox path", "SANDBOX_ID:/path"]).await;
+    cli.rejects(&["cp", "local.txt", "/tmp/elsewhere"], &["neither", "SANDBOX_ID:/path"]).await;
+    cli.rejects(&["cp", "../etc:/x", "local.txt"], &["neither", "SANDBOX_ID:/path"]).await;
+    cli.rejects(&["cp", "sbx-000000000000:/a", "sbx-000000000001:/b"], &["between two sandboxes", "local file first"])
+        .await;
+    cli.rejects(&["cp", "local.txt", "sbx-000000000000:/workspace/x"], &["no sandbox sbx-000000000000"]).await;
+    cli.rejects(&["cp", "missing.txt", "sbx-000000000000:/workspace/x"], &["missing.txt"]).await;
+    cli.usage_error(&["cp", "a"], &["required"]).await;
+    assert_eq!(std::fs::read_to_string(cli.data().join("local.txt")).unwrap(), "local");
+    // A failed download creates no local file.
+    cli.rejects(&["cp", "sbx-000000000000:/workspace/x", "fresh.txt"], &["no sandbox"]).await;
+    assert!(!cli.data().join("fresh.txt").exists());
+}
+
+/// BUG: a failed download deletes the local file it was meant to replace.
+#[tokio::test]
+
+async fn a_failed_download_keeps_an_existing_local_file() {
+    let cli = Cli::new();
+    let keep = cli.data().join("keep.txt");
+    std::fs::write(&keep, "precious").unwrap();
+    cli.rejects(&["cp", "sbx-000000000000:/workspace/x", "keep.txt"], &["no sandbox"]).await;
+    assert_eq!(std::fs::read_to_string(&keep).ok().as_deref(), Some("precious"));
+}
+
+/// BUG: `run` destroys the sandbox it ran in, even when `acquire` handed it the thread's
+/// long-lived sandbox from `create --workspace` (killing whatever ran there).
+#[tokio::test]
+
+async fn run_on_a_workspace_keeps_the_threads_live_sandbox() {
+    let cli = Cli::new();
+    let id = cli.ok(&["create", "--workspace", "T"]).await.trim().to_owned();
+    let out = cli.run(&["run", "--workspace", "T", "--", "true"]).await;
+    let still = cli.run(&["exec", &id, "--", "true"]).await;
+    cli.ok(&["workspace", "rm", "T"]).await;
+    assert_eq!(still.code, 0, "run ({out:?}) destroyed the live sandbox {id}: {still:?}");
+}
+
+// --- Happy paths ----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn run_streams_output_and_exits_with_the_command() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let out = cli.run(&["run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (7, "out\n", "err\n"));
+    let out = cli.run(&["run", "--", "true"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "", ""));
+    cli.assert_nothing_left(&before, "run");
+}
+
+#[tokio::test]
+async fn run_honours_valid_limits_at_their_bounds() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let thread = long_thread(512);
+    let args = [
+        "run",
+        "--memory",
+        "16M",
+        "--pids",
+        "16",
+        "--cpus",
+        "0.01",
+        "--tmp-size",
+        "1M",
+        "--env",
+        "GOOD=yes",
+        "--user",
+        "1001:1001",
+        "--workspace",
+        &thread,
+        "--timeout",
+        "1m",
+        "--cmd-env",
+        "CMD=1",
+        "-w",
+        "sub",
+        "--",
+        "sh",
+        "-c",
+        "echo $GOOD $CMD; id -u; pwd",
+    ];
+    let out = cli.run(&["run", "--workspace", &thread, "--user", "1001:1001", "--", "mkdir", "sub"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = cli.run(&args).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "yes 1\n1001\n/workspace/sub\n", ""));
+    cli.ok(&["workspace", "rm", &thread]).await;
+    cli.assert_nothing_left(&before, "run with limits");
+}
+
+#[tokio::test]
+async fn run_timeout_kills_the_command_with_124() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let start = Instant::now();
+    let out = cli.run(&["run", "--timeout", "1s", "--", "sleep", "30"]).await;
+    assert_eq!(out.code, 124, "{out:?}");
+    assert!(start.elapsed() < Duration::from_secs(15), "took {:?}", start.elapsed());
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert!(out.stderr.contains("timed out after 1s") && out.stderr.contains("--timeout"), "{out:?}");
+    // A command that ends in time is not affected.
+    let out = cli.run(&["run", "--timeout", "30s", "--", "echo", "quick"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "quick\n", ""));
+    cli.assert_nothing_left(&before, "run --timeout");
+}
+
+#[tokio::test]
+async fn run_of_a_missing_or_unexecutable_program_exits_127_or_126() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let out = cli.run(&["run", "--", "definitely-not-a-command"]).await;
+    assert_eq!(out.code, 127, "{out:?}");
+    assert!(out.stderr.contains("definitely-not-a-command"), "{out:?}");
+    let out = cli.run(&["run", "--", "/etc/hostname"]).await;
+    assert_eq!(out.code, 126, "{out:?}");
+    assert!(out.stderr.contains("/etc/hostname"), "{out:?}");
+    cli.assert_nothing_left(&before, "run of a missing program");
+}
+
+#[tokio::test]
+async fn create_ls_exec_inspect_rm() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let created = cli.ok(&["create"]).await;
+    assert_eq!(created.lines().count(), 1, "{created:?}");
+    let id = SandboxId::parse(created.trim()).expect("create prints a sandbox id");
+    assert_eq!(cli.entries("sandboxes"), [id.to_string()]);
+
+    let listed: Vec<SandboxInfo> = serde_json::from_str(&cli.ok(&["ls", "--json"]).await).expect("ls --json");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((&listed[0].id, listed[0].state), (&id, SandboxState::Running));
+    assert!(cli.ok(&["ls"]).await.contains(id.as_str()));
+    let info: SandboxInfo = serde_json::from_str(&cli.ok(&["inspect", id.as_str()]).await).expect("inspect");
+    assert_eq!(info.id, id);
+
+    let out = cli.run(&["exec", id.as_str(), "--", "echo", "hi"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "hi\n", ""));
+    // State persists between execs of one sandbox; exit codes come through.
+    assert_eq!(cli.run(&["exec", id.as_str(), "--", "sh", "-c", "echo kept > /tmp/k"]).await.code, 0);
+    let out = cli.run(&["exec", id.as_str(), "--", "sh", "-c", "cat /tmp/k; exit 3"]).await;
+    assert_eq!((out.code, out.stdout.as_str()), (3, "kept\n"));
+
+    // cp both ways, through the CLI.
+    std::fs::write(cli.data().join("up.txt"), "uploaded\n").unwrap();
+    let remote = format!("{id}:/workspace/in.txt");
+    assert_eq!(cli.ok(&["cp", "up.txt", &remote]).await, "/workspace/in.txt (9 bytes)\n");
+    let out = cli.run(&["exec", id.as_str(), "--", "cat", "/workspace/in.txt"]).await;
+    assert_eq!((out.code, out.stdout.as_str()), (0, "uploaded\n"));
+    cli.ok(&["cp", &remote, "down.txt"]).await;
+    assert_eq!(std::fs::read_to_string(cli.data().join("down.txt")).unwrap(), "uploaded\n");
+    let out = cli.run(&["cp", &format!("{id}:/workspace/absent"), "absent.txt"]).await;
+    assert_eq!((out.code, out.stderr.lines().count()), (ERROR_EXIT, 1), "{out:?}");
+    assert!(out.stderr.contains("/workspace/absent") && out.stderr.contains("No such file"), "{out:?}");
+    assert!(!cli.data().join("absent.txt").exists());
+
+    assert_eq!(cli.ok(&["rm", id.as_str()]).await, format!("{id}\n"));
+    assert_eq!(cli.entries("sandboxes"), Vec::<String>::new());
+    assert_eq!(cli.ok(&["ls", "--json"]).await.trim(), "[]");
+    common::assert_nothing_left(cli.data(), &id);
+    cli.rejects(&["exec", id.as_str(), "--", "true"], &["no sandbox", id.as_str()]).await;
+    cli.assert_nothing_left(&before, "create/rm");
+}
+
+#[tokio::test]
+async fn a_workspace_persists_across_runs_until_removed() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let out = cli.run(&["run", "--workspace", "T", "--", "sh", "-c", "echo data > /workspace/f"]).await;
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    assert_eq!(cli.entries("sandboxes"), Vec::<String>::new(), "run keeps the workspace, not the sandbox");
+    let out = cli.run(&["run", "--workspace", "T", "--", "cat", "/workspace/f"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "data\n", ""));
+    // Another thread's workspace is separate.
+    let out = cli.run(&["run", "--workspace", "other", "--", "cat", "/workspace/f"]).await;
+    assert_ne!(out.code, 0, "{out:?}");
+    cli.ok(&["workspace", "rm", "other"]).await;
+
+    let name = cli.ok(&["workspace", "name", "T"]).await.trim().to_owned();
+    assert!(cli.data().join("workspaces").join(&name).is_dir());
+    assert_eq!(cli.ok(&["workspace", "rm", "T"]).await, "T\n");
+    assert!(!cli.data().join("workspaces").join(&name).exists(), "workspace rm left the workspace");
+    // Removed means gone: a new run starts empty.
+    let out = cli.run(&["run", "--workspace", "T", "--", "cat", "/workspace/f"]).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.stdout, "");
+    cli.ok(&["workspace", "rm", "T"]).await;
+    cli.rejects(&["workspace", "rm", "T"], &["thread T has no workspace"]).await;
+    cli.assert_nothing_left(&before, "workspace runs");
+}
+
+#[tokio::test]
+async fn piped_stdin_reaches_the_command() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let out = cli.run_with_stdin(&["run", "--", "cat"], b"hello\nworld\n".to_vec()).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "hello\nworld\n", ""));
+    // Larger than any pipe buffer, so it must stream both ways.
+    let big: String = (0..100_000).map(|i| format!("line {i}\n")).collect();
+    let out = cli.run_with_stdin(&["run", "--", "cat"], big.clone().into_bytes()).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout == big, "stdin came back as {} bytes of {}", out.stdout.len(), big.len());
+    // Without piped input the command reads end-of-file at once.
+    let out = cli.run(&["run", "--", "wc", "-c"]).await;
+    assert_eq!((out.code, out.stdout.trim()), (0, "0"));
+    cli.assert_nothing_left(&before, "stdin");
+}

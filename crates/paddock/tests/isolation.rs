@@ -1,0 +1,302 @@
+//! Escape attempts that must fail inside a real sandbox. Each test first proves the sandbox runs
+//! as uid 1000 with no capabilities (`Env::confined`), aims only at harmless targets (marker
+//! files of its own), and afterwards checks that a bystander sandbox still works.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{Env, exec, sh};
+use paddock_core::runtime::{ExecRequest, Runtime};
+use paddock_core::spec::SandboxSpec;
+
+fn spec() -> SandboxSpec {
+    SandboxSpec::default()
+}
+
+fn marker_name() -> String {
+    let mut b = [0u8; 6];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
+    format!("paddock-marker-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+}
+
+async fn bystander_ok(env: &Env, id: &paddock_core::runtime::SandboxId) {
+    let out = sh(&env.rt, id, "echo alive").await;
+    assert_eq!((out.code(), out.stdout.as_str()), (0, "alive\n"), "the bystander sandbox broke: {}", out.stderr);
+}
+
+#[tokio::test]
+async fn environment_is_exactly_the_spec() {
+    // SAFETY of the test: a variable set only in this test process; it must not leak inside.
+    let env = Env::new();
+    let mut s = spec();
+    s.env = BTreeMap::from([("GREETING".to_owned(), "hi there".to_owned())]);
+    let id = env.confined(s).await;
+    let req = ExecRequest {
+        argv: vec!["/usr/bin/env".into()],
+        env: BTreeMap::from([("PER_CMD".to_owned(), "1".to_owned())]),
+        ..Default::default()
+    };
+    let out = exec(&env.rt, &id, req, None).await;
+    let mut lines: Vec<&str> = out.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "GREETING=hi there",
+            "HOME=/workspace",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PER_CMD=1"
+        ]
+    );
+    let pwd = sh(&env.rt, &id, "pwd; hostname").await;
+    assert_eq!(pwd.stdout, format!("/workspace\n{id}\n"));
+}
+
+#[tokio::test]
+async fn root_filesystem_is_read_only_and_private_paths_are_hidden() {
+    let env = Env::new();
+    let id = env.confined(spec()).await;
+    let m = marker_name();
+    // Writes outside /workspace and /tmp fail; the host is checked afterwards.
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!("for d in /usr /etc /var /root /home /run /; do touch $d/{m} 2>/dev/null && echo WROTE $d; done; echo done"),
+    )
+    .await;
+    assert_eq!(out.stdout, "done\n", "a write outside the workspace succeeded");
+    for d in ["/usr", "/etc", "/var", "/root", "/home", "/run", "/"] {
+        assert!(!std::path::Path::new(d).join(&m).exists(), "marker appeared in host {d}");
+    }
+    let ok = sh(&env.rt, &id, "touch /workspace/a /tmp/b /dev/shm/c && echo x > /dev/null && echo ok").await;
+    assert_eq!(ok.stdout, "ok\n", "{}", ok.stderr);
+
+    // The host's /root, /home and Paddock's data directory are not visible.
+    let host_marker = env.data().join(&m);
+    std::fs::write(&host_marker, "secret").unwrap();
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!("ls -A /root /home /run | tr -d '\\n'; cat {} 2>/dev/null || echo hidden", host_marker.display()),
+    )
+    .await;
+    assert!(out.stdout.ends_with("hidden\n"), "host data dir visible: {:?}", out.stdout);
+    assert!(!out.stdout.contains("secret"));
+    let listed = out.stdout.trim_end_matches("hidden\n");
+    assert!(!listed.contains(".bashrc") && !listed.contains(".cargo"), "/root or /home leaked: {listed:?}");
+}
+
+#[tokio::test]
+async fn host_processes_are_invisible_and_unreachable() {
+    let env = Env::new();
+    let id = env.confined(spec()).await;
+    let out = sh(&env.rt, &id, "ls /proc | grep -E '^[0-9]+$' | wc -l").await;
+    let count: usize = out.stdout.trim().parse().unwrap();
+    assert!(count <= 5, "saw {count} processes: host processes are visible");
+    // The sandbox's init ignores every signal its own processes send it.
+    let out = sh(&env.rt, &id, "kill -KILL 1; kill -TERM 1; kill -INT 1; sleep 0.2; echo sent").await;
+    assert_eq!(out.stdout, "sent\n");
+    assert_eq!(sh(&env.rt, &id, "echo init-alive").await.stdout, "init-alive\n");
+    // The test process's own pid on the host does not exist in the sandbox.
+    let me = std::process::id();
+    let out = sh(&env.rt, &id, &format!("test -e /proc/{me}/cmdline && cat /proc/{me}/cmdline; echo end")).await;
+    assert!(!out.stdout.contains("paddock") || me < 5, "host process visible: {}", out.stdout);
+}
+
+#[tokio::test]
+async fn network_has_only_loopback_and_reaches_nothing() {
+    let env = Env::new();
+    let id = env.confined(spec()).await;
+    // A listener on the host's loopback must not be reachable from inside.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!(
+            "ls /sys/class/net; \
+             (echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo REACHED-HOST; \
+             getent hosts example.com && echo RESOLVED; \
+             (echo > /dev/tcp/1.1.1.1/53) 2>/dev/null && echo REACHED-INTERNET; \
+             python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); s.listen(); c=socket.create_connection(s.getsockname()); print(\"loopback-ok\")'"
+        ),
+    )
+    .await;
+    assert!(!out.stdout.contains("REACHED") && !out.stdout.contains("RESOLVED"), "{}", out.stdout);
+    let ifaces: Vec<&str> = out.stdout.lines().take_while(|l| *l != "loopback-ok").collect();
+    assert_eq!(ifaces, ["lo"], "interfaces other than lo: {ifaces:?}");
+    assert!(out.stdout.contains("loopback-ok"), "loopback inside must work: {}", out.stderr);
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "a connection reached the host listener");
+}
+
+#[tokio::test]
+async fn mount_unshare_ptrace_and_new_namespaces_are_denied() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    let script = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    r = getattr(libc, name)(*args)
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+os.makedirs("/tmp/m", exist_ok=True)
+print("mount", call("mount", b"none", b"/tmp/m", b"tmpfs", 0, None))
+print("unshare-user", call("unshare", 0x10000000))
+print("unshare-net", call("unshare", 0x40000000))
+print("ptrace-attach", call("ptrace", 16, 1, 0, 0))
+print("clone3", call("syscall", 435, 0, 0))
+print("setns", call("setns", 0, 0))
+print("bpf", call("syscall", 321, 0, 0, 0))
+print("keyctl", call("syscall", 250, 0, 0, 0, 0))
+print("io_uring", call("syscall", 425, 1, 0))
+print("setuid0", call("setuid", 0))
+print("chroot", call("chroot", b"/tmp"))
+print("tiocsti", call("ioctl", 0, 0x5412, b"x"))
+"#;
+    let out = exec(&env.rt, &id, ExecRequest { argv: vec!["python3".into(), "-c".into(), script.into()], ..Default::default() }, None).await;
+    let expected = "mount EPERM\nunshare-user EPERM\nunshare-net EPERM\nptrace-attach EPERM\nclone3 ENOSYS\nsetns EPERM\nbpf EPERM\nkeyctl EPERM\nio_uring EPERM\nsetuid0 EINVAL\nchroot EPERM\ntiocsti EPERM\n";
+    // setuid(0) is EINVAL, not EPERM: uid 0 does not exist in the sandbox's user namespace.
+    assert_eq!(out.stdout, expected, "stderr: {}", out.stderr);
+    // Tools a user would reach for fail the same way.
+    let out = sh(&env.rt, &id, "unshare -U true 2>/dev/null && echo UNSHARED; mount -t tmpfs none /tmp/m 2>/dev/null && echo MOUNTED; echo end").await;
+    assert_eq!(out.stdout, "end\n");
+    bystander_ok(&env, &bystander).await;
+}
+
+#[tokio::test]
+async fn setuid_binaries_do_not_gain_root() {
+    let env = Env::new();
+    let info = env.create(spec()).await;
+    common::assert_confined(&env.rt, &info.id).await;
+    // A setuid-root copy of `id`, planted by the host in the sandbox's workspace.
+    let ws = env.data().join("sandboxes").join(info.id.as_str()).join("workspace");
+    let planted = ws.join("suid-id");
+    std::fs::copy("/usr/bin/id", &planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&planted, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let out = sh(&env.rt, &info.id, "/workspace/suid-id -u; /workspace/suid-id -ru").await;
+    assert_eq!(out.stdout, "1000\n1000\n", "{}", out.stderr);
+    // The host's own setuid binaries gain nothing either.
+    let out = sh(&env.rt, &info.id, "ls -l /usr/bin/passwd | cut -c4; python3 -c 'import os; print(os.geteuid())'").await;
+    assert_eq!(out.stdout, "s\n1000\n", "{}", out.stderr);
+    let out = sh(&env.rt, &info.id, "/usr/bin/mount -t tmpfs none /tmp 2>&1; echo rc=$?").await;
+    assert!(out.stdout.ends_with("rc=32\n") || out.stdout.contains("rc=1"), "{}", out.stdout);
+}
+
+#[tokio::test]
+async fn fork_bomb_stalls_inside_only() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let mut s = spec();
+    s.resources.pids = 64;
+    let id = env.confined(s).await;
+    let bomb = ExecRequest {
+        argv: vec!["bash".into(), "-c".into(), "b() { b | b & }; b; sleep 5".into()],
+        timeout_ms: Some(3000),
+        ..Default::default()
+    };
+    let out = exec(&env.rt, &id, bomb, None).await;
+    assert!(out.outcome.timed_out, "the bomb should run until its timeout: {:?}", out.outcome);
+    let peak: u64 = std::fs::read_to_string(format!("/sys/fs/cgroup/pids/paddock/{id}/pids.peak"))
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(0);
+    assert!(peak <= 64, "pids went past the limit: {peak}");
+    let events = std::fs::read_to_string(format!("/sys/fs/cgroup/pids/paddock/{id}/pids.events")).unwrap_or_default();
+    assert!(events.contains("max") && !events.contains("max 0"), "the limit never bit: {events}");
+    // The host can still fork, the sandbox recovers, the bystander is fine.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+    let again = sh(&env.rt, &id, "echo recovered").await;
+    assert_eq!(again.stdout, "recovered\n");
+    bystander_ok(&env, &bystander).await;
+}
+
+#[tokio::test]
+async fn memory_hog_is_oom_killed_inside_and_the_sandbox_survives() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let mut s = spec();
+    s.resources.memory_bytes = 64 << 20;
+    let id = env.confined(s).await;
+    let hog = ExecRequest {
+        argv: vec!["python3".into(), "-c".into(), "a = []\nwhile True: a.append(bytearray(8 << 20))".into()],
+        timeout_ms: Some(30_000),
+        ..Default::default()
+    };
+    let out = exec(&env.rt, &id, hog, None).await;
+    assert_eq!(out.outcome.signal, Some(9), "{:?} {}", out.outcome, out.stderr);
+    assert_eq!(out.code(), 137);
+    assert!(out.outcome.oom_killed, "the kill should be reported as an OOM kill");
+    let again = sh(&env.rt, &id, "echo survived").await;
+    assert_eq!(again.stdout, "survived\n");
+    bystander_ok(&env, &bystander).await;
+}
+
+#[tokio::test]
+async fn tmp_is_size_capped() {
+    let env = Env::new();
+    let mut s = spec();
+    s.resources.tmp_bytes = 8 << 20;
+    let id = env.confined(s).await;
+    let out = sh(&env.rt, &id, "dd if=/dev/zero of=/tmp/fill bs=1M count=32 2>&1 | grep -c 'No space'; stat -c %s /tmp/fill").await;
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("1"), "{}", out.stdout);
+    let size: u64 = lines.next().unwrap().parse().unwrap();
+    assert!(size <= 8 << 20, "/tmp grew past its cap: {size}");
+    assert_eq!(sh(&env.rt, &id, "rm /tmp/fill && echo freed").await.stdout, "freed\n");
+}
+
+#[tokio::test]
+async fn another_sandboxes_workspace_is_out_of_reach() {
+    let env = Env::new();
+    let a = env.rt.acquire(&"thread-a".parse_thread(), spec()).await.unwrap();
+    let b = env.rt.acquire(&"thread-b".parse_thread(), spec()).await.unwrap();
+    common::assert_confined(&env.rt, &a.id).await;
+    common::assert_confined(&env.rt, &b.id).await;
+    let m = marker_name();
+    assert_eq!(sh(&env.rt, &a.id, &format!("echo secret > /workspace/{m} && echo ok")).await.stdout, "ok\n");
+    let host_path = env.data().join("workspaces").join(&a.workspace.as_ref().unwrap().name).join("files").join(&m);
+    assert_eq!(std::fs::read_to_string(&host_path).unwrap(), "secret\n");
+    let out = sh(
+        &env.rt,
+        &b.id,
+        &format!(
+            "cat /workspace/{m} 2>/dev/null; cat {} 2>/dev/null; find / -xdev -name '{m}' 2>/dev/null; echo end",
+            host_path.display()
+        ),
+    )
+    .await;
+    assert_eq!(out.stdout, "end\n", "sandbox B saw A's workspace");
+}
+
+#[tokio::test]
+async fn rootfs_directory_replaces_the_host_root() {
+    let env = Env::new();
+    // A tiny root filesystem: dash and the libraries it needs, nothing else.
+    let root = env.data().join("rootfs");
+    for f in ["/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"] {
+        let dst = root.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(f, &dst).unwrap();
+    }
+    let mut s = spec();
+    s.rootfs = paddock_core::spec::RootFs::Dir { path: root.clone() };
+    let id = env.create(s).await.id;
+    let req = ExecRequest {
+        argv: vec!["/usr/bin/dash".into(), "-c".into(), "test -e /etc/passwd && echo host || echo image; echo > /usr/x 2>/dev/null || echo ro".into()],
+        ..Default::default()
+    };
+    let out = exec(&env.rt, &id, req, None).await;
+    assert_eq!(out.stdout, "image\nro\n", "{}", out.stderr);
+}
+
+trait ParseThread {
+    fn parse_thread(&self) -> paddock_core::naming::ThreadId;
+}
+impl ParseThread for str {
+    fn parse_thread(&self) -> paddock_core::naming::ThreadId {
+        paddock_core::naming::ThreadId::new(self).unwrap()
+    }
+}

@@ -1,0 +1,278 @@
+//! Lifecycle of real sandboxes: exec semantics, workspaces, reattaching from another process,
+//! pause, expiry, a dead supervisor, and destroy leaving nothing behind.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+use common::{Env, assert_nothing_left, exec, sh};
+use paddock_core::naming::{NamingMode, ThreadId};
+use paddock_core::runtime::{ExecIo, ExecRequest, Runtime, RuntimeError, SandboxState};
+use paddock_core::spec::SandboxSpec;
+use paddock_runtime_local::LocalRuntime;
+
+fn thread(s: &str) -> ThreadId {
+    ThreadId::new(s).unwrap()
+}
+
+#[tokio::test]
+async fn output_streams_before_the_command_ends() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    let (out_r, out_w) = std::io::pipe().unwrap();
+    let (_err_r, err_w) = std::io::pipe().unwrap();
+    let started = Instant::now();
+    let request = ExecRequest::shell("echo first; sleep 2; echo second");
+    let mut running =
+        env.rt.exec(&id, request, ExecIo { stdin: None, stdout: out_w.into(), stderr: err_w.into() }).await.unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut lines = BufReader::new(out_r).lines();
+        let first = lines.next().unwrap().unwrap();
+        let at = started.elapsed();
+        (first, at, lines.next().unwrap().unwrap())
+    });
+    let outcome = running.wait().await.unwrap();
+    let ended = started.elapsed();
+    let (first, first_at, second) = reader.join().unwrap();
+    assert_eq!((first.as_str(), second.as_str(), outcome.exit_code), ("first", "second", 0));
+    assert!(first_at < Duration::from_millis(1500), "first line took {first_at:?}: output is buffered");
+    assert!(ended >= Duration::from_secs(2), "the command ended too early: {ended:?}");
+}
+
+#[tokio::test]
+async fn exit_codes_signals_stdin_cwd_and_concurrency() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    assert_eq!(sh(&env.rt, &id, "exit 42").await.code(), 42);
+
+    // A signal sent through the execution reaches the command.
+    let (_o, ow) = std::io::pipe().unwrap();
+    let (_e, ew) = std::io::pipe().unwrap();
+    let mut sleeper = env
+        .rt
+        .exec(&id, ExecRequest::shell("exec sleep 100"), ExecIo { stdin: None, stdout: ow.into(), stderr: ew.into() })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sleeper.signal(15).await.unwrap();
+    let outcome = sleeper.wait().await.unwrap();
+    assert_eq!((outcome.exit_code, outcome.signal, outcome.timed_out), (143, Some(15), false));
+
+    // stdin
+    let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
+    let feeder = std::thread::spawn(move || stdin_w.write_all(b"from stdin\n"));
+    let out = exec(&env.rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(stdin_r.into())).await;
+    feeder.join().unwrap().unwrap();
+    assert_eq!(out.stdout, "from stdin\n");
+
+    // cwd, relative to /workspace
+    assert_eq!(sh(&env.rt, &id, "mkdir -p sub").await.code(), 0);
+    let req = ExecRequest { argv: vec!["pwd".into()], cwd: Some("sub".into()), ..Default::default() };
+    assert_eq!(exec(&env.rt, &id, req, None).await.stdout, "/workspace/sub\n");
+    let req = ExecRequest { argv: vec!["pwd".into()], cwd: Some("missing".into()), ..Default::default() };
+    let out = exec(&env.rt, &id, req, None).await;
+    assert_eq!(out.code(), 127);
+    assert!(out.stderr.contains("working directory /workspace/missing does not exist"), "{}", out.stderr);
+
+    // Several commands at once: each sleeps 1 s, together they take about 1 s.
+    let started = Instant::now();
+    let scripts: Vec<String> = (0..4).map(|i| format!("sleep 1; echo {i}")).collect();
+    let runs = scripts.iter().map(|s| sh(&env.rt, &id, s));
+    let outs = futures_join(runs).await;
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.stdout, format!("{i}\n"));
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "execs ran one after another: {:?}", started.elapsed());
+}
+
+async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut handles = Vec::new();
+    for f in futs {
+        handles.push(f);
+    }
+    let mut out = Vec::new();
+    // Poll all together: a join over boxed futures without pulling in a futures crate.
+    let mut pinned: Vec<_> = handles.into_iter().map(Box::pin).collect();
+    let mut results: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if results[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => results[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.extend(results.into_iter().map(|r| r.unwrap()));
+    out
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group_and_exits_124() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    let req = ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), "sleep 300 & sleep 300".into()],
+        timeout_ms: Some(500),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let out = exec(&env.rt, &id, req, None).await;
+    assert!(out.outcome.timed_out);
+    assert_eq!(out.code(), 124);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let left = sh(&env.rt, &id, "ps -eo comm= | grep -c '^sleep$'").await;
+    assert_eq!(left.stdout, "0\n", "the background child of the timed-out command survived");
+}
+
+#[tokio::test]
+async fn destroy_leaves_nothing_behind() {
+    let env = Env::new();
+    let info = env.create(SandboxSpec::default()).await;
+    let out = sh(&env.rt, &info.id, "sleep 300 >/dev/null 2>&1 & sleep 300 >/dev/null 2>&1 & echo started").await;
+    assert_eq!(out.stdout, "started\n");
+    env.rt.destroy(&info.id).await.unwrap();
+    assert_nothing_left(env.data(), &info.id);
+    assert!(matches!(env.rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
+    assert!(matches!(env.rt.destroy(&info.id).await, Err(RuntimeError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn another_process_can_list_and_drive_running_sandboxes() {
+    let env = Env::new();
+    let info = env.create(SandboxSpec::default()).await;
+    // A second runtime over the same data directory stands for a new `paddock` process.
+    let other = LocalRuntime::new(env.data(), common::EXE, NamingMode::Hashed).unwrap();
+    let listed = other.list().await.unwrap();
+    assert_eq!(listed.iter().map(|i| &i.id).collect::<Vec<_>>(), [&info.id]);
+    assert_eq!(listed[0].state, SandboxState::Running);
+    assert_eq!(sh(&other, &info.id, "echo reattached").await.stdout, "reattached\n");
+    other.destroy(&info.id).await.unwrap();
+    assert!(env.rt.list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_dead_supervisor_means_failed_with_the_workspace_kept() {
+    let env = Env::new();
+    let t = thread("thread-supervisor-dies");
+    let info = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    assert_eq!(sh(&env.rt, &info.id, "echo keep > /workspace/kept").await.code(), 0);
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.data().join("sandboxes").join(info.id.as_str()).join("record.json")).unwrap())
+            .unwrap();
+    let supervisor = record["supervisor_pid"].as_u64().unwrap() as i32;
+    rustix::process::kill_process(rustix::process::Pid::from_raw(supervisor).unwrap(), rustix::process::Signal::KILL)
+        .unwrap();
+    // The kernel kills the sandbox's init with it (parent-death signal).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = loop {
+        let s = env.rt.get(&info.id).await.unwrap();
+        if s.state == SandboxState::Failed || Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(state.state, SandboxState::Failed);
+    assert!(state.failure.unwrap().contains("supervisor"));
+    // Acquire again: a new sandbox, same files.
+    let again = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    assert_ne!(again.id, info.id);
+    assert_eq!(sh(&env.rt, &again.id, "cat /workspace/kept").await.stdout, "keep\n");
+    assert_nothing_left(env.data(), &info.id);
+}
+
+#[tokio::test]
+async fn pause_freezes_and_resume_continues_with_memory_intact() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    // A counter that keeps its state in memory and reports it to a file.
+    let script = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done";
+    let (_o, ow) = std::io::pipe().unwrap();
+    let (_e, ew) = std::io::pipe().unwrap();
+    let mut counter = env
+        .rt
+        .exec(&id, ExecRequest::shell(script), ExecIo { stdin: None, stdout: ow.into(), stderr: ew.into() })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.rt.pause(&id).await.unwrap();
+    assert_eq!(env.rt.get(&id).await.unwrap().state, SandboxState::Paused);
+    let count_file = env.data().join("sandboxes").join(id.as_str()).join("workspace");
+    let _ = count_file; // /tmp is private to the sandbox: read it after resume instead.
+    let err = env.rt.exec(&id, ExecRequest::shell("true"), io_null()).await.err().expect("exec while paused");
+    assert!(matches!(err, RuntimeError::Unavailable(ref m) if m.contains("paused")), "{err}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.rt.resume(&id).await.unwrap();
+    let a: u64 = sh(&env.rt, &id, "cat /tmp/count").await.stdout.trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b: u64 = sh(&env.rt, &id, "cat /tmp/count").await.stdout.trim().parse().unwrap();
+    assert!(a >= 3, "the counter never ran: {a}");
+    assert!(b > a, "the counter did not continue after resume: {a} -> {b}");
+    // 300 ms paused: had it kept running, it would be about 6 counts further than it is.
+    counter.signal(9).await.unwrap();
+    assert_eq!(counter.wait().await.unwrap().signal, Some(9));
+}
+
+fn io_null() -> ExecIo {
+    let null = || std::fs::OpenOptions::new().write(true).open("/dev/null").unwrap().into();
+    ExecIo { stdin: None, stdout: null(), stderr: null() }
+}
+
+#[tokio::test]
+async fn expired_sandboxes_are_destroyed_and_renew_moves_expiry() {
+    let env = Env::new();
+    let spec = SandboxSpec { timeout_secs: Some(1), ..Default::default() };
+    let short = env.create(spec.clone()).await;
+    let renewed = env.create(spec).await;
+    let info = env.rt.renew(&renewed.id, Duration::from_secs(30)).await.unwrap();
+    assert!(info.expires_unix_ms.unwrap() > short.expires_unix_ms.unwrap() + 20_000);
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(matches!(env.rt.get(&short.id).await, Err(RuntimeError::NotFound(_))), "expired sandbox still exists");
+    assert_nothing_left(env.data(), &short.id);
+    assert_eq!(env.rt.get(&renewed.id).await.unwrap().state, SandboxState::Running);
+}
+
+#[tokio::test]
+async fn workspaces_persist_and_concurrent_acquires_share_one_sandbox() {
+    let env = Env::new();
+    let t = thread("Thread_ABC");
+    let acquires = (0..4).map(|_| env.rt.acquire(&t, SandboxSpec::default()));
+    let infos: Vec<_> = futures_join(acquires).await.into_iter().map(Result::unwrap).collect();
+    assert!(infos.iter().all(|i| i.id == infos[0].id), "concurrent acquires made several sandboxes");
+    let first = &infos[0];
+    assert_eq!(sh(&env.rt, &first.id, "echo remembered > /workspace/note").await.code(), 0);
+    env.rt.release(&t).await.unwrap();
+    assert_nothing_left(env.data(), &first.id);
+    let second = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    assert_ne!(second.id, first.id);
+    assert_eq!(sh(&env.rt, &second.id, "cat /workspace/note").await.stdout, "remembered\n");
+
+    // A look-alike thread id gets a workspace of its own.
+    let alias = env.rt.acquire(&thread("thread.abc"), SandboxSpec::default()).await.unwrap();
+    assert_ne!(alias.workspace.as_ref().unwrap().name, second.workspace.as_ref().unwrap().name);
+    assert_eq!(sh(&env.rt, &alias.id, "ls -A /workspace").await.stdout, "");
+
+    env.rt.destroy_workspace(&t).await.unwrap();
+    assert!(!env.data().join("workspaces").join(&second.workspace.as_ref().unwrap().name).exists());
+    assert_nothing_left(env.data(), &second.id);
+    let fresh = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    assert_eq!(sh(&env.rt, &fresh.id, "ls -A /workspace").await.stdout, "", "a destroyed workspace came back");
+    assert!(matches!(env.rt.destroy_workspace(&thread("never-used")).await, Err(RuntimeError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn creating_a_second_sandbox_on_a_busy_workspace_is_a_conflict() {
+    let env = Env::new();
+    let t = thread("busy");
+    env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    let spec = SandboxSpec {
+        workspace: Some(paddock_core::spec::WorkspaceRef { thread: t, naming: NamingMode::Hashed }),
+        ..Default::default()
+    };
+    assert!(matches!(env.rt.create(spec).await, Err(RuntimeError::Conflict(_))));
+}
