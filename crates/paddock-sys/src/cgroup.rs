@@ -437,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn v1_limits_are_written_to_each_controller() {
+    fn fake_cgroupfs_v1_limits_are_written_to_each_controller() {
         let tmp = tempfile::tempdir().unwrap();
         let layout = fake_v1(tmp.path());
         let limits = Limits { memory_bytes: 64 << 20, pids: 100, millicpus: Some(500) };
@@ -455,7 +455,7 @@ mod tests {
     }
 
     #[test]
-    fn v2_limits_enable_controllers_and_write_v2_files() {
+    fn fake_cgroupfs_v2_limits_enable_controllers_and_write_v2_files() {
         let tmp = tempfile::tempdir().unwrap();
         let layout = CgroupLayout {
             v1: Vec::new(),
@@ -474,7 +474,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_v1_controller_is_a_clear_error_and_nothing_is_left() {
+    fn fake_cgroupfs_missing_v1_controller_is_a_clear_error_and_nothing_is_left() {
         let tmp = tempfile::tempdir().unwrap();
         let mut layout = fake_v1(tmp.path());
         layout.v1.retain(|(c, _)| c != "pids");
@@ -485,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn oom_kills_are_read_from_v1_oom_control() {
+    fn fake_cgroupfs_oom_kills_are_read_from_v1_oom_control() {
         let tmp = tempfile::tempdir().unwrap();
         let layout = fake_v1(tmp.path());
         let cg = layout.create("p", "o", &Limits { memory_bytes: 1 << 20, pids: 1, millicpus: None }).unwrap();
