@@ -291,6 +291,9 @@ pub trait Runtime: Send + Sync {
     async fn exec(&self, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<Box<dyn Execution>, RuntimeError>;
     /// Runs a file operation; `data` is the source (write) or sink (read) of file contents.
     async fn file(&self, id: &SandboxId, op: FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError>;
+    /// A TCP connection to `port` on the sandbox's own loopback, for routing traffic to a
+    /// server running in the sandbox.
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<OwnedFd, RuntimeError>;
     /// Freezes every process of the sandbox in place, keeping its memory.
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
     async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;

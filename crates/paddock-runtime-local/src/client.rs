@@ -341,6 +341,15 @@ impl Runtime for LocalRuntime {
         }
     }
 
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<OwnedFd, RuntimeError> {
+        let conn = self.request(id, &Request::Connect { port }, &[]).await?;
+        match conn.recv_with_fds().await? {
+            Some((Reply::Connected, mut fds)) if fds.len() == 1 => Ok(fds.remove(0)),
+            Some((Reply::Error { error }, _)) => Err(error.into()),
+            other => Err(RuntimeError::System(format!("unexpected answer to a connect: {:?}", other.map(|o| o.0)))),
+        }
+    }
+
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         self.call(id, &Request::Pause).await.map(drop)
     }
@@ -460,11 +469,16 @@ impl Conn {
 
     /// The next reply; `None` when the other side closed the connection.
     async fn recv(&self) -> Result<Option<Reply>, RuntimeError> {
+        Ok(self.recv_with_fds().await?.map(|(reply, _)| reply))
+    }
+
+    /// The next reply and the descriptors attached to it.
+    async fn recv_with_fds(&self) -> Result<Option<(Reply, Vec<OwnedFd>)>, RuntimeError> {
         loop {
             let mut guard = self.fd.readable().await.map_err(sys_err("waiting for an answer"))?;
             match guard.try_io(|fd| fdpass::recv(fd.get_ref(), RecvFlags::DONTWAIT)) {
                 Ok(Ok((body, _))) if body.is_empty() => return Ok(None),
-                Ok(Ok((body, _))) => return protocol::decode(&body).map(Some),
+                Ok(Ok((body, fds))) => return protocol::decode(&body).map(|r| Some((r, fds))),
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
                 Ok(Err(e)) => return Err(RuntimeError::Unavailable(format!("the sandbox connection failed: {e}"))),
                 Err(_would_block) => continue,

@@ -205,6 +205,12 @@ impl Init {
                     }
                 }
             }
+            InitRequest::Connect { port } => match connect_loopback(port) {
+                Ok(socket) => {
+                    let _ = fdpass::send(&connection, &protocol::encode(&Reply::Connected), &[socket.as_fd()]);
+                }
+                Err(e) => reply(&connection, &Reply::Error { error: WireError::from(&e) }),
+            },
         }
         true
     }
@@ -319,6 +325,19 @@ impl Init {
             reply(&exec.connection, &Reply::Exited { outcome });
         }
     }
+}
+
+/// Connects to a port on the sandbox's own loopback, for the caller to talk to a server the
+/// sandbox runs. Connecting to loopback completes (or is refused) at once.
+fn connect_loopback(port: u16) -> Result<OwnedFd, RuntimeError> {
+    use rustix::net::{AddressFamily, SocketAddrV4, SocketFlags, SocketType};
+    let fail = |e: rustix::io::Errno| {
+        RuntimeError::Unavailable(format!("nothing accepts connections on port {port} in the sandbox: {e}"))
+    };
+    let socket =
+        rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(fail)?;
+    rustix::net::connect(&socket, &SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port)).map_err(fail)?;
+    Ok(socket)
 }
 
 fn signal_from_raw(n: i32) -> Option<Signal> {

@@ -24,6 +24,10 @@ pub enum Request {
         op: FileOp,
         has_data: bool,
     },
+    /// Answered with a TCP socket connected to this port on the sandbox's loopback.
+    Connect {
+        port: u16,
+    },
     Info,
     Pause,
     Resume,
@@ -39,6 +43,7 @@ pub enum Request {
 pub enum InitRequest {
     Exec { argv: Vec<String>, cwd: String, env: BTreeMap<String, String>, timeout_ms: Option<u64>, has_stdin: bool },
     File { op: FileOp, has_data: bool },
+    Connect { port: u16 },
 }
 
 /// Client → init, on an exec's connection while it runs.
@@ -53,11 +58,23 @@ pub enum Control {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
-    Info { info: Box<SandboxInfo> },
-    Started { pid: u32 },
-    Exited { outcome: ExecOutcome },
-    File { reply: FileReply },
-    Error { error: WireError },
+    Info {
+        info: Box<SandboxInfo>,
+    },
+    Started {
+        pid: u32,
+    },
+    Exited {
+        outcome: ExecOutcome,
+    },
+    File {
+        reply: FileReply,
+    },
+    /// The connected socket is attached.
+    Connected,
+    Error {
+        error: WireError,
+    },
 }
 
 /// A [`RuntimeError`] on the wire.

@@ -328,6 +328,13 @@ impl Supervisor {
                     return self.forward(conn, &InitRequest::File { op, has_data }, fds);
                 }
             }
+            Request::Connect { port } => {
+                if self.cgroup.is_frozen() {
+                    Err(paused())
+                } else {
+                    return self.forward(conn, &InitRequest::Connect { port }, fds);
+                }
+            }
             Request::Info => Ok(Reply::Info { info: Box::new(self.info()) }),
             Request::Pause => self.cgroup.freeze().map(|()| Reply::Ok).map_err(sys("pausing")),
             Request::Resume => self.cgroup.thaw().map(|()| Reply::Ok).map_err(sys("resuming")),

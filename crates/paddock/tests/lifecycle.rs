@@ -276,3 +276,22 @@ async fn creating_a_second_sandbox_on_a_busy_workspace_is_a_conflict() {
     };
     assert!(matches!(env.rt.create(spec).await, Err(RuntimeError::Conflict(_))));
 }
+
+#[tokio::test]
+async fn connect_reaches_a_server_inside_the_sandbox_only() {
+    use std::io::Read;
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    assert!(matches!(env.rt.connect(&id, 8000).await, Err(RuntimeError::Unavailable(_))), "nothing listens yet");
+    let serve = "echo served > /workspace/index.html; \
+                 nohup python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace >/dev/null 2>&1 & \
+                 for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done; echo up";
+    assert_eq!(sh(&env.rt, &id, serve).await.stdout, "up\n");
+    let fd = env.rt.connect(&id, 8000).await.unwrap();
+    let mut stream = std::net::TcpStream::from(fd);
+    stream.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+    assert!(response.ends_with("served\n"), "{response}");
+}
