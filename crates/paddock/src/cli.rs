@@ -84,6 +84,8 @@ pub enum Command {
     Pause { id: String },
     /// Let a paused sandbox run again.
     Resume { id: String },
+    /// Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces).
+    Serve(crate::serve::ServeArgs),
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
     Bench(crate::bench::BenchArgs),
     /// Persistent workspaces keyed by an agent's thread id.
@@ -235,6 +237,9 @@ fn sandbox_id(s: &str) -> Result<SandboxId> {
 pub async fn run(cli: Cli) -> Result<u8> {
     let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
     let rt = LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
+    if let Command::Serve(args) = cli.command {
+        return crate::serve::run(rt, &cli.data_dir, args).await;
+    }
     let json = cli.json;
     match cli.command {
         Command::Run { sandbox, timeout, exec } => {
@@ -304,6 +309,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Workspace(cmd) => workspace(&rt, cmd, json).await,
         Command::Bench(args) => crate::bench::run(&rt, args, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
+        Command::Serve(_) => unreachable!("handled above"),
     }
 }
 

@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod output;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -22,7 +23,13 @@ fn main() -> ExitCode {
         };
         return ExitCode::from(paddock_runtime_local::supervisor::main(data_dir, &id) as u8);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // The server wants every core; a CLI command is one request and is quicker on one thread.
+    let builder = if matches!(args.command, cli::Command::Serve(_)) {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match { builder }.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("paddock: error: cannot start the async runtime: {e}");

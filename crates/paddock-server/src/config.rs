@@ -1,0 +1,81 @@
+//! Server settings, checked before the server starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the server is configured; built by the CLI.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// `None` only when serving without auth was asked for explicitly (loopback only).
+    pub api_key: Option<String>,
+    /// Session length when a create request gives no timeout.
+    pub default_timeout: Duration,
+    /// Longest session a create request may ask for.
+    pub max_timeout: Duration,
+    /// Largest upload accepted by the execd file API, bytes.
+    pub max_upload_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error(
+        "the default session timeout ({default}s) must be at least 60s and at most the maximum ({max}s): adjust --default-timeout or --max-timeout"
+    )]
+    Timeouts { default: u64, max: u64 },
+    #[error("serving without an API key is only allowed on a loopback address, not {0}: set --api-key or listen on 127.0.0.1")]
+    NoAuthOffLoopback(SocketAddr),
+}
+
+impl ServerConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let (default, max) = (self.default_timeout.as_secs(), self.max_timeout.as_secs());
+        if default < 60 || default > max {
+            return Err(ConfigError::Timeouts { default, max });
+        }
+        if self.api_key.is_none() && !self.listen.ip().is_loopback() {
+            return Err(ConfigError::NoAuthOffLoopback(self.listen));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ServerConfig {
+        ServerConfig {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            data_dir: "/tmp/x".into(),
+            api_key: Some("k".into()),
+            default_timeout: Duration::from_secs(3600),
+            max_timeout: Duration::from_secs(28800),
+            max_upload_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn timeouts_are_checked_and_named() {
+        config().validate().unwrap();
+        let mut c = config();
+        c.default_timeout = Duration::from_secs(30);
+        let e = c.validate().unwrap_err();
+        assert_eq!(e, ConfigError::Timeouts { default: 30, max: 28800 });
+        assert!(e.to_string().contains("(30s)") && e.to_string().contains("(28800s)"));
+        let mut c = config();
+        c.default_timeout = Duration::from_secs(30000);
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn no_auth_only_on_loopback() {
+        let mut c = config();
+        c.api_key = None;
+        c.validate().unwrap();
+        c.listen = "0.0.0.0:8080".parse().unwrap();
+        assert!(matches!(c.validate(), Err(ConfigError::NoAuthOffLoopback(_))));
+    }
+}

@@ -1,0 +1,252 @@
+//! `paddock serve`: an HTTP server in front of a [`Runtime`], compatible with OpenSandbox's
+//! lifecycle and execd APIs (so the `opensandbox` SDK works unchanged), plus Paddock's own
+//! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
+
+pub mod config;
+pub mod error;
+pub mod execd;
+pub mod lifecycle;
+pub mod metrics;
+mod proxy;
+pub mod state;
+pub mod store;
+mod time_fmt;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use paddock_core::runtime::Runtime;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+
+pub use config::{ConfigError, ServerConfig};
+use error::{ApiError, ErrorCode};
+use state::AppState;
+
+/// Header carrying the OpenSandbox API key.
+pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
+/// Header carrying a sandbox's own token, given out with its endpoints.
+pub const SANDBOX_TOKEN_HEADER: &str = "x-paddock-sandbox-token";
+/// The execd port the SDK resolves right after create.
+pub const EXECD_PORT: u16 = 44772;
+/// The egress sidecar port the SDK resolves right after create.
+pub const EGRESS_PORT: u16 = 18080;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("opening the state database {path}: {source}")]
+    Store { path: String, source: sqlx::Error },
+    #[error("listening on {addr}: {source}: choose another --listen address or stop what uses it")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Builds the whole application around a runtime.
+pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
+    config.validate()?;
+    let path = config.data_dir.join("server.db");
+    let store = store::Store::open(&path)
+        .await
+        .map_err(|source| ServeError::Store { path: path.display().to_string(), source })?;
+    let state = AppState {
+        rt,
+        store,
+        config: Arc::new(config),
+        commands: Arc::new(execd::Commands::default()),
+        metrics: Arc::new(metrics::Metrics::default()),
+        draining: Arc::new(AtomicBool::new(false)),
+    };
+    lifecycle::reconcile(&state).await;
+    Ok(state)
+}
+
+#[derive(Clone, Default)]
+struct MakeId;
+
+impl MakeRequestId for MakeId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        let mut b = [0u8; 16];
+        rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).ok()?;
+        HeaderValue::from_str(&hex::encode(b)).ok().map(RequestId::new)
+    }
+}
+
+/// The router: lifecycle and workspace API under `/v1` and at the root, sandbox routes (execd,
+/// egress, port proxy) under `/v1/sandboxes/{id}/proxy/{port}`, and the unauthenticated
+/// `/health`, `/version`, `/metrics`.
+pub fn app(state: AppState) -> Router {
+    let api = lifecycle::router()
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let sandbox = proxy::router(state.config.max_upload_bytes)
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
+    let request_id = HeaderName::from_static("x-request-id");
+    Router::new()
+        .route("/health", get(|| async { axum::Json(serde_json::json!({"status": "healthy"})) }))
+        .route("/version", get(|| async { axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})) }))
+        .route("/metrics", get(metrics_text))
+        .nest("/v1", api.clone().merge(sandbox.clone()))
+        .merge(api)
+        .merge(sandbox)
+        .fallback(any(|| async { ApiError::not_found("no such route: see /v1/openapi.json for the API") }))
+        .layer(DefaultBodyLimit::max(2 << 20))
+        .layer(middleware::from_fn_with_state(state.clone(), count_errors))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeId))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            ApiError::internal("the server hit a bug handling this request; it has been logged").into_response()
+        }))
+        .with_state(state)
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let mut r = state.metrics.encode().into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    r
+}
+
+async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+    let response = next.run(req).await;
+    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+        state.metrics.errors.get_or_create(&metrics::CodeLabel { code: (*code).to_owned() }).inc();
+    }
+    tracing::info!(request_id = %id, %method, %path, status = response.status().as_u16(), "request");
+    response
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    let Some(expected) = &state.config.api_key else { return Ok(()) };
+    match req.headers().get(API_KEY_HEADER) {
+        None => Err(ApiError::unauthorized(
+            "MISSING_API_KEY",
+            "missing API key: send it in the OPEN-SANDBOX-API-KEY header (it is printed when the server starts)",
+        )),
+        Some(v) if constant_time_eq(v.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::unauthorized("INVALID_API_KEY", "invalid API key in OPEN-SANDBOX-API-KEY")),
+    }
+}
+
+async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match api_key_ok(&state, &req) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Sandbox routes accept the API key (proxy mode) or the token of that very sandbox (direct
+/// mode, where the SDK sends only the endpoint's headers). A token never opens another sandbox.
+async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if api_key_ok(&state, &req).is_ok() {
+        return next.run(req).await;
+    }
+    let id = sandbox_id_of(req.uri().path());
+    let token = req.headers().get(SANDBOX_TOKEN_HEADER).map(|v| v.as_bytes().to_vec());
+    match (id, token) {
+        (Some(id), Some(token)) => match state.store.get(&id).await {
+            Ok(Some(row)) if constant_time_eq(&token, row.token.as_bytes()) => next.run(req).await,
+            _ => ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response(),
+        },
+        _ => match api_key_ok(&state, &req) {
+            Err(e) => e.into_response(),
+            Ok(()) => next.run(req).await,
+        },
+    }
+}
+
+/// `/v1/sandboxes/<id>/...` or `/sandboxes/<id>/...` → `<id>`.
+fn sandbox_id_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
+    rest.split('/').next().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+/// Serves until SIGTERM or SIGINT, then drains: no new sandboxes, running requests finish
+/// (for at most `drain`), sandboxes keep running.
+pub async fn serve(state: AppState, drain: Duration) -> Result<(), ServeError> {
+    let addr = state.config.listen;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::Listen { addr, source })?;
+    tokio::spawn(lifecycle::reaper(state.clone()));
+    let draining = state.draining.clone();
+    let began = Arc::new(tokio::sync::Notify::new());
+    let began_tx = began.clone();
+    let shutdown = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        draining.store(true, Ordering::SeqCst);
+        began_tx.notify_one();
+        tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
+    };
+    let server = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown);
+    tokio::select! {
+        r = server.into_future() => r.map_err(ServeError::Serve),
+        // A long stream must not hold the process forever once a drain began.
+        _ = async { began.notified().await; tokio::time::sleep(drain).await } => Ok(()),
+    }
+}
+
+/// A JSON body whose rejection is a `{code, message}` 400 instead of axum's plain text.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request<Body>, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let message = rejection.body_text();
+                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    return Err(ApiError::new(status, "PAYLOAD_TOO_LARGE", message));
+                }
+                Err(ApiError::bad_request(format!("invalid JSON body: {message}")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ids_are_found_in_both_prefixes() {
+        assert_eq!(sandbox_id_of("/v1/sandboxes/sbx-1/proxy/44772/ping").as_deref(), Some("sbx-1"));
+        assert_eq!(sandbox_id_of("/sandboxes/sbx-2/proxy/1").as_deref(), Some("sbx-2"));
+        assert_eq!(sandbox_id_of("/v1/workspaces/x"), None);
+        assert_eq!(sandbox_id_of("/sandboxes/"), None);
+    }
+
+    #[test]
+    fn constant_time_eq_compares_bytes() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,826 @@
+//! The OpenSandbox lifecycle API (`/sandboxes...`) and Paddock's workspace API
+//! (`/workspaces...`), over a runtime and the SQLite store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, patch, post};
+use paddock_core::naming::ThreadId;
+use paddock_core::runtime::{RuntimeError, SandboxInfo, SandboxState};
+use paddock_core::spec::{RootFs, SandboxSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::store::{SandboxRow, now_ms};
+use crate::time_fmt::{parse_rfc3339, rfc3339};
+use crate::{ApiJson, SANDBOX_TOKEN_HEADER};
+
+/// What a sandbox runs when the request names no entrypoint: nothing, forever.
+const DEFAULT_ENTRYPOINT: [&str; 3] = ["tail", "-f", "/dev/null"];
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(get_one).delete(remove))
+        .route("/sandboxes/{id}/metadata", patch(patch_metadata))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/renew-expiration", post(renew))
+        .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
+        .route("/metrics/events", post(|| async { StatusCode::NO_CONTENT }))
+        .route("/workspaces/{thread}/acquire", post(acquire))
+        .route("/workspaces/{thread}/release", post(release))
+        .route("/workspaces/{thread}", delete(destroy_workspace))
+        .route("/openapi.json", get(openapi))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wire types
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    image: Option<ImageSpec>,
+    snapshot_id: Option<String>,
+    template_id: Option<String>,
+    platform: Option<Platform>,
+    timeout: Option<i64>,
+    #[serde(default)]
+    resource_limits: BTreeMap<String, String>,
+    #[serde(default)]
+    resource_requests: BTreeMap<String, String>,
+    #[serde(default)]
+    env: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    lifecycle: Option<Value>,
+    entrypoint: Option<Vec<String>>,
+    network_policy: Option<NetworkPolicy>,
+    credential_proxy: Option<CredentialProxy>,
+    #[serde(default)]
+    secure_access: bool,
+    #[serde(default)]
+    volumes: Vec<Value>,
+    #[serde(default)]
+    extensions: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageSpec {
+    uri: String,
+    #[allow(dead_code)]
+    auth: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Platform {
+    os: Option<String>,
+    arch: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NetworkPolicy {
+    default_action: Option<String>,
+    #[serde(default)]
+    egress: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CredentialProxy {
+    #[serde(default)]
+    enabled: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Status {
+    state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    last_transition_at: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SandboxJson {
+    id: String,
+    status: Status,
+    entrypoint: Vec<String>,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
+    image: Value,
+    metadata: BTreeMap<String, String>,
+    extensions: BTreeMap<String, String>,
+    platform: Value,
+}
+
+fn sandbox_json(row: &SandboxRow) -> SandboxJson {
+    SandboxJson {
+        id: row.id.clone(),
+        status: Status {
+            state: row.state.clone(),
+            reason: row.reason.clone(),
+            message: row.message.clone(),
+            last_transition_at: rfc3339(row.updated_at_ms),
+        },
+        entrypoint: row.entrypoint.clone(),
+        created_at: rfc3339(row.created_at_ms),
+        expires_at: row.expires_at_ms.map(rfc3339),
+        image: json!({ "uri": row.image }),
+        metadata: row.metadata.clone(),
+        extensions: row.extensions.clone(),
+        platform: json!({ "os": "linux", "arch": host_arch() }),
+    }
+}
+
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request → spec
+
+fn unsupported(what: &str) -> ApiError {
+    ApiError::bad_request(format!("{what} is not supported by Paddock's local runtime"))
+}
+
+/// Kubernetes-style memory quantity (`512Mi`, `2Gi`, `1G`, `1048576`) → bytes.
+pub fn parse_memory(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let mult: f64 = match unit {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024f64.powi(4),
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        _ => return None,
+    };
+    let v: f64 = num.parse().ok()?;
+    let bytes = v * mult;
+    (bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19).then_some(bytes as u64)
+}
+
+/// Kubernetes-style CPU quantity (`500m`, `1`, `0.5`) → millicpus.
+pub fn parse_cpu(s: &str) -> Option<u32> {
+    let s = s.trim();
+    let milli = match s.strip_suffix('m') {
+        Some(m) => m.parse::<f64>().ok()?,
+        None => s.parse::<f64>().ok()? * 1000.0,
+    };
+    (milli.is_finite() && milli >= 1.0 && milli <= f64::from(u32::MAX)).then_some(milli.round() as u32)
+}
+
+struct Planned {
+    spec: SandboxSpec,
+    image: String,
+    entrypoint: Vec<String>,
+    thread: Option<ThreadId>,
+    timeout_secs: u64,
+}
+
+fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
+    if req.snapshot_id.is_some() {
+        return Err(unsupported("restoring from a snapshot (snapshotId)"));
+    }
+    if req.template_id.is_some() {
+        return Err(unsupported("creating from a template (templateId)"));
+    }
+    if !req.volumes.is_empty() {
+        return Err(unsupported("mounting volumes; use extensions.workspace for a persistent /workspace"));
+    }
+    if req.lifecycle.is_some() {
+        return Err(unsupported("lifecycle hooks"));
+    }
+    if req.credential_proxy.is_some_and(|c| c.enabled) {
+        return Err(unsupported("the credential proxy"));
+    }
+    if req.secure_access {
+        return Err(unsupported("secureAccess (ingress gateway)"));
+    }
+    if let Some(p) = &req.platform {
+        let os_ok = p.os.as_deref().is_none_or(|o| o == "linux");
+        let arch_ok = p.arch.as_deref().is_none_or(|a| a == host_arch());
+        if !os_ok || !arch_ok {
+            return Err(ApiError::bad_request(format!(
+                "this host runs linux/{}: a sandbox cannot have another platform",
+                host_arch()
+            )));
+        }
+    }
+    if let Some(np) = &req.network_policy {
+        let deny = np.default_action.as_deref().is_none_or(|a| a == "deny");
+        if !deny || !np.egress.is_empty() {
+            return Err(ApiError::bad_request(
+                "only a deny-all network policy is supported so far (sandboxes have loopback only): omit networkPolicy or send {\"defaultAction\":\"deny\"}",
+            ));
+        }
+    }
+    let image = req.image.map(|i| i.uri).unwrap_or_else(|| "host".into());
+    let rootfs = if image == "host" {
+        RootFs::Host
+    } else if image.starts_with('/') && std::path::Path::new(&image).is_dir() {
+        RootFs::Dir { path: image.clone().into() }
+    } else {
+        return Err(ApiError::bad_request(format!(
+            "image {image:?} cannot be provided: the local runtime pulls no images; use \"host\" (the host's root filesystem, read-only) or the absolute path of an unpacked root filesystem"
+        )));
+    };
+    let max = state.config.max_timeout.as_secs();
+    let timeout_secs = match req.timeout {
+        None => state.config.default_timeout.as_secs(),
+        Some(t) if t < 60 => {
+            return Err(ApiError::bad_request(format!("timeout {t}s is below the minimum of 60s")));
+        }
+        Some(t) if t as u64 > max => {
+            return Err(ApiError::bad_request(format!(
+                "timeout {t}s is above this server's maximum session length of {max}s"
+            )));
+        }
+        Some(t) => t as u64,
+    };
+    let mut spec = SandboxSpec { rootfs, timeout_secs: Some(timeout_secs), ..Default::default() };
+    for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
+        match k.as_str() {
+            "cpu" => {
+                spec.resources.millicpus = parse_cpu(v).ok_or_else(|| {
+                    ApiError::bad_request(format!("resourceLimits.cpu {v:?} is not a CPU quantity such as \"500m\" or \"2\""))
+                })?
+            }
+            "memory" => {
+                spec.resources.memory_bytes = parse_memory(v).ok_or_else(|| {
+                    ApiError::bad_request(format!("resourceLimits.memory {v:?} is not a quantity such as \"512Mi\" or \"2Gi\""))
+                })?
+            }
+            "pids" => {
+                spec.resources.pids = v
+                    .parse()
+                    .map_err(|_| ApiError::bad_request(format!("resourceLimits.pids {v:?} is not a whole number")))?
+            }
+            "ephemeral-storage" | "tmp" => {
+                spec.resources.tmp_bytes = parse_memory(v).ok_or_else(|| {
+                    ApiError::bad_request(format!("resourceLimits.{k} {v:?} is not a quantity such as \"1Gi\""))
+                })?
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "resource {other:?} is not supported: use cpu, memory, pids or ephemeral-storage"
+                )));
+            }
+        }
+    }
+    spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
+    validate_metadata(&req.metadata)?;
+    spec.labels = req.metadata;
+    spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let thread = req
+        .extensions
+        .get("workspace")
+        .map(|t| ThreadId::new(t.as_str()).map_err(|e| ApiError::bad_request(format!("extensions.workspace: {e}"))))
+        .transpose()?;
+    let entrypoint = req.entrypoint.unwrap_or_else(|| DEFAULT_ENTRYPOINT.map(String::from).to_vec());
+    if entrypoint.is_empty() || entrypoint[0].is_empty() {
+        return Err(ApiError::bad_request("entrypoint must name a program, e.g. [\"tail\",\"-f\",\"/dev/null\"]"));
+    }
+    Ok(Planned { spec, image, entrypoint, thread, timeout_secs })
+}
+
+/// Metadata follows Kubernetes label rules, so it can become labels on the Kubernetes runtime.
+fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
+    for (k, v) in m {
+        let name = k.rsplit('/').next().unwrap_or(k);
+        let label_ok = |s: &str| {
+            s.len() <= 63
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && s.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
+                && s.chars().last().is_none_or(|c| c.is_ascii_alphanumeric())
+        };
+        if name.is_empty() || !label_ok(name) || k.len() > 253 {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_METADATA_FORMAT",
+                format!("metadata key {k:?} is not a valid label key: use up to 63 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        if k.starts_with("opensandbox.io/") || k.starts_with("paddock.dev/") {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_METADATA_FORMAT",
+                format!("metadata key {k:?} uses a reserved prefix"),
+            ));
+        }
+        if !label_ok(v) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_METADATA_FORMAT",
+                format!("metadata value {v:?} of {k:?} is not a valid label value: up to 63 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn new_token() -> ApiResult<String> {
+    let mut b = [0u8; 24];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
+    Ok(hex::encode(b))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandboxRequest>) -> ApiResult<Response> {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down and creates no new sandboxes: retry on another server"));
+    }
+    let started = Instant::now();
+    let extensions = req.extensions.clone();
+    let planned = plan(&state, req)?;
+    let info = match &planned.thread {
+        Some(t) => state.rt.acquire(t, planned.spec.clone()).await?,
+        None => state.rt.create(planned.spec.clone()).await?,
+    };
+    let row = record(&state, &info, &planned, extensions).await?;
+    state.metrics.create_seconds.observe(started.elapsed().as_secs_f64());
+    let mut response = (StatusCode::ACCEPTED, axum::Json(sandbox_json(&row))).into_response();
+    if let Ok(v) = format!("/v1/sandboxes/{}", row.id).parse() {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(response)
+}
+
+/// Stores a new sandbox (or returns the row of a reattached one) and starts its entrypoint.
+async fn record(
+    state: &AppState,
+    info: &SandboxInfo,
+    planned: &Planned,
+    extensions: BTreeMap<String, String>,
+) -> ApiResult<SandboxRow> {
+    if let Some(row) = state.store.get(info.id.as_str()).await? {
+        return Ok(row);
+    }
+    let now = now_ms();
+    let row = SandboxRow {
+        id: info.id.to_string(),
+        state: "Running".into(),
+        reason: Some("SANDBOX_RUNNING".into()),
+        message: None,
+        image: planned.image.clone(),
+        entrypoint: planned.entrypoint.clone(),
+        metadata: planned.spec.labels.clone(),
+        extensions,
+        token: new_token()?,
+        created_at_ms: info.created_unix_ms as i64,
+        expires_at_ms: Some(info.created_unix_ms as i64 + planned.timeout_secs as i64 * 1000),
+        updated_at_ms: now,
+    };
+    if let Err(e) = state.store.insert(&row).await {
+        let _ = state.rt.destroy(&info.id).await;
+        return Err(e.into());
+    }
+    if let Err(e) = state.commands.spawn_background(state, &info.id, planned.entrypoint.clone(), BTreeMap::new()).await {
+        // Nothing half-made stays behind: the sandbox and its row go with the failed start.
+        let _ = state.rt.destroy(&info.id).await;
+        state.store.delete(&row.id).await?;
+        return Err(ApiError { message: format!("the entrypoint could not be started: {}", e.message), ..e });
+    }
+    Ok(row)
+}
+
+/// Brings a row in line with what the runtime says, and returns it.
+async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
+    if matches!(row.state.as_str(), "Terminated" | "Failed") {
+        return Ok(row);
+    }
+    let Ok(id) = paddock_core::runtime::SandboxId::parse(&row.id) else { return Ok(row) };
+    let (new_state, reason, message) = match state.rt.get(&id).await {
+        Ok(info) => match info.state {
+            SandboxState::Running => ("Running", "SANDBOX_RUNNING", None),
+            SandboxState::Paused => ("Paused", "SANDBOX_PAUSED", None),
+            SandboxState::Failed => ("Failed", "SANDBOX_FAILED", info.failure),
+        },
+        Err(RuntimeError::NotFound(_)) => {
+            let expired = row.expires_at_ms.is_some_and(|e| e <= now_ms() + 1000);
+            let why = if expired { "the sandbox expired" } else { "the sandbox is gone" };
+            ("Terminated", if expired { "SANDBOX_EXPIRED" } else { "SANDBOX_GONE" }, Some(why.to_owned()))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if new_state != row.state {
+        state.store.set_state(&row.id, new_state, Some(reason), message.as_deref()).await?;
+        return Ok(state.store.get(&row.id).await?.unwrap_or(row));
+    }
+    Ok(row)
+}
+
+async fn get_one(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    Ok(axum::Json(sandbox_json(&refresh(&state, row).await?)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct Paging {
+    page: Option<String>,
+    #[serde(rename = "pageSize")]
+    page_size: Option<String>,
+}
+
+async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let mut states: Vec<String> = Vec::new();
+    let mut metadata: Vec<(String, String)> = Vec::new();
+    let mut paging = Paging { page: None, page_size: None };
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "state" => states.push(v.to_lowercase()),
+            "metadata" => {
+                for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
+                    metadata.push((mk.into_owned(), mv.into_owned()));
+                }
+            }
+            "page" => paging.page = Some(v.into_owned()),
+            "pageSize" => paging.page_size = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let number = |v: &Option<String>, default: usize, name: &str, max: usize| -> ApiResult<usize> {
+        match v {
+            None => Ok(default),
+            Some(s) => match s.parse::<usize>() {
+                Ok(n) if (1..=max).contains(&n) => Ok(n),
+                _ => Err(ApiError::bad_request(format!("{name} must be a whole number from 1 to {max}"))),
+            },
+        }
+    };
+    let page = number(&paging.page, 1, "page", usize::MAX)?;
+    let page_size = number(&paging.page_size, 20, "pageSize", 200)?;
+    let mut items = Vec::new();
+    for row in state.store.list().await? {
+        let row = refresh(&state, row).await?;
+        if !states.is_empty() && !states.contains(&row.state.to_lowercase()) {
+            continue;
+        }
+        if !metadata.iter().all(|(k, v)| row.metadata.get(k) == Some(v)) {
+            continue;
+        }
+        items.push(sandbox_json(&row));
+    }
+    let total = items.len();
+    let total_pages = total.div_ceil(page_size).max(1);
+    let items: Vec<_> = items.into_iter().skip((page - 1).saturating_mul(page_size)).take(page_size).collect();
+    Ok(axum::Json(json!({
+        "items": items,
+        "pagination": {
+            "page": page, "pageSize": page_size, "totalItems": total,
+            "totalPages": total_pages, "hasNextPage": page < total_pages
+        }
+    }))
+    .into_response())
+}
+
+async fn remove(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let (sid, _) = state.sandbox(&id).await?;
+    match state.rt.destroy(&sid).await {
+        Ok(()) | Err(RuntimeError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    state.commands.forget_sandbox(&id);
+    state.store.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn patch_metadata(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<BTreeMap<String, Option<String>>>,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let mut metadata = row.metadata.clone();
+    for (k, v) in patch {
+        match v {
+            Some(v) => metadata.insert(k, v),
+            None => metadata.remove(&k),
+        };
+    }
+    validate_metadata(&metadata)?;
+    state.store.set_metadata(&id, &metadata).await?;
+    let (_, row) = state.sandbox(&id).await?;
+    Ok(axum::Json(sandbox_json(&row)).into_response())
+}
+
+async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let (sid, _) = state.sandbox(&id).await?;
+    state.rt.pause(&sid).await?;
+    state.store.set_state(&id, "Paused", Some("SANDBOX_PAUSED"), None).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let (sid, _) = state.sandbox(&id).await?;
+    state.rt.resume(&sid).await?;
+    state.store.set_state(&id, "Running", Some("SANDBOX_RUNNING"), None).await?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RenewRequest {
+    expires_at: String,
+}
+
+async fn renew(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RenewRequest>,
+) -> ApiResult<Response> {
+    let (sid, _) = state.sandbox(&id).await?;
+    let at = parse_rfc3339(&req.expires_at).ok_or_else(|| {
+        ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time such as 2026-01-01T12:00:00Z", req.expires_at))
+    })?;
+    let ttl = at - now_ms();
+    if ttl <= 0 {
+        return Err(ApiError::bad_request("expiresAt is in the past: renew to a time in the future"));
+    }
+    state.rt.renew(&sid, Duration::from_millis(ttl as u64)).await?;
+    state.store.set_expires(&id, Some(at)).await?;
+    Ok(axum::Json(json!({ "expiresAt": rfc3339(at) })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct EndpointQuery {
+    use_server_proxy: Option<String>,
+    expires: Option<String>,
+}
+
+async fn endpoint(
+    State(state): State<AppState>,
+    Path((id, port)): Path<(String, String)>,
+    Query(q): Query<EndpointQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be a number from 1 to 65535")))?;
+    let proxy = matches!(q.use_server_proxy.as_deref(), Some("true" | "True" | "1"));
+    if proxy && q.expires.is_some() {
+        return Err(ApiError::bad_request("use_server_proxy and expires cannot be combined"));
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_else(|| state.config.listen.to_string());
+    // Both modes reach the sandbox through this server (its network has no other way in). In
+    // direct mode the SDK sends only the endpoint's headers, so they carry the sandbox's token.
+    let endpoint = format!("{host}/v1/sandboxes/{id}/proxy/{port}");
+    let body = if proxy {
+        json!({ "endpoint": endpoint })
+    } else {
+        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: row.token } })
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspaces
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AcquireRequest {
+    timeout: Option<i64>,
+    #[serde(default)]
+    resource_limits: BTreeMap<String, String>,
+    #[serde(default)]
+    env: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    image: Option<ImageSpec>,
+    entrypoint: Option<Vec<String>>,
+}
+
+fn thread_of(raw: &str) -> ApiResult<ThreadId> {
+    ThreadId::new(raw).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+async fn acquire(
+    State(state): State<AppState>,
+    Path(thread): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down and creates no new sandboxes"));
+    }
+    let t = thread_of(&thread)?;
+    // The body is optional: no body means the defaults.
+    let a: AcquireRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        AcquireRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let req = CreateSandboxRequest {
+        image: a.image,
+        snapshot_id: None,
+        template_id: None,
+        platform: None,
+        timeout: a.timeout,
+        resource_limits: a.resource_limits,
+        resource_requests: BTreeMap::new(),
+        env: a.env,
+        metadata: a.metadata,
+        lifecycle: None,
+        entrypoint: a.entrypoint,
+        network_policy: None,
+        credential_proxy: None,
+        secure_access: false,
+        volumes: Vec::new(),
+        extensions: BTreeMap::from([("workspace".to_owned(), t.to_string())]),
+    };
+    let extensions = req.extensions.clone();
+    let planned = plan(&state, req)?;
+    let info = state.rt.acquire(&t, planned.spec.clone()).await?;
+    let row = record(&state, &info, &planned, extensions).await?;
+    let row = refresh(&state, row).await?;
+    let mut body = serde_json::to_value(sandbox_json(&row)).unwrap_or_default();
+    if let Some(w) = &info.workspace {
+        body["workspace"] = json!({ "thread": w.thread.as_str(), "name": w.name });
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+async fn release(State(state): State<AppState>, Path(thread): Path<String>) -> ApiResult<StatusCode> {
+    let t = thread_of(&thread)?;
+    state.rt.release(&t).await?;
+    forget_thread_rows(&state, &t).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn destroy_workspace(State(state): State<AppState>, Path(thread): Path<String>) -> ApiResult<StatusCode> {
+    let t = thread_of(&thread)?;
+    state.rt.destroy_workspace(&t).await?;
+    forget_thread_rows(&state, &t).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Rows of a thread's sandboxes that are gone after a release.
+async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
+    for row in state.store.list().await? {
+        if row.extensions.get("workspace").map(String::as_str) == Some(t.as_str()) {
+            let row = refresh(state, row).await?;
+            if row.state == "Terminated" {
+                state.commands.forget_sandbox(&row.id);
+                state.store.delete(&row.id).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Background work
+
+/// Brings every stored sandbox in line with the runtime; run at start and by the reaper.
+pub async fn reconcile(state: &AppState) {
+    let Ok(rows) = state.store.list().await else { return };
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    for row in rows {
+        if let Ok(row) = refresh(state, row).await {
+            *counts.entry(row.state).or_default() += 1;
+        }
+    }
+    for s in ["Running", "Paused", "Failed", "Terminated"] {
+        let n = counts.get(s).copied().unwrap_or(0);
+        state.metrics.sandboxes.get_or_create(&crate::metrics::StateLabel { state: s.into() }).set(n);
+    }
+}
+
+/// Notices expired and vanished sandboxes. Expiry itself is enforced by each sandbox's
+/// supervisor, so it holds even while this server is down.
+pub async fn reaper(state: AppState) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        reconcile(&state).await;
+    }
+}
+
+async fn openapi() -> Response {
+    axum::Json(crate::lifecycle::openapi_document()).into_response()
+}
+
+/// The OpenAPI document of Paddock's own API (workspaces) and the lifecycle routes it serves.
+pub fn openapi_document() -> Value {
+    let sandbox_ref = json!({"$ref": "#/components/schemas/Sandbox"});
+    let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let thread = json!({"name": "thread", "in": "path", "required": true, "schema": {"type": "string"},
+        "description": "The agent's thread id (1 to 512 bytes, no control characters), URL-encoded."});
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Paddock", "version": env!("CARGO_PKG_VERSION"),
+            "description": "Paddock's workspace API. The OpenSandbox lifecycle and execd APIs are served as well; see their specification."},
+        "servers": [{"url": "/v1"}],
+        "security": [{"apiKey": []}],
+        "paths": {
+            "/workspaces/{thread}/acquire": {"post": {
+                "summary": "Return the thread's running sandbox, or create one on its persistent workspace",
+                "parameters": [thread],
+                "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AcquireRequest"}}}},
+                "responses": {"200": {"description": "The sandbox", "content": {"application/json": {"schema": sandbox_ref}}},
+                    "400": error_ref, "401": error_ref}}},
+            "/workspaces/{thread}/release": {"post": {
+                "summary": "Stop the thread's sandbox and keep its workspace", "parameters": [thread],
+                "responses": {"204": {"description": "Released"}, "400": error_ref, "401": error_ref}}},
+            "/workspaces/{thread}": {"delete": {
+                "summary": "Stop the thread's sandbox and delete its workspace", "parameters": [thread],
+                "responses": {"204": {"description": "Deleted"}, "404": error_ref, "401": error_ref}}}
+        },
+        "components": {
+            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "OPEN-SANDBOX-API-KEY"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["code", "message"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
+                "AcquireRequest": {"type": "object", "additionalProperties": false, "properties": {
+                    "timeout": {"type": "integer", "minimum": 60},
+                    "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"},
+                        "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage"},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "image": {"type": "object", "properties": {"uri": {"type": "string"}}},
+                    "entrypoint": {"type": "array", "items": {"type": "string"}}}},
+                "Sandbox": {"type": "object", "required": ["id", "status", "entrypoint", "createdAt"], "properties": {
+                    "id": {"type": "string"},
+                    "status": {"type": "object", "properties": {"state": {"type": "string"}, "reason": {"type": "string"}, "message": {"type": "string"}}},
+                    "entrypoint": {"type": "array", "items": {"type": "string"}},
+                    "createdAt": {"type": "string", "format": "date-time"},
+                    "expiresAt": {"type": "string", "format": "date-time"},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "workspace": {"type": "object", "properties": {"thread": {"type": "string"}, "name": {"type": "string"}}}}}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_quantities_parse() {
+        assert_eq!(parse_memory("512Mi"), Some(512 << 20));
+        assert_eq!(parse_memory("2Gi"), Some(2 << 30));
+        assert_eq!(parse_memory("1G"), Some(1_000_000_000));
+        assert_eq!(parse_memory("1048576"), Some(1 << 20));
+        for bad in ["", "-1Gi", "1Xi", "Gi", "1e999"] {
+            assert_eq!(parse_memory(bad), None, "{bad}");
+        }
+        assert_eq!(parse_cpu("500m"), Some(500));
+        assert_eq!(parse_cpu("2"), Some(2000));
+        assert_eq!(parse_cpu("0.25"), Some(250));
+        for bad in ["", "-1", "abc", "0", "0m"] {
+            assert_eq!(parse_cpu(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn metadata_follows_label_rules() {
+        let ok = BTreeMap::from([("team".to_owned(), "agents-1".to_owned()), ("a.b/c".to_owned(), String::new())]);
+        validate_metadata(&ok).unwrap();
+        for (k, v) in [("bad key", "v"), ("k", "bad value"), ("opensandbox.io/x", "v"), ("k", &"v".repeat(64)[..])] {
+            let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
+            assert_eq!(validate_metadata(&m).unwrap_err().code, "INVALID_METADATA_FORMAT", "{k}={v}");
+        }
+    }
+
+    #[test]
+    fn unknown_create_fields_are_rejected() {
+        let e = serde_json::from_str::<CreateSandboxRequest>(r#"{"image":{"uri":"host"},"bogus":1}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field"));
+        serde_json::from_str::<CreateSandboxRequest>(
+            r#"{"image":{"uri":"host"},"timeout":300,"resourceLimits":{"cpu":"1","memory":"2Gi"},"env":{"A":"1"},"metadata":{"tag":"t"},"entrypoint":["tail","-f","/dev/null"],"secureAccess":false}"#,
+        )
+        .unwrap();
+    }
+}

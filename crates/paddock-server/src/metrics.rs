@@ -1,0 +1,49 @@
+//! Prometheus metrics: sandboxes by state, create and exec latency, errors by code.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub sandboxes: Family<StateLabel, Gauge>,
+    pub create_seconds: Histogram,
+    pub exec_seconds: Histogram,
+    pub errors: Family<CodeLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("paddock");
+        let sandboxes = Family::<StateLabel, Gauge>::default();
+        let create_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let exec_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let errors = Family::<CodeLabel, Counter>::default();
+        registry.register("sandboxes", "Sandboxes by state", sandboxes.clone());
+        registry.register("create_seconds", "Time to create a sandbox", create_seconds.clone());
+        registry.register("exec_seconds", "Duration of foreground commands", exec_seconds.clone());
+        registry.register("api_errors", "API errors by code", errors.clone());
+        Self { registry, sandboxes, create_seconds, exec_seconds, errors }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

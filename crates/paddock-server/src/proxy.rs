@@ -1,0 +1,102 @@
+//! Routes that reach into one sandbox: `/sandboxes/{id}/proxy/{port}/...`.
+//!
+//! Port 44772 is the execd API and 18080 the egress policy API, both served by Paddock itself,
+//! so nothing has to run inside the sandbox. Any other port is forwarded over HTTP/1.1 to a
+//! server the sandbox runs on its own loopback, through a connection the runtime opens inside
+//! the sandbox's network namespace.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::{API_KEY_HEADER, SANDBOX_TOKEN_HEADER};
+
+pub fn router(max_upload: u64) -> Router<AppState> {
+    let execd = crate::execd::router().layer(DefaultBodyLimit::max(usize::try_from(max_upload).unwrap_or(usize::MAX)));
+    Router::new()
+        .nest("/sandboxes/{id}/proxy/44772", execd)
+        .nest("/sandboxes/{id}/proxy/18080", egress_router())
+        .route("/sandboxes/{id}/proxy/{port}", any(forward))
+        .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(forward))
+}
+
+/// The egress policy API of a sandbox. Sandboxes have no egress at all for now, so the policy
+/// is deny-all and cannot be changed; saying so beats pretending to accept rules.
+fn egress_router() -> Router<AppState> {
+    Router::new().route("/policy", get(egress_policy).patch(egress_change).delete(egress_change))
+}
+
+fn deny_all() -> serde_json::Value {
+    json!({
+        "status": "ok",
+        "mode": "deny_all",
+        "enforcementMode": "network-namespace",
+        "reason": "the sandbox's network namespace has only loopback: no egress, no DNS",
+        "policy": {"defaultAction": "deny", "egress": []}
+    })
+}
+
+async fn egress_policy(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
+    state.sandbox(p.get("id").map(String::as_str).unwrap_or_default()).await?;
+    Ok(axum::Json(deny_all()).into_response())
+}
+
+async fn egress_change(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
+    state.sandbox(p.get("id").map(String::as_str).unwrap_or_default()).await?;
+    Err(ApiError::bad_request(
+        "egress rules are not supported yet: every sandbox is deny-all (loopback only); GET /policy shows it",
+    ))
+}
+
+async fn forward(
+    State(state): State<AppState>,
+    Path(p): Path<HashMap<String, String>>,
+    mut req: Request,
+) -> ApiResult<Response> {
+    let id = p.get("id").map(String::as_str).unwrap_or_default();
+    let port: u16 = p
+        .get("port")
+        .and_then(|s| s.parse().ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request("the port must be a number from 1 to 65535"))?;
+    let (sid, _) = state.sandbox(id).await?;
+    if req.headers().contains_key(header::UPGRADE) {
+        return Err(ApiError::bad_request("WebSocket and other upgrades are not proxied yet: use plain HTTP"));
+    }
+    let fd = state.rt.connect(&sid, port).await?;
+    let std_stream = std::net::TcpStream::from(fd);
+    std_stream.set_nonblocking(true).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
+    let stream =
+        tokio::net::TcpStream::from_std(std_stream).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("talking HTTP to port {port} in the sandbox: {e}")))?;
+    tokio::spawn(conn);
+
+    let rest = p.get("rest").map(String::as_str).unwrap_or("");
+    let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    let uri = format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;
+    *req.uri_mut() = uri;
+    // The platform's credentials are never handed to code in the sandbox.
+    let headers = req.headers_mut();
+    headers.remove(API_KEY_HEADER);
+    headers.remove(SANDBOX_TOKEN_HEADER);
+    headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a host:port is a valid header"),
+    );
+    let response = sender
+        .send_request(req)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("port {port} in the sandbox did not answer: {e}")))?;
+    Ok(response.map(Body::new))
+}

@@ -1,0 +1,35 @@
+//! What every handler shares.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use paddock_core::runtime::{Runtime, SandboxId};
+
+use crate::config::ServerConfig;
+use crate::error::{ApiError, ApiResult};
+use crate::execd::Commands;
+use crate::metrics::Metrics;
+use crate::store::{SandboxRow, Store};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub rt: Arc<dyn Runtime>,
+    pub store: Store,
+    pub config: Arc<ServerConfig>,
+    /// Commands started through the execd API, for status, logs and interrupt.
+    pub commands: Arc<Commands>,
+    pub metrics: Arc<Metrics>,
+    /// Set on SIGTERM: no new sandboxes are created.
+    pub draining: Arc<AtomicBool>,
+}
+
+impl AppState {
+    /// The row of a sandbox the API knows, or a 404 that says how to find the right id.
+    pub async fn sandbox(&self, id: &str) -> ApiResult<(SandboxId, SandboxRow)> {
+        let sid = SandboxId::parse(id).map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
+        match self.store.get(id).await? {
+            Some(row) => Ok((sid, row)),
+            None => Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes"))),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The server's state in SQLite: one file in the data directory, created on first start, with
+//! migrations applied at open. The runtime owns the processes; this owns what the API adds
+//! (metadata, image, entrypoint, execd token, lifecycle state).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub extensions: BTreeMap<String, String>,
+    pub token: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+fn json_col<T: serde::de::DeserializeOwned + Default>(row: &SqliteRow, col: &str) -> T {
+    row.try_get::<String, _>(col).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default()
+}
+
+fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
+    Ok(SandboxRow {
+        id: row.try_get("id")?,
+        state: row.try_get("state")?,
+        reason: row.try_get("reason")?,
+        message: row.try_get("message")?,
+        image: row.try_get("image")?,
+        entrypoint: json_col(row, "entrypoint"),
+        metadata: json_col(row, "metadata"),
+        extensions: json_col(row, "extensions"),
+        token: row.try_get("token")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        expires_at_ms: row.try_get("expires_at_ms")?,
+        updated_at_ms: row.try_get("updated_at_ms")?,
+    })
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the database file and applies pending migrations.
+    pub async fn open(path: &Path) -> Result<Self, sqlx::Error> {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    pub async fn insert(&self, r: &SandboxRow) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, token, created_at_ms, expires_at_ms, updated_at_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&r.id)
+        .bind(&r.state)
+        .bind(&r.reason)
+        .bind(&r.message)
+        .bind(&r.image)
+        .bind(serde_json::to_string(&r.entrypoint).unwrap_or_default())
+        .bind(serde_json::to_string(&r.metadata).unwrap_or_default())
+        .bind(serde_json::to_string(&r.extensions).unwrap_or_default())
+        .bind(&r.token)
+        .bind(r.created_at_ms)
+        .bind(r.expires_at_ms)
+        .bind(r.updated_at_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
+        let row = sqlx::query("SELECT * FROM sandboxes WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    /// Every sandbox, oldest first.
+    pub async fn list(&self) -> Result<Vec<SandboxRow>, sqlx::Error> {
+        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at_ms, id").fetch_all(&self.pool).await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    pub async fn set_state(&self, id: &str, state: &str, reason: Option<&str>, message: Option<&str>) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sandboxes SET state = ?, reason = ?, message = ?, updated_at_ms = ? WHERE id = ?")
+            .bind(state)
+            .bind(reason)
+            .bind(message)
+            .bind(now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_metadata(&self, id: &str, metadata: &BTreeMap<String, String>) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sandboxes SET metadata = ?, updated_at_ms = ? WHERE id = ?")
+            .bind(serde_json::to_string(metadata).unwrap_or_default())
+            .bind(now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_expires(&self, id: &str, expires_at_ms: Option<i64>) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE sandboxes SET expires_at_ms = ?, updated_at_ms = ? WHERE id = ?")
+            .bind(expires_at_ms)
+            .bind(now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = ?").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            state: "Running".into(),
+            reason: None,
+            message: None,
+            image: "host".into(),
+            entrypoint: vec!["tail".into(), "-f".into(), "/dev/null".into()],
+            metadata: BTreeMap::from([("team".into(), "a".into())]),
+            extensions: BTreeMap::new(),
+            token: "t".into(),
+            created_at_ms: 1,
+            expires_at_ms: Some(2),
+            updated_at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_survive_reopening_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(&path).await.unwrap();
+        store.insert(&row("sbx-a")).await.unwrap();
+        store.set_state("sbx-a", "Paused", Some("PAUSED"), None).await.unwrap();
+        store.set_metadata("sbx-a", &BTreeMap::from([("k".into(), "v".into())])).await.unwrap();
+        drop(store);
+        let store = Store::open(&path).await.unwrap();
+        let got = store.get("sbx-a").await.unwrap().unwrap();
+        assert_eq!(got.state, "Paused");
+        assert_eq!(got.metadata["k"], "v");
+        assert_eq!(got.entrypoint, ["tail", "-f", "/dev/null"]);
+        store.delete("sbx-a").await.unwrap();
+        assert!(store.get("sbx-a").await.unwrap().is_none());
+        assert!(store.insert(&row("sbx-b")).await.is_ok());
+        assert!(store.insert(&row("sbx-b")).await.is_err(), "ids are unique");
+    }
+}

@@ -1,0 +1,103 @@
+//! `paddock serve`: configuration, the API key, and the server's start-up message.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use paddock_core::units::{parse_bytes, parse_duration};
+use paddock_runtime_local::LocalRuntime;
+use paddock_server::ServerConfig;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// API key clients send in OPEN-SANDBOX-API-KEY. Without one, a key is created on first
+    /// start and kept in the data directory.
+    #[arg(long, env = "PADDOCK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Serve without any API key (loopback addresses only).
+    #[arg(long, conflicts_with = "api_key")]
+    insecure_no_auth: bool,
+    /// Session length of sandboxes created without a timeout.
+    #[arg(long, default_value = "3600s", value_parser = parse_duration)]
+    default_timeout: Duration,
+    /// Longest session a create request may ask for.
+    #[arg(long, default_value = "28800s", value_parser = parse_duration)]
+    max_timeout: Duration,
+    /// Largest file upload accepted.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    max_upload: u64,
+    /// How long running requests may take to finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+}
+
+/// Reads the stored API key, or creates one (0600) on first start.
+fn stored_key(data_dir: &Path) -> Result<(String, bool)> {
+    let path = data_dir.join("api-key");
+    match std::fs::read_to_string(&path) {
+        Ok(k) if !k.trim().is_empty() => return Ok((k.trim().to_owned(), false)),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let mut bytes = [0u8; 24];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).context("getrandom")?;
+    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, key.as_bytes())?;
+    Ok((key, true))
+}
+
+pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u8> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (api_key, key_note) = if args.insecure_no_auth {
+        (None, "no API key (--insecure-no-auth)".to_owned())
+    } else if let Some(k) = args.api_key {
+        (Some(k), "the API key given with --api-key / PADDOCK_API_KEY".to_owned())
+    } else {
+        let (k, created) = stored_key(data_dir)?;
+        let path = data_dir.join("api-key");
+        let verb = if created { "created and stored in" } else { "stored in" };
+        (Some(k), format!("the API key {verb} {}", path.display()))
+    };
+    let config = ServerConfig {
+        listen: args.listen,
+        data_dir: data_dir.to_path_buf(),
+        api_key: api_key.clone(),
+        default_timeout: args.default_timeout,
+        max_timeout: args.max_timeout,
+        max_upload_bytes: args.max_upload,
+    };
+    let state = paddock_server::build_state(config, Arc::new(rt)).await?;
+    eprintln!("paddock: serving on http://{} (data in {})", args.listen, data_dir.display());
+    eprintln!("paddock: clients authenticate with {key_note}");
+    if api_key.is_some() {
+        eprintln!(
+            "paddock: connect with  export OPEN_SANDBOX_DOMAIN={} OPEN_SANDBOX_API_KEY=$(cat {})",
+            args.listen,
+            data_dir.join("api-key").display()
+        );
+    } else {
+        eprintln!("paddock: connect with  export OPEN_SANDBOX_DOMAIN={}", args.listen);
+    }
+    paddock_server::serve(state, args.drain_timeout).await?;
+    Ok(0)
+}

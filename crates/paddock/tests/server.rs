@@ -1,0 +1,294 @@
+//! The real `paddock serve`, driven over HTTP: auth, sandbox isolation of execd endpoints, bad
+//! input, the workspace API, metrics, and a `kill -9` restart that loses nothing.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KEY: &str = "test-key-0123456789";
+
+struct Server {
+    child: Child,
+    port: u16,
+    agent: ureq::Agent,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    fn start(data: &std::path::Path, extra: &[&str]) -> Server {
+        common::require_root();
+        let port = free_port();
+        let child = Command::new(common::EXE)
+            .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key", KEY])
+            .args(extra)
+            .env("PADDOCK_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let s = Server { child, port, agent };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.agent.get(&s.url("/health")).call().is_err() {
+            assert!(Instant::now() < deadline, "the server did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut req = ureq::http::Request::builder().method(method).uri(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = match body {
+            Some(b) => self.agent.run(req.header("content-type", "application/json").body(b.to_string()).unwrap()),
+            None => self.agent.run(req.body(()).unwrap()),
+        }
+        .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.into_body().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    fn api(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        self.call(method, path, body, &[("OPEN-SANDBOX-API-KEY", KEY)])
+    }
+
+    fn create(&self) -> String {
+        let (status, body) = self.api("POST", "/v1/sandboxes", Some(&json!({"image": {"uri": "host"}, "timeout": 600})));
+        assert_eq!(status, 202, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Runs a command through the execd API and returns (stdout lines, exit code).
+    fn run(&self, id: &str, command: &str, background: bool) -> (Vec<String>, i64) {
+        let req = ureq::http::Request::builder()
+            .method("POST")
+            .uri(self.url(&format!("/v1/sandboxes/{id}/proxy/44772/command")))
+            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("content-type", "application/json")
+            .body(json!({"command": command, "background": background}).to_string())
+            .unwrap();
+        let resp = self.agent.run(req).unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut lines = Vec::new();
+        let mut code = -1;
+        for line in BufReader::new(resp.into_body().into_reader()).lines() {
+            let line = line.unwrap();
+            let Some(data) = line.strip_prefix("data: ").or_else(|| line.strip_prefix('{').map(|_| line.as_str())) else {
+                continue;
+            };
+            let event: Value = serde_json::from_str(data).unwrap();
+            match event["type"].as_str() {
+                Some("stdout") => lines.push(event["text"].as_str().unwrap().to_owned()),
+                Some("execution_complete") => code = 0,
+                Some("error") => code = event["error"]["evalue"].as_str().unwrap().parse().unwrap(),
+                _ => {}
+            }
+        }
+        (lines, code)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok((200, list)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.api("GET", "/v1/sandboxes?pageSize=200", None))) {
+            for item in list["items"].as_array().cloned().unwrap_or_default() {
+                let _ = self.api("DELETE", &format!("/v1/sandboxes/{}", item["id"].as_str().unwrap_or("")), None);
+            }
+        }
+        self.kill9();
+    }
+}
+
+fn data_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("pds").tempdir_in("/tmp").unwrap()
+}
+
+fn assert_api_error(status: u16, body: &Value, want_status: u16, want_in_message: &str) {
+    assert_eq!(status, want_status, "{body}");
+    assert!(body["code"].is_string(), "errors are {{code, message}}: {body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(want_in_message), "{message:?} should mention {want_in_message:?}");
+}
+
+#[test]
+fn auth_is_required_and_errors_are_code_and_message() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let (status, body) = s.call("GET", "/v1/sandboxes", None, &[]);
+    assert_api_error(status, &body, 401, "OPEN-SANDBOX-API-KEY");
+    assert_eq!(body["code"], "MISSING_API_KEY");
+    let (status, body) = s.call("GET", "/v1/sandboxes", None, &[("OPEN-SANDBOX-API-KEY", "wrong")]);
+    assert_eq!((status, body["code"].as_str()), (401, Some("INVALID_API_KEY")));
+    assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
+    let (status, body) = s.api("GET", "/v1/sandboxes", None);
+    assert_eq!(status, 200);
+    assert_eq!(body["pagination"]["totalItems"], 0);
+    // Served at the root as well as under /v1.
+    assert_eq!(s.api("GET", "/sandboxes", None).0, 200);
+}
+
+#[test]
+fn bad_input_gets_a_clear_4xx_never_a_5xx() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let post = |body: &str| {
+        let req = ureq::http::Request::builder()
+            .method("POST")
+            .uri(s.url("/v1/sandboxes"))
+            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("content-type", "application/json")
+            .header("x-request-id", "req-42")
+            .body(body.to_owned())
+            .unwrap();
+        let resp = s.agent.run(req).unwrap();
+        let echoed = resp.headers().get("x-request-id").map(|v| v.to_str().unwrap().to_owned());
+        let status = resp.status().as_u16();
+        let body: Value = serde_json::from_str(&resp.into_body().read_to_string().unwrap()).unwrap_or(Value::Null);
+        assert_eq!(echoed.as_deref(), Some("req-42"), "X-Request-ID must be echoed");
+        (status, body)
+    };
+    let cases: &[(&str, &str)] = &[
+        ("{", "invalid JSON"),
+        (r#"{"image":{"uri":"host"},"bogus":true}"#, "unknown field"),
+        (r#"{"image":{"uri":"host"},"timeout":30}"#, "minimum of 60"),
+        (r#"{"image":{"uri":"host"},"timeout":999999}"#, "maximum session length"),
+        (r#"{"image":{"uri":"host"},"resourceLimits":{"memory":"-1Gi"}}"#, "memory"),
+        (r#"{"image":{"uri":"host"},"resourceLimits":{"cpu":"0"}}"#, "cpu"),
+        (r#"{"image":{"uri":"host"},"resourceLimits":{"pids":"-5"}}"#, "pids"),
+        (r#"{"image":{"uri":"host"},"resourceLimits":{"gpu":"1"}}"#, "not supported"),
+        (r#"{"image":{"uri":"python:3.12-slim"}}"#, "\"host\""),
+        (r#"{"image":{"uri":"host"},"networkPolicy":{"defaultAction":"allow"}}"#, "deny-all"),
+        (r#"{"image":{"uri":"host"},"metadata":{"bad key":"v"}}"#, "label"),
+        (r#"{"image":{"uri":"host"},"env":{"1BAD":"x"}}"#, "variable name"),
+        (r#"{"image":{"uri":"host"},"volumes":[{"name":"v"}]}"#, "not supported"),
+        (r#"{"image":{"uri":"host"},"extensions":{"workspace":""}}"#, "empty"),
+    ];
+    for (body, mention) in cases {
+        let (status, resp) = post(body);
+        assert_api_error(status, &resp, 400, mention);
+    }
+    let (status, body) = s.api("GET", "/v1/sandboxes/sbx-000000000000", None);
+    assert_api_error(status, &body, 404, "no sandbox");
+    let (status, body) = s.api("GET", "/v1/sandboxes?pageSize=1000", None);
+    assert_api_error(status, &body, 400, "pageSize");
+    let (status, body) = s.api("DELETE", "/v1/sandboxes/..%2Fetc", None);
+    assert!(status == 404 || status == 400, "{status} {body}");
+    let (status, _) = s.api("GET", "/v1/no/such/route", None);
+    assert_eq!(status, 404);
+    assert!(s.api("GET", "/v1/sandboxes", None).1["items"].as_array().unwrap().is_empty(), "a bad request left a sandbox");
+}
+
+#[test]
+fn a_sandbox_token_opens_only_its_own_sandbox() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let a = s.create();
+    let b = s.create();
+    let (status, ep) = s.api("GET", &format!("/v1/sandboxes/{a}/endpoints/44772"), None);
+    assert_eq!(status, 200, "{ep}");
+    let endpoint = ep["endpoint"].as_str().unwrap();
+    assert!(endpoint.ends_with(&format!("/sandboxes/{a}/proxy/44772")), "{endpoint}");
+    let (name, token) = ep["headers"].as_object().unwrap().iter().next().unwrap();
+    let token = token.as_str().unwrap();
+    let ping = |id: &str, headers: &[(&str, &str)]| s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/ping"), None, headers).0;
+    assert_eq!(ping(&a, &[(name.as_str(), token)]), 200, "the token opens its own sandbox");
+    assert_eq!(ping(&b, &[(name.as_str(), token)]), 401, "A's token must not open B");
+    assert_eq!(ping(&a, &[]), 401, "no credentials, no access");
+    assert_eq!(ping(&b, &[("OPEN-SANDBOX-API-KEY", KEY)]), 200, "proxy mode uses the API key");
+    let (status, ep) = s.api("GET", &format!("/v1/sandboxes/{a}/endpoints/18080?use_server_proxy=true"), None);
+    assert_eq!(status, 200);
+    assert!(ep.get("headers").is_none() || ep["headers"].as_object().unwrap().is_empty(), "{ep}");
+    let (status, policy) = s.api("GET", &format!("/v1/sandboxes/{a}/proxy/18080/policy"), None);
+    assert_eq!((status, policy["policy"]["defaultAction"].as_str()), (200, Some("deny")), "{policy}");
+}
+
+#[test]
+fn workspaces_over_http_persist_across_release() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let thread = "conversation%2F42";
+    let (status, first) = s.api("POST", &format!("/v1/workspaces/{thread}/acquire"), None);
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["workspace"]["thread"], "conversation/42");
+    let (again_status, again) = s.api("POST", &format!("/v1/workspaces/{thread}/acquire"), Some(&json!({})));
+    assert_eq!((again_status, again["id"].as_str()), (200, Some(id.as_str())), "acquire reattaches");
+    assert_eq!(s.run(&id, "echo kept > /workspace/note && echo ok", false), (vec!["ok".to_owned()], 0));
+    assert_eq!(s.api("POST", &format!("/v1/workspaces/{thread}/release"), None).0, 204);
+    assert_eq!(s.api("GET", &format!("/v1/sandboxes/{id}"), None).0, 404, "a released sandbox is gone");
+    let (_, second) = s.api("POST", &format!("/v1/workspaces/{thread}/acquire"), None);
+    let id2 = second["id"].as_str().unwrap().to_owned();
+    assert_ne!(id2, id);
+    assert_eq!(s.run(&id2, "cat /workspace/note", false), (vec!["kept".to_owned()], 0));
+    assert_eq!(s.api("DELETE", &format!("/v1/workspaces/{thread}"), None).0, 204);
+    let (_, third) = s.api("POST", &format!("/v1/workspaces/{thread}/acquire"), None);
+    let id3 = third["id"].as_str().unwrap().to_owned();
+    assert_eq!(s.run(&id3, "ls -A /workspace | wc -l", false), (vec!["0".to_owned()], 0));
+    let (status, body) = s.api("POST", "/v1/workspaces/%0A/acquire", None);
+    assert_api_error(status, &body, 400, "control");
+    let (status, doc) = s.api("GET", "/v1/openapi.json", None);
+    assert_eq!(status, 200);
+    assert!(doc["paths"]["/workspaces/{thread}/acquire"].is_object());
+}
+
+#[test]
+fn kill_9_and_restart_loses_no_sandbox() {
+    let dir = data_dir();
+    let mut s = Server::start(dir.path(), &[]);
+    let id = s.create();
+    assert_eq!(s.run(&id, "echo before > /workspace/f; echo ok", false).1, 0);
+    // A command running when the server dies.
+    assert_eq!(s.run(&id, "for i in $(seq 100); do echo $i >> /tmp/ticks; sleep 0.1; done", true).1, 0);
+    s.kill9();
+    let s = Server::start(dir.path(), &[]);
+    let (status, info) = s.api("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!((status, info["status"]["state"].as_str()), (200, Some("Running")), "{info}");
+    let (lines, code) = s.run(&id, "cat /workspace/f; sleep 0.3; wc -l < /tmp/ticks", false);
+    assert_eq!(code, 0);
+    assert_eq!(lines[0], "before");
+    let ticks: u32 = lines[1].trim().parse().unwrap();
+    assert!(ticks >= 3, "the background command kept running across the restart: {ticks}");
+    let (_, list) = s.api("GET", "/v1/sandboxes", None);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let (_, metrics) = s.call("GET", "/metrics", None, &[]);
+    let text = metrics.as_str().unwrap_or_default();
+    assert!(text.contains("paddock_sandboxes") && text.contains("paddock_create_seconds"), "{text}");
+}
+
+#[test]
+fn refuses_to_start_with_impossible_timeouts() {
+    let dir = data_dir();
+    let out = Command::new(common::EXE)
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "127.0.0.1:0", "--default-timeout", "30s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let mut err = String::new();
+    out.stderr.as_slice().read_to_string(&mut err).unwrap();
+    assert!(err.contains("30s") && err.contains("28800s"), "the message names both values: {err}");
+    let out = Command::new(common::EXE)
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "0.0.0.0:0", "--insecure-no-auth"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
