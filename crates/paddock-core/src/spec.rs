@@ -40,6 +40,9 @@ pub struct Resources {
     pub pids: u32,
     /// Size cap of `/tmp`, bytes.
     pub tmp_bytes: u64,
+    /// Size cap of `/workspace`, bytes; `None` leaves it bounded only by the host's disk. A
+    /// persistent workspace gets its size when it is first created.
+    pub workspace_bytes: Option<u64>,
 }
 
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
@@ -51,10 +54,18 @@ pub const MAX_PIDS: u32 = 16_384;
 pub const MIN_PIDS: u32 = 8;
 pub const MAX_MILLICPUS: u32 = 1_024_000;
 pub const MIN_TMP: u64 = 1 << 20;
+pub const MIN_WORKSPACE: u64 = 16 << 20;
+pub const MAX_WORKSPACE: u64 = 16 << 40;
 
 impl Default for Resources {
     fn default() -> Self {
-        Self { memory_bytes: DEFAULT_MEMORY, millicpus: DEFAULT_MILLICPUS, pids: DEFAULT_PIDS, tmp_bytes: DEFAULT_TMP }
+        Self {
+            memory_bytes: DEFAULT_MEMORY,
+            millicpus: DEFAULT_MILLICPUS,
+            pids: DEFAULT_PIDS,
+            tmp_bytes: DEFAULT_TMP,
+            workspace_bytes: None,
+        }
     }
 }
 
@@ -181,6 +192,19 @@ impl SandboxSpec {
             return Err(err(
                 "tmp",
                 format!("{} is too small for /tmp: give at least {}", format_bytes(r.tmp_bytes), format_bytes(MIN_TMP)),
+            ));
+        }
+        if let Some(w) = r.workspace_bytes
+            && !(MIN_WORKSPACE..=MAX_WORKSPACE).contains(&w)
+        {
+            return Err(err(
+                "workspace-size",
+                format!(
+                    "{} is out of range: choose between {} and {}",
+                    format_bytes(w),
+                    format_bytes(MIN_WORKSPACE),
+                    format_bytes(MAX_WORKSPACE)
+                ),
             ));
         }
         if self.user.uid == 0 || self.user.gid == 0 {

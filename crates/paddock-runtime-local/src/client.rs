@@ -209,12 +209,31 @@ impl LocalRuntime {
 
     fn prepare_workspace(&self, name: &str, thread: &ThreadId, spec: &SandboxSpec) -> Result<(), RuntimeError> {
         let files = self.dd.workspace_files(name);
+        let image = self.dd.workspace_image(name);
+        let wanted = spec.resources.workspace_bytes;
+        if image.is_file() {
+            let size = fs::metadata(&image).map(|m| m.len()).unwrap_or(0);
+            return match wanted {
+                Some(w) if w != size => Err(RuntimeError::Conflict(format!(
+                    "the workspace of thread {thread} was created with a size of {size} bytes, not {w}: acquire it without a size, or destroy it first"
+                ))),
+                _ => Ok(()),
+            };
+        }
         if files.is_dir() {
-            return Ok(());
+            return match wanted {
+                Some(_) => Err(RuntimeError::Conflict(format!(
+                    "the workspace of thread {thread} was created without a size limit: acquire it without one, or destroy it first"
+                ))),
+                None => Ok(()),
+            };
         }
         let dir = self.dd.workspace(name);
         fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
         fs::write(dir.join("thread.json"), protocol::encode(thread)).map_err(sys_err("writing thread.json"))?;
+        if let Some(bytes) = wanted {
+            return crate::wsimage::create(&image, bytes, spec.user.uid, spec.user.gid);
+        }
         fs::create_dir(&files).map_err(sys_err(format!("creating {}", files.display())))?;
         chown(&files, Some(spec.user.uid), Some(spec.user.gid)).map_err(sys_err("chown workspace"))?;
         fs::set_permissions(&files, fs::Permissions::from_mode(0o755)).map_err(sys_err("chmod workspace"))

@@ -6,7 +6,7 @@
 //! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
 //! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one
 //! <data>/sandboxes/<id>/supervisor.log
-//! <data>/workspaces/<name>/files/     a thread's persistent `/workspace`
+//! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! ```
@@ -54,6 +54,14 @@ impl DataDir {
     pub fn scratch_workspace(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("workspace")
     }
+    /// The image of a size-capped `/workspace` of a sandbox without a persistent one.
+    pub fn scratch_image(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("workspace.img")
+    }
+    /// Where the supervisor mounts an image-backed workspace, in its private mount namespace.
+    pub fn workspace_mount(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("wsmnt")
+    }
     pub fn log(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("supervisor.log")
     }
@@ -65,6 +73,10 @@ impl DataDir {
     }
     pub fn workspace_files(&self, name: &str) -> PathBuf {
         self.workspace(name).join("files")
+    }
+    /// The ext4 image of a size-capped persistent workspace (instead of `files/`).
+    pub fn workspace_image(&self, name: &str) -> PathBuf {
+        self.workspace(name).join("files.img")
     }
     pub fn workspace_lock(&self, name: &str) -> PathBuf {
         self.workspaces().join(format!("{name}.lock"))

@@ -11,5 +11,6 @@ mod init;
 pub mod layout;
 mod protocol;
 pub mod supervisor;
+mod wsimage;
 
 pub use client::LocalRuntime;

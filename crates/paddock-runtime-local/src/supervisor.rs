@@ -119,22 +119,38 @@ impl Supervisor {
         let (workspace_dir, workspace) = match &spec.workspace {
             Some(w) => {
                 let name = resource_name(&w.thread, w.naming);
-                let dir = dd.workspace_files(&name);
+                let image = dd.workspace_image(&name);
+                let dir = if image.is_file() {
+                    let at = dd.workspace_mount(&id);
+                    crate::wsimage::mount_private(&image, &at)?;
+                    at
+                } else {
+                    dd.workspace_files(&name)
+                };
                 if !dir.is_dir() {
                     return Err(RuntimeError::NotFound(format!(
-                        "workspace {name} has no files directory at {}: acquire the workspace instead of creating the sandbox directly",
+                        "workspace {name} has no files at {}: acquire the workspace instead of creating the sandbox directly",
                         dir.display()
                     )));
                 }
                 (dir, Some(WorkspaceInfo { thread: w.thread.clone(), name }))
             }
-            None => {
-                let dir = dd.scratch_workspace(&id);
-                fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-                chown(&dir, Some(spec.user.uid), Some(spec.user.gid)).map_err(|e| io(&dir, e))?;
-                fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
-                (dir, None)
-            }
+            None => match spec.resources.workspace_bytes {
+                Some(bytes) => {
+                    let image = dd.scratch_image(&id);
+                    crate::wsimage::create(&image, bytes, spec.user.uid, spec.user.gid)?;
+                    let at = dd.workspace_mount(&id);
+                    crate::wsimage::mount_private(&image, &at)?;
+                    (at, None)
+                }
+                None => {
+                    let dir = dd.scratch_workspace(&id);
+                    fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+                    chown(&dir, Some(spec.user.uid), Some(spec.user.gid)).map_err(|e| io(&dir, e))?;
+                    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
+                    (dir, None)
+                }
+            },
         };
         let source = match &spec.rootfs {
             RootFs::Host => PathBuf::from("/"),
@@ -381,6 +397,7 @@ impl Supervisor {
         if let Err(e) = self.cgroup.remove(Duration::from_secs(5)) {
             eprintln!("removing the sandbox cgroup: {e}");
         }
+        crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         let _ = fs::remove_dir_all(self.dd.sandbox(&self.id));
     }
 
@@ -403,6 +420,7 @@ impl Supervisor {
         let _ = self.cgroup.kill_all(Duration::from_secs(10));
         let _ = self.cgroup.remove(Duration::from_secs(5));
         let _ = fs::remove_dir_all(self.dd.skeleton(&self.id));
+        crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

@@ -156,3 +156,20 @@ pub fn close_inherited_fds() -> Result<()> {
     }
     Ok(())
 }
+
+/// Gives the calling process a private copy of its mount namespace (all mounts private), so
+/// what it mounts next is seen by it and its children only, never by the host.
+///
+/// The caller must be single-threaded.
+pub fn unshare_mount_namespace() -> Result<()> {
+    // SAFETY: CLONE_NEWNS (which implies CLONE_FS) only changes this process's view of mounts
+    // and its filesystem context; in a single-threaded caller (documented precondition) no
+    // other thread shares that context.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+        .map_err(|e| SysError::call("unshare mount namespace", e))?;
+    rustix::mount::mount_change(
+        "/",
+        rustix::mount::MountPropagationFlags::REC | rustix::mount::MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| SysError::call("make mounts private", e))
+}

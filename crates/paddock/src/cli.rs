@@ -130,6 +130,9 @@ pub struct SandboxOpts {
     /// Size cap of /tmp (e.g. 64M).
     #[arg(long, value_parser = parse_bytes)]
     tmp_size: Option<u64>,
+    /// Size cap of /workspace (e.g. 1G); a persistent workspace keeps the size it was created with.
+    #[arg(long, value_parser = parse_bytes)]
+    workspace_size: Option<u64>,
     /// Environment variable for every command, NAME=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_env)]
     env: Vec<(String, String)>,
@@ -188,6 +191,7 @@ impl SandboxOpts {
         if let Some(t) = self.tmp_size {
             r.tmp_bytes = t;
         }
+        r.workspace_bytes = self.workspace_size;
         spec.env = self.env.iter().cloned().collect();
         if let Some(u) = self.user {
             spec.user = u;

@@ -295,3 +295,41 @@ async fn connect_reaches_a_server_inside_the_sandbox_only() {
     assert!(response.starts_with("HTTP/1.0 200"), "{response}");
     assert!(response.ends_with("served\n"), "{response}");
 }
+
+#[tokio::test]
+async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
+    let env = Env::new();
+    let t = thread("sized");
+    let mut spec = SandboxSpec::default();
+    spec.resources.workspace_bytes = Some(32 << 20);
+    let first = env.rt.acquire(&t, spec.clone()).await.unwrap();
+    common::assert_confined(&env.rt, &first.id).await;
+    let out = sh(&env.rt, &first.id, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1 | grep -c 'No space'; echo keep > /workspace/small; stat -c %U /workspace").await;
+    assert_eq!(out.stdout, "1\ncloudsdk\n".replace("cloudsdk", &user_name_1000()), "{}", out.stderr);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("files.img") && !mounts.contains("wsmnt"), "the workspace image is mounted on the host");
+    env.rt.release(&t).await.unwrap();
+    assert_nothing_left(env.data(), &first.id);
+    let second = env.rt.acquire(&t, spec.clone()).await.unwrap();
+    assert_eq!(sh(&env.rt, &second.id, "cat /workspace/small").await.stdout, "keep\n");
+    // The size is fixed at creation: asking for another one is a clear conflict.
+    env.rt.release(&t).await.unwrap();
+    spec.resources.workspace_bytes = Some(64 << 20);
+    assert!(matches!(env.rt.acquire(&t, spec).await, Err(RuntimeError::Conflict(_))));
+    // A sandbox without a persistent workspace can be capped too.
+    let mut scratch = SandboxSpec::default();
+    scratch.resources.workspace_bytes = Some(16 << 20);
+    let id = env.create(scratch).await.id;
+    let out = sh(&env.rt, &id, "dd if=/dev/zero of=/workspace/big bs=1M count=32 2>&1 | grep -c 'No space'").await;
+    assert_eq!(out.stdout, "1\n");
+    env.rt.destroy(&id).await.unwrap();
+    assert_nothing_left(env.data(), &id);
+}
+
+fn user_name_1000() -> String {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.get(2) == Some(&"1000")).then(|| f[0].to_owned())
+    }).unwrap_or_else(|| "1000".to_owned())
+}
