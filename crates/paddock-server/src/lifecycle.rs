@@ -180,7 +180,7 @@ pub fn parse_memory(s: &str) -> Option<u64> {
     };
     let v: f64 = num.parse().ok()?;
     let bytes = v * mult;
-    (bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19).then_some(bytes as u64)
+    (bytes.is_finite() && (1.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
 }
 
 /// Kubernetes-style CPU quantity (`500m`, `1`, `0.5`) → millicpus.
