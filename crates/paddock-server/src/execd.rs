@@ -1,0 +1,140 @@
+//! The execd-compatible API (OpenSandbox's in-sandbox daemon), served by Paddock itself for
+//! every sandbox through the runtime: commands run with `Runtime::exec`, files move with
+//! `Runtime::file`, and bytes flow through pipes so nothing is buffered whole.
+
+mod commands;
+mod files;
+mod text;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use paddock_core::runtime::SandboxId;
+use serde::Serialize;
+
+pub use commands::Commands;
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::store::now_ms;
+
+/// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ping", get(|| async {}))
+        .route("/command", post(commands::run).delete(commands::interrupt))
+        .route("/command/status/{cmd}", get(commands::status))
+        .route("/command/{cmd}/logs", get(commands::logs))
+        .route("/files", axum::routing::delete(files::remove_files))
+        .route("/files/info", get(files::info))
+        .route("/files/upload", post(files::upload))
+        .route("/files/download", get(files::download))
+        .route("/files/mv", post(files::rename))
+        .route("/files/permissions", post(files::chmod))
+        .route("/files/search", get(files::search))
+        .route("/files/replace", post(files::replace))
+        .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
+        .route("/directories/list", get(files::list))
+        .route("/metrics", get(metrics))
+}
+
+/// The sandbox named by the `id` path parameter, which must exist.
+async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
+    let id = params.get("id").map_or("", String::as_str);
+    Ok(state.sandbox(id).await?.0)
+}
+
+/// A pipe whose ends are closed on exec: the read end and the write end.
+fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| ApiError::internal(format!("creating a pipe: {e}: the server may be out of file descriptors")))
+}
+
+/// User and group names of a sandbox, from its own `/etc/passwd` and `/etc/group`.
+#[derive(Debug, Default)]
+struct Names {
+    users: HashMap<u32, String>,
+    groups: HashMap<u32, String>,
+}
+
+impl Names {
+    /// Parses `name:x:id:...` lines; anything else is skipped.
+    fn parse_db(text: &str) -> HashMap<u32, String> {
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                let name = f.next()?.trim();
+                let id = f.nth(1)?.trim().parse().ok()?;
+                (!name.is_empty() && !name.starts_with('#')).then(|| (id, name.to_owned()))
+            })
+            // The first entry for an id wins, as getpwuid does.
+            .fold(HashMap::new(), |mut m, (id, name)| {
+                m.entry(id).or_insert(name);
+                m
+            })
+    }
+    fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+    fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+}
+
+#[derive(Serialize)]
+struct Metrics {
+    cpu_count: f64,
+    cpu_used_pct: f64,
+    mem_total_mib: f64,
+    mem_used_mib: f64,
+    timestamp: i64,
+}
+
+/// `GET /metrics`: the sandbox's limits, and its memory use when its cgroup is visible to it.
+async fn metrics(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<axum::Json<Metrics>> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let resources = state.rt.get(&sandbox).await?.spec.resources;
+    const MIB: f64 = (1u64 << 20) as f64;
+    // Best effort: with a cgroup namespace this file is the sandbox's own usage.
+    let used = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        files::read_small(&state, &sandbox, "/sys/fs/cgroup/memory.current", 64),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .and_then(|b| String::from_utf8_lossy(&b).trim().parse::<u64>().ok())
+    .unwrap_or(0);
+    Ok(axum::Json(Metrics {
+        cpu_count: f64::from(resources.millicpus) / 1000.0,
+        cpu_used_pct: 0.0,
+        mem_total_mib: resources.memory_bytes as f64 / MIB,
+        mem_used_mib: used as f64 / MIB,
+        timestamp: now_ms(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_databases_parse() {
+        let users = Names::parse_db(
+            "root:x:0:0:root:/root:/bin/bash\n# comment\nbad\nalice:x:1000:1000::/home/a:/bin/sh\ndup:x:0:0\n",
+        );
+        assert_eq!(users.get(&0).map(String::as_str), Some("root"));
+        assert_eq!(users.get(&1000).map(String::as_str), Some("alice"));
+        assert_eq!(users.len(), 2);
+        let names = Names { users, groups: Names::parse_db("wheel:x:10:alice\n") };
+        assert_eq!(names.user(1000), "alice");
+        assert_eq!(names.user(5), "5");
+        assert_eq!(names.group(10), "wheel");
+    }
+}

@@ -1,0 +1,578 @@
+//! `/command`: foreground commands streamed as events, background commands with a bounded log,
+//! status, logs and interrupt.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use paddock_core::runtime::{
+    ExecIo, ExecOutcome, ExecRequest, Execution, FileKind, FileOp, FileReply, RuntimeError, SandboxId,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe::Receiver;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
+use super::{Names, pipe, sandbox_of};
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::store::now_ms;
+use crate::time_fmt::rfc3339;
+
+/// Output kept per background command (the newest bytes).
+const LOG_CAP: usize = 1 << 20;
+/// Finished commands remembered per sandbox for status queries; older ones are forgotten.
+const KEEP_FINISHED: usize = 256;
+/// How often a running foreground command's stream carries a keep-alive.
+const PING_EVERY: Duration = Duration::from_secs(3);
+/// After a command exits, how long output still in the pipes is read. Background processes it
+/// started may hold the pipes open forever; they must not hold the stream.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// Events buffered between the command and a slow client before the command is slowed down.
+const STREAM_BUFFER: usize = 64;
+const SIGKILL: i32 = 9;
+
+/// Commands started through the execd API, per sandbox, for status, logs and interrupt. Also
+/// caches what is looked up once per sandbox (its shell, its user and group names).
+#[derive(Default)]
+pub struct Commands {
+    sandboxes: Mutex<HashMap<String, PerSandbox>>,
+}
+
+#[derive(Default)]
+struct PerSandbox {
+    commands: HashMap<String, Arc<Command>>,
+    /// Command ids, oldest first, for forgetting old finished commands.
+    order: VecDeque<String>,
+    shell: Option<&'static str>,
+    names: Option<Arc<Names>>,
+}
+
+struct Command {
+    id: String,
+    content: String,
+    background: bool,
+    started_at_ms: i64,
+    /// Signals for the task that owns the execution (it alone may touch it).
+    signals: mpsc::UnboundedSender<i32>,
+    status: Mutex<Status>,
+}
+
+struct Status {
+    running: bool,
+    exit_code: Option<i32>,
+    error: Option<String>,
+    finished_at_ms: Option<i64>,
+    log: Option<TailLog>,
+}
+
+/// A command just started: its record, its output pipes and its end.
+struct Started {
+    command: Arc<Command>,
+    stdout: Receiver,
+    stderr: Receiver,
+    done: oneshot::Receiver<Result<ExecOutcome, RuntimeError>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks leaves plain data behind, still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn new_command_id() -> String {
+    let mut b = [0u8; 12];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        // Uniqueness within one server is all that is needed; time and a counter give it.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        b[..8].copy_from_slice(&(now_ms() as u64).to_le_bytes());
+        b[8..].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+    hex::encode(b)
+}
+
+impl Commands {
+    /// Starts `argv` (run directly, not through a shell) in the background, its combined output
+    /// kept in a bounded log; returns the command id.
+    pub async fn spawn_background(
+        &self,
+        state: &AppState,
+        id: &SandboxId,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+    ) -> ApiResult<String> {
+        let content = argv.join(" ");
+        let request = ExecRequest { argv, cwd: None, env, timeout_ms: None };
+        let started = self.start(state, id, request, content, true).await?;
+        let id = started.command.id.clone();
+        tokio::spawn(collect_log(started));
+        Ok(id)
+    }
+
+    /// Drops what is kept about a deleted sandbox's commands.
+    pub fn forget_sandbox(&self, id: &str) {
+        lock(&self.sandboxes).remove(id);
+    }
+
+    fn get(&self, sandbox: &SandboxId, command: &str) -> ApiResult<Arc<Command>> {
+        lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.commands.get(command).cloned()).ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no command {command:?} in sandbox {sandbox}: use the id from the command's init event"
+            ))
+        })
+    }
+
+    fn insert(&self, sandbox: &SandboxId, command: Arc<Command>) {
+        let mut all = lock(&self.sandboxes);
+        let s = all.entry(sandbox.as_str().to_owned()).or_default();
+        s.order.push_back(command.id.clone());
+        s.commands.insert(command.id.clone(), command);
+        if s.order.len() > KEEP_FINISHED {
+            // Forget the oldest finished commands; running ones stay reachable for interrupt.
+            let mut excess = s.order.len() - KEEP_FINISHED;
+            let commands = &mut s.commands;
+            s.order.retain(|id| {
+                if excess == 0 {
+                    return true;
+                }
+                let finished = commands.get(id).is_none_or(|c| !lock(&c.status).running);
+                if finished {
+                    commands.remove(id);
+                    excess -= 1;
+                }
+                !finished
+            });
+        }
+    }
+
+    /// The shell for `command` strings: bash when the sandbox has it, else sh.
+    async fn shell(&self, state: &AppState, sandbox: &SandboxId) -> ApiResult<&'static str> {
+        if let Some(shell) = lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.shell) {
+            return Ok(shell);
+        }
+        let shell = match state.rt.file(sandbox, FileOp::Stat { path: "/bin/bash".into() }, None).await {
+            Ok(FileReply::Stat(s)) if s.kind != FileKind::Dir => "/bin/bash",
+            Ok(_) | Err(RuntimeError::File { .. }) => "/bin/sh",
+            Err(e) => return Err(e.into()),
+        };
+        lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().shell = Some(shell);
+        Ok(shell)
+    }
+
+    pub(super) fn cached_names(&self, sandbox: &SandboxId) -> Option<Arc<Names>> {
+        lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.names.clone())
+    }
+
+    pub(super) fn cache_names(&self, sandbox: &SandboxId, names: Arc<Names>) {
+        lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().names = Some(names);
+    }
+
+    async fn start(
+        &self,
+        state: &AppState,
+        sandbox: &SandboxId,
+        request: ExecRequest,
+        content: String,
+        background: bool,
+    ) -> ApiResult<Started> {
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let stdout = Receiver::from_owned_fd(out_r).map_err(|e| ApiError::internal(format!("output pipe: {e}")))?;
+        let stderr = Receiver::from_owned_fd(err_r).map_err(|e| ApiError::internal(format!("output pipe: {e}")))?;
+        let execution = state.rt.exec(sandbox, request, ExecIo { stdin: None, stdout: out_w, stderr: err_w }).await?;
+        let (signals, signal_rx) = mpsc::unbounded_channel();
+        let command = Arc::new(Command {
+            id: new_command_id(),
+            content,
+            background,
+            started_at_ms: now_ms(),
+            signals,
+            status: Mutex::new(Status {
+                running: true,
+                exit_code: None,
+                error: None,
+                finished_at_ms: None,
+                log: background.then(|| TailLog::new(LOG_CAP)),
+            }),
+        });
+        self.insert(sandbox, command.clone());
+        let (done_tx, done) = oneshot::channel();
+        tokio::spawn(supervise(execution, signal_rx, command.clone(), done_tx));
+        Ok(Started { command, stdout, stderr, done })
+    }
+}
+
+/// Owns the execution: forwards signals to it and records how it ended.
+async fn supervise(
+    mut execution: Box<dyn Execution>,
+    mut signals: mpsc::UnboundedReceiver<i32>,
+    command: Arc<Command>,
+    done: oneshot::Sender<Result<ExecOutcome, RuntimeError>>,
+) {
+    // `wait` consumes nothing until the exit message is complete, so dropping a pending wait to
+    // deliver a signal and waiting again loses nothing.
+    let outcome = loop {
+        tokio::select! {
+            r = execution.wait() => break r,
+            Some(sig) = signals.recv() => {
+                if let Err(e) = execution.signal(sig).await {
+                    tracing::debug!(command = %command.id, "signal {sig}: {e}");
+                }
+            }
+        }
+    };
+    {
+        let mut s = lock(&command.status);
+        s.running = false;
+        s.finished_at_ms = Some(now_ms());
+        match &outcome {
+            Ok(o) => {
+                s.exit_code = Some(o.exit_code);
+                s.error = describe_failure(o);
+            }
+            Err(e) => s.error = Some(e.to_string()),
+        }
+    }
+    let _ = done.send(outcome);
+}
+
+fn describe_failure(o: &ExecOutcome) -> Option<String> {
+    if o.timed_out {
+        Some(format!("timed out and killed (exit status {})", o.exit_code))
+    } else if o.oom_killed {
+        Some(format!("the sandbox ran out of memory (exit status {})", o.exit_code))
+    } else if let Some(sig) = o.signal {
+        Some(format!("killed by signal {sig}"))
+    } else if o.exit_code != 0 {
+        Some(format!("exit status {}", o.exit_code))
+    } else {
+        None
+    }
+}
+
+/// Reads a background command's output into its log until both pipes close.
+async fn collect_log(started: Started) {
+    let Started { command, stdout, stderr, done: _ } = started;
+    let log_into = |mut pipe: Receiver, command: Arc<Command>| async move {
+        let mut buf = vec![0u8; 16 << 10];
+        while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+            if let Some(log) = lock(&command.status).log.as_mut() {
+                log.push(&buf[..n]);
+            }
+        }
+    };
+    tokio::join!(log_into(stdout, command.clone()), log_into(stderr, command));
+}
+
+#[derive(Deserialize)]
+struct RunCommandRequest {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    background: bool,
+    timeout: Option<i64>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    uid: Option<i64>,
+    gid: Option<i64>,
+}
+
+fn invalid_body(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+/// `~` is the sandbox user's home, `/workspace`; relative paths the runtime resolves itself.
+fn expand_home(path: String) -> String {
+    match path.strip_prefix('~') {
+        Some("") => "/workspace".into(),
+        Some(rest) if rest.starts_with('/') => format!("/workspace{rest}"),
+        _ => path,
+    }
+}
+
+fn stream_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+/// `POST /command`.
+pub async fn run(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let req: RunCommandRequest = serde_json::from_slice(&body)
+        .map_err(|e| invalid_body(format!("invalid command request: {e}: send {{\"command\": \"...\"}}")))?;
+    if req.gid.is_some() && req.uid.is_none() {
+        return Err(invalid_body("gid needs uid: give both, or neither"));
+    }
+    if req.uid.is_some() {
+        let user = state.rt.get(&sandbox).await?.spec.user;
+        let same_user = req.uid == Some(i64::from(user.uid)) && req.gid.is_none_or(|g| g == i64::from(user.gid));
+        if !same_user {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NOT_SUPPORTED",
+                format!(
+                    "commands run as the sandbox user (uid {}, gid {}); another uid or gid is not supported",
+                    user.uid, user.gid
+                ),
+            ));
+        }
+    }
+    let (argv, content) = match (req.command, req.argv) {
+        (Some(_), Some(_)) => return Err(invalid_body("give either command or argv, not both")),
+        (Some(c), None) if !c.trim().is_empty() => {
+            let shell = state.commands.shell(&state, &sandbox).await?;
+            (vec![shell.to_owned(), "-c".to_owned(), c.clone()], c)
+        }
+        (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) => {
+            let content = argv.join(" ");
+            (argv, content)
+        }
+        _ => return Err(invalid_body("no command given: send a non-empty command string or argv list")),
+    };
+    let timeout_ms = match req.timeout {
+        None | Some(0) => None,
+        Some(t) if t > 0 => Some(t as u64),
+        Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
+    };
+    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env: req.envs, timeout_ms };
+    request.validate()?;
+    let started = state.commands.start(&state, &sandbox, request, content, req.background).await?;
+    let init = Event::init(&started.command.id, now_ms()).frame();
+    if req.background {
+        let complete = Event::complete(0, now_ms()).frame();
+        tokio::spawn(collect_log(started));
+        return Ok(stream_headers([init, complete].concat().into_response()));
+    }
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    // Cannot fail: the channel is new and has room.
+    let _ = tx.try_send(init);
+    tokio::spawn(stream_output(state, started, tx, Instant::now()));
+    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    Ok(stream_headers(body.into_response()))
+}
+
+/// Reads from `pipe` when there is one; never completes otherwise.
+async fn read_some(pipe: &mut Option<Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends the output of a foreground command as it arrives, then its end. Stops (killing the
+/// command's process group) as soon as the client goes away.
+async fn stream_output(state: AppState, started: Started, tx: mpsc::Sender<Bytes>, t0: Instant) {
+    let Started { command, stdout, stderr, mut done } = started;
+    let (mut stdout, mut stderr) = (Some(stdout), Some(stderr));
+    let (mut out_lines, mut err_lines) = (LineSplitter::default(), LineSplitter::default());
+    let (mut out_buf, mut err_buf) = (vec![0u8; 32 << 10], vec![0u8; 32 << 10]);
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+    let mut outcome = None;
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut gone = false;
+    // The lines of one read go out as one chunk: each line is its own event, but a burst of
+    // output costs one write instead of one per line.
+    let send_lines = async |tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<String>| {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let ts = now_ms();
+        let chunk: Vec<u8> = lines.into_iter().flat_map(|line| Event::text(kind, line, ts).frame()).collect();
+        tx.send(Bytes::from(chunk)).await.map_err(drop)
+    };
+    while outcome.is_none() || stdout.is_some() || stderr.is_some() {
+        let sent = tokio::select! {
+            _ = tx.closed() => Err(()),
+            r = read_some(&mut stdout, &mut out_buf) => match r {
+                Ok(n @ 1..) => send_lines(&tx, "stdout", out_lines.push(&out_buf[..n])).await,
+                _ => {
+                    stdout = None;
+                    send_lines(&tx, "stdout", out_lines.finish().into_iter().collect()).await
+                }
+            },
+            r = read_some(&mut stderr, &mut err_buf) => match r {
+                Ok(n @ 1..) => send_lines(&tx, "stderr", err_lines.push(&err_buf[..n])).await,
+                _ => {
+                    stderr = None;
+                    send_lines(&tx, "stderr", err_lines.finish().into_iter().collect()).await
+                }
+            },
+            r = &mut done, if outcome.is_none() => {
+                outcome = Some(r.unwrap_or_else(|_| Err(RuntimeError::System("the command's supervisor ended".into()))));
+                drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+                Ok(())
+            }
+            _ = async { match drain_until { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => break,
+            _ = ping.tick() => tx.send(Event::ping(now_ms()).frame()).await.map_err(drop),
+        };
+        if sent.is_err() {
+            gone = true;
+            break;
+        }
+    }
+    if gone {
+        if outcome.is_none() {
+            let _ = command.signals.send(SIGKILL);
+        }
+        return;
+    }
+    // Output still in flight from processes that outlived the command ends here.
+    let tails = send_lines(&tx, "stdout", out_lines.finish().into_iter().collect())
+        .await
+        .and(send_lines(&tx, "stderr", err_lines.finish().into_iter().collect()).await);
+    let elapsed = t0.elapsed();
+    state.metrics.exec_seconds.observe(elapsed.as_secs_f64());
+    let last = match outcome {
+        Some(Ok(o)) if o.exit_code == 0 => Event::complete(elapsed.as_millis() as u64, now_ms()),
+        Some(Ok(o)) => Event::exec_error(o.exit_code.to_string(), now_ms()),
+        // The sandbox went away under the command; there is no exit code to report.
+        Some(Err(e)) => Event::exec_error(e.to_string(), now_ms()),
+        None => Event::exec_error("the command ended without an exit status".into(), now_ms()),
+    };
+    if tails.is_ok() {
+        let _ = tx.send(last.frame()).await;
+    }
+}
+
+/// `DELETE /command?id=`: kills the command's process group.
+pub async fn interrupt(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    let id = query_one(&q, "id").ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "MISSING_QUERY",
+            "missing query parameter 'id': the command id to interrupt",
+        )
+    })?;
+    let command = state.commands.get(&sandbox, id)?;
+    if lock(&command.status).running {
+        let _ = command.signals.send(SIGKILL);
+    }
+    Ok(StatusCode::OK)
+}
+
+#[derive(Serialize)]
+struct CommandStatus<'a> {
+    id: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    content: &'a str,
+    running: bool,
+    exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    started_at: String,
+    finished_at: Option<String>,
+}
+
+/// `GET /command/status/{cmd}`.
+pub async fn status(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
+    let s = lock(&command.status);
+    let body = CommandStatus {
+        id: &command.id,
+        content: &command.content,
+        running: s.running,
+        exit_code: s.exit_code,
+        error: s.error.clone(),
+        started_at: rfc3339(command.started_at_ms),
+        finished_at: s.finished_at_ms.map(rfc3339),
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+/// `GET /command/{cmd}/logs?cursor=`: a background command's output from `cursor` on, and the
+/// cursor to continue from.
+pub async fn logs(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
+    let q = parse_query(raw.as_deref());
+    // execd reads a malformed cursor as 0.
+    let cursor = query_one(&q, "cursor").and_then(|c| c.parse::<u64>().ok()).unwrap_or(0);
+    let (bytes, next) = {
+        let s = lock(&command.status);
+        match (&s.log, command.background) {
+            (Some(log), true) => (log.read_from(cursor), log.end()),
+            _ => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_REQUEST_BODY",
+                    format!("command {} is not running in background: its output was in its event stream", command.id),
+                ));
+            }
+        }
+    };
+    let mut r = bytes.into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert("execd-commands-tail-cursor", HeaderValue::from(next));
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn homes_expand_to_the_workspace() {
+        assert_eq!(expand_home("~".into()), "/workspace");
+        assert_eq!(expand_home("~/a".into()), "/workspace/a");
+        assert_eq!(expand_home("~x".into()), "~x");
+        assert_eq!(expand_home("rel".into()), "rel");
+    }
+
+    #[test]
+    fn failures_are_described() {
+        let ok = ExecOutcome { exit_code: 0, signal: None, timed_out: false, oom_killed: false };
+        assert_eq!(describe_failure(&ok), None);
+        assert_eq!(describe_failure(&ExecOutcome { exit_code: 3, ..ok }).as_deref(), Some("exit status 3"));
+        assert!(describe_failure(&ExecOutcome { exit_code: 137, signal: Some(9), ..ok }).unwrap().contains("signal 9"));
+        assert!(
+            describe_failure(&ExecOutcome { exit_code: 124, timed_out: true, ..ok }).unwrap().contains("timed out")
+        );
+    }
+
+    #[test]
+    fn run_requests_parse_like_the_sdk_sends_them() {
+        let r: RunCommandRequest =
+            serde_json::from_slice(br#"{"command":"ls","background":true,"timeout":5000,"envs":{"A":"1"},"uid":1000}"#)
+                .unwrap();
+        assert_eq!(r.command.as_deref(), Some("ls"));
+        assert!(r.background);
+        assert_eq!(r.timeout, Some(5000));
+        assert_eq!(r.envs.get("A").map(String::as_str), Some("1"));
+        let r: RunCommandRequest = serde_json::from_slice(br#"{"argv":["python3","-c","print(1)"]}"#).unwrap();
+        assert_eq!(r.argv.unwrap().len(), 3);
+        assert!(!r.background);
+    }
+
+    #[test]
+    fn command_ids_are_unique() {
+        assert_ne!(new_command_id(), new_command_id());
+        assert_eq!(new_command_id().len(), 24);
+    }
+}

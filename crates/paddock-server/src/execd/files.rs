@@ -1,0 +1,967 @@
+//! `/files` and `/directories`: every operation is a `Runtime::file` call, so paths resolve in
+//! the sandbox's own view (relative ones under `/workspace`) with the sandbox user's rights.
+//! File contents stream through pipes in both directions.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path as FsPath;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::{Field, MultipartRejection};
+use axum::extract::{Multipart, Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, RuntimeError, SandboxId};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe::{Receiver, Sender};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::text::{
+    BadRange, ByteRange, format_mode, glob_match, parse_mode, parse_query, parse_range, query_all, query_one,
+};
+use super::{Names, pipe, sandbox_of};
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::time_fmt::rfc3339;
+
+/// Most entries a listing or search returns; beyond it the caller must narrow the request.
+const MAX_ENTRIES: usize = 100_000;
+/// Directories listed at once during a walk.
+const WALK_PARALLELISM: usize = 16;
+/// Largest metadata part of an upload.
+const MAX_METADATA: usize = 64 << 10;
+/// Largest file `/files/replace` edits (it holds the file in memory) and largest symlinked file
+/// served with a range (its size is unknown until read).
+const MAX_IN_MEMORY: usize = 64 << 20;
+const CHUNK: usize = 64 << 10;
+
+type Params = Path<HashMap<String, String>>;
+
+fn missing_query(name: &str, what: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "MISSING_QUERY", format!("missing query parameter '{name}': {what}"))
+}
+
+fn invalid_request(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+fn not_supported(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", message)
+}
+
+fn pipe_error(e: std::io::Error) -> ApiError {
+    ApiError::internal(format!("setting up a pipe: {e}"))
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| invalid_request(format!("invalid request body: {e}: expected {shape}")))
+}
+
+async fn stat(state: &AppState, sandbox: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
+    match state.rt.file(sandbox, FileOp::Stat { path: path.to_owned() }, None).await? {
+        FileReply::Stat(s) => Ok(s),
+        other => Err(RuntimeError::System(format!("unexpected answer to a stat: {other:?}"))),
+    }
+}
+
+/// `Ok(None)` when the path does not exist.
+async fn stat_opt(state: &AppState, sandbox: &SandboxId, path: &str) -> ApiResult<Option<FileStat>> {
+    match stat(state, sandbox, path).await {
+        Ok(s) => Ok(Some(s)),
+        Err(RuntimeError::File { kind: FileErrorKind::NotFound, .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn run_op(state: &AppState, sandbox: &SandboxId, op: FileOp) -> ApiResult<()> {
+    state.rt.file(sandbox, op, None).await?;
+    Ok(())
+}
+
+/// Reads a whole (small) file of the sandbox; more than `cap` bytes is an error.
+pub(super) async fn read_small(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Vec<u8>> {
+    let (r, w) = pipe()?;
+    let mut rx = Receiver::from_owned_fd(r).map_err(pipe_error)?;
+    let op = state.rt.file(sandbox, FileOp::Read { path: path.to_owned() }, Some(w));
+    // Reading must run alongside the operation: it only answers once every byte went through.
+    let read = async move {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = rx.read(&mut buf).await.map_err(|e| ApiError::internal(format!("reading {path}: {e}")))?;
+            if n == 0 {
+                return Ok(out);
+            }
+            if out.len() + n > cap {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "FILE_TOO_LARGE",
+                    format!("{path} is larger than {cap} bytes, the most this operation handles"),
+                ));
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    };
+    let (op, data) = tokio::join!(op, read);
+    let data = data?;
+    op?;
+    Ok(data)
+}
+
+/// Writes `data` to a file of the sandbox, replacing it.
+async fn write_small(
+    state: &AppState,
+    sandbox: &SandboxId,
+    path: &str,
+    mode: Option<u32>,
+    data: Vec<u8>,
+) -> ApiResult<()> {
+    let (r, w) = pipe()?;
+    let mut tx = Sender::from_owned_fd(w).map_err(pipe_error)?;
+    let op = state.rt.file(sandbox, FileOp::Write { path: path.to_owned(), mode }, Some(r));
+    let feed = async move {
+        // A failed write shows in the operation's own answer.
+        let _ = tx.write_all(&data).await;
+    };
+    let (op, ()) = tokio::join!(op, feed);
+    op?;
+    Ok(())
+}
+
+/// The sandbox's user and group names, read once per sandbox; ids stand in when unreadable.
+async fn names(state: &AppState, sandbox: &SandboxId) -> Arc<Names> {
+    if let Some(n) = state.commands.cached_names(sandbox) {
+        return n;
+    }
+    let (passwd, group) = tokio::join!(
+        read_small(state, sandbox, "/etc/passwd", 4 << 20),
+        read_small(state, sandbox, "/etc/group", 4 << 20)
+    );
+    let db = |r: ApiResult<Vec<u8>>| r.map(|b| Names::parse_db(&String::from_utf8_lossy(&b))).unwrap_or_default();
+    let names = Arc::new(Names { users: db(passwd), groups: db(group) });
+    state.commands.cache_names(sandbox, names.clone());
+    names
+}
+
+/// Owner and group can only stay what they are: every file a sandbox writes belongs to its user.
+async fn check_ownership(
+    state: &AppState,
+    sandbox: &SandboxId,
+    owner: Option<&str>,
+    group: Option<&str>,
+) -> ApiResult<()> {
+    let (owner, group) = (owner.filter(|s| !s.is_empty()), group.filter(|s| !s.is_empty()));
+    if owner.is_none() && group.is_none() {
+        return Ok(());
+    }
+    let user = state.rt.get(sandbox).await?.spec.user;
+    let names = names(state, sandbox).await;
+    let is = |given: Option<&str>, id: u32, name: String| given.is_none_or(|g| g == name || g.parse() == Ok(id));
+    if is(owner, user.uid, names.user(user.uid)) && is(group, user.gid, names.group(user.gid)) {
+        return Ok(());
+    }
+    Err(not_supported(format!(
+        "changing a file's owner or group is not supported: files belong to the sandbox user ({}:{})",
+        names.user(user.uid),
+        names.group(user.gid)
+    )))
+}
+
+#[derive(Serialize)]
+struct FileInfo {
+    path: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    size: u64,
+    modified_at: String,
+    created_at: String,
+    owner: String,
+    group: String,
+    mode: u32,
+}
+
+fn file_info(s: FileStat, names: &Names) -> FileInfo {
+    let modified = rfc3339(s.modified_unix_ms);
+    FileInfo {
+        kind: match s.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "directory",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        },
+        size: s.size,
+        // The runtime reports no birth time; the modification time is the closest it has.
+        created_at: modified.clone(),
+        modified_at: modified,
+        owner: names.user(s.uid),
+        group: names.group(s.gid),
+        mode: format_mode(s.mode),
+        path: s.path,
+    }
+}
+
+/// `GET /files/info?path=a&path=b` → `{"a": FileInfo, "b": FileInfo}`.
+pub async fn info(State(state): State<AppState>, Path(params): Params, RawQuery(raw): RawQuery) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    let mut out = BTreeMap::new();
+    let paths = query_all(&q, "path");
+    if paths.is_empty() {
+        return Ok(axum::Json(out).into_response());
+    }
+    let names = names(&state, &sandbox).await;
+    for path in paths {
+        let s = stat(&state, &sandbox, path).await?;
+        out.insert(path.to_owned(), file_info(s, &names));
+    }
+    Ok(axum::Json(out).into_response())
+}
+
+/// `DELETE /files?path=…`: removes files; missing ones are fine, directories are refused.
+pub async fn remove_files(
+    State(state): State<AppState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    for path in query_all(&q, "path") {
+        match stat_opt(&state, &sandbox, path).await? {
+            None => {}
+            Some(s) if s.kind == FileKind::Dir => {
+                return Err(ApiError::bad_request(format!(
+                    "{path} is a directory: remove it with DELETE /directories?path=…"
+                )));
+            }
+            Some(_) => match run_op(&state, &sandbox, FileOp::Remove { path: path.to_owned(), recursive: false }).await
+            {
+                Err(e) if e.status == StatusCode::NOT_FOUND => {}
+                r => r?,
+            },
+        }
+    }
+    Ok(StatusCode::OK)
+}
+
+/// `DELETE /directories?path=…`: removes directories recursively; missing ones are fine.
+pub async fn remove_dirs(
+    State(state): State<AppState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    for path in query_all(&q, "path") {
+        match state.rt.file(&sandbox, FileOp::Remove { path: path.to_owned(), recursive: true }, None).await {
+            Ok(_) | Err(RuntimeError::File { kind: FileErrorKind::NotFound, .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(StatusCode::OK)
+}
+
+#[derive(Deserialize)]
+struct RenameItem {
+    src: String,
+    dest: String,
+}
+
+/// `POST /files/mv` `[{src, dest}]`: the destination must not exist; its parents are created.
+pub async fn rename(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let items: Vec<RenameItem> = json_body(&body, r#"[{"src": "...", "dest": "..."}]"#)?;
+    for item in items {
+        stat(&state, &sandbox, &item.src).await?;
+        if stat_opt(&state, &sandbox, &item.dest).await?.is_some() {
+            return Err(ApiError::conflict(format!("destination {} already exists: remove it first", item.dest)));
+        }
+        run_op(&state, &sandbox, FileOp::Move { from: item.src, to: item.dest }).await?;
+    }
+    Ok(StatusCode::OK)
+}
+
+#[derive(Deserialize, Default)]
+struct Permission {
+    mode: Option<i64>,
+    owner: Option<String>,
+    group: Option<String>,
+}
+
+fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
+    parse_mode(p.mode.unwrap_or(0)).map_err(invalid_request)
+}
+
+/// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
+pub async fn chmod(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 644}}"#)?;
+    for (path, p) in request {
+        let mode = mode_of(&p)?;
+        check_ownership(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
+        match mode {
+            Some(mode) => run_op(&state, &sandbox, FileOp::Chmod { path, mode }).await?,
+            None => drop(stat(&state, &sandbox, &path).await?),
+        }
+    }
+    Ok(StatusCode::OK)
+}
+
+/// `POST /directories` `{path: {mode}}`: `mkdir -p`; the mode applies to a directory it creates.
+pub async fn make_dirs(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 755}}"#)?;
+    for (path, p) in request {
+        let mode = mode_of(&p)?;
+        check_ownership(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
+        match stat_opt(&state, &sandbox, &path).await? {
+            Some(s) if s.kind == FileKind::Dir => {}
+            Some(_) => return Err(ApiError::conflict(format!("{path} exists and is not a directory"))),
+            None => run_op(&state, &sandbox, FileOp::Mkdir { path, mode }).await?,
+        }
+    }
+    Ok(StatusCode::OK)
+}
+
+/// Lists `root` and its subdirectories down to `max_depth` levels (all when `None`), without
+/// following symlinks, in the order of a depth-first walk with sorted names.
+async fn walk(state: &AppState, sandbox: &SandboxId, root: &str, max_depth: Option<usize>) -> ApiResult<Vec<FileStat>> {
+    let mut out = Vec::new();
+    if max_depth == Some(0) {
+        return Ok(out);
+    }
+    let mut pending = VecDeque::from([(root.to_owned(), 1usize)]);
+    let mut running = JoinSet::new();
+    loop {
+        while running.len() < WALK_PARALLELISM {
+            let Some((dir, depth)) = pending.pop_front() else { break };
+            let (state, sandbox) = (state.clone(), sandbox.clone());
+            running.spawn(async move {
+                let r = state.rt.file(&sandbox, FileOp::List { path: dir.clone() }, None).await;
+                (dir, depth, r)
+            });
+        }
+        let Some(joined) = running.join_next().await else { break };
+        let (dir, depth, listed) = joined.map_err(|e| ApiError::internal(format!("listing a directory: {e}")))?;
+        let entries = match listed {
+            Ok(FileReply::List { entries }) => entries,
+            // Below the root, a directory that vanished or is unreadable is skipped, not fatal.
+            Err(RuntimeError::File { kind: FileErrorKind::NotFound | FileErrorKind::PermissionDenied, .. })
+                if depth > 1 =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+            Ok(other) => return Err(ApiError::internal(format!("unexpected answer to a listing of {dir}: {other:?}"))),
+        };
+        for e in entries {
+            if e.kind == FileKind::Dir && max_depth.is_none_or(|m| depth < m) {
+                pending.push_back((e.path.clone(), depth + 1));
+            }
+            out.push(e);
+        }
+        if out.len() > MAX_ENTRIES {
+            return Err(ApiError::bad_request(format!(
+                "{root} holds more than {MAX_ENTRIES} entries: list a smaller depth or a subdirectory"
+            )));
+        }
+    }
+    // Path ordering is by components, which is exactly depth-first order with sorted names.
+    out.sort_by(|a, b| FsPath::new(&a.path).cmp(FsPath::new(&b.path)));
+    Ok(out)
+}
+
+/// `GET /directories/list?path=&depth=` (depth 1 by default: the directory's own entries).
+pub async fn list(State(state): State<AppState>, Path(params): Params, RawQuery(raw): RawQuery) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to list"))?;
+    let depth = match query_one(&q, "depth") {
+        None => 1,
+        Some(d) => d.parse::<usize>().map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                format!("invalid query parameter 'depth': {d}: give a number of levels, 1 for the directory itself"),
+            )
+        })?,
+    };
+    let root = stat(&state, &sandbox, path).await?;
+    match root.kind {
+        FileKind::Dir => {}
+        FileKind::Symlink => {
+            return Err(ApiError::bad_request(format!("{path} is a symbolic link, refusing to traverse")));
+        }
+        _ => return Err(ApiError::bad_request(format!("{path} is not a directory"))),
+    }
+    let entries = walk(&state, &sandbox, &root.path, Some(depth)).await?;
+    let names = names(&state, &sandbox).await;
+    Ok(axum::Json(entries.into_iter().map(|s| file_info(s, &names)).collect::<Vec<_>>()).into_response())
+}
+
+/// `GET /files/search?path=&pattern=`: files (not directories) below `path` whose name matches
+/// the glob (`**` by default).
+pub async fn search(
+    State(state): State<AppState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to search"))?;
+    let pattern = query_one(&q, "pattern").unwrap_or("**");
+    let root = stat(&state, &sandbox, path).await?;
+    let names = names(&state, &sandbox).await;
+    if root.kind != FileKind::Dir {
+        let name = FsPath::new(&root.path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let hit = glob_match(pattern, &name).then(|| file_info(root, &names));
+        return Ok(axum::Json(hit.into_iter().collect::<Vec<_>>()).into_response());
+    }
+    let found: Vec<_> = walk(&state, &sandbox, &root.path, None)
+        .await?
+        .into_iter()
+        .filter(|s| s.kind != FileKind::Dir)
+        .filter(|s| FsPath::new(&s.path).file_name().is_some_and(|n| glob_match(pattern, &n.to_string_lossy())))
+        .map(|s| file_info(s, &names))
+        .collect();
+    Ok(axum::Json(found).into_response())
+}
+
+#[derive(Deserialize)]
+struct ReplaceItem {
+    old: String,
+    new: String,
+}
+
+#[derive(Serialize)]
+struct ReplaceResult {
+    #[serde(rename = "replacedCount")]
+    replaced_count: usize,
+}
+
+/// `POST /files/replace[?verbose=true]` `{path: {old, new}}`: replaces every occurrence.
+pub async fn replace(
+    State(state): State<AppState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let verbose = query_one(&parse_query(raw.as_deref()), "verbose") == Some("true");
+    let request: BTreeMap<String, ReplaceItem> = json_body(&body, r#"{"/path": {"old": "...", "new": "..."}}"#)?;
+    let mut results = BTreeMap::new();
+    for (path, item) in request {
+        if item.old.is_empty() {
+            return Err(invalid_request("old content must not be empty"));
+        }
+        let s = stat(&state, &sandbox, &path).await?;
+        let content = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
+        let content = String::from_utf8(content).map_err(|_| {
+            ApiError::bad_request(format!("{path} is not UTF-8 text: it cannot be edited by replacement"))
+        })?;
+        let count = content.matches(&item.old).count();
+        if count > 0 {
+            write_small(&state, &sandbox, &path, Some(s.mode), content.replace(&item.old, &item.new).into_bytes())
+                .await?;
+        }
+        results.insert(path, ReplaceResult { replaced_count: count });
+    }
+    Ok(if verbose { axum::Json(results).into_response() } else { StatusCode::OK.into_response() })
+}
+
+/// How a download is cut: bytes `[start, start+len)`, or lines `offset..offset+limit`
+/// (1-based, joined by `\n`, as execd's line mode).
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Bytes { start: u64, len: Option<u64> },
+    Lines { offset: u64, limit: Option<u64> },
+}
+
+/// Applies execd's line mode to streamed bytes: lines are numbered from 1, trailing `\r`s and
+/// the `\n` are dropped, the chosen lines are joined with `\n`.
+#[derive(Debug)]
+struct LineWindow {
+    offset: u64,
+    limit: Option<u64>,
+    line: u64,
+    written: u64,
+    at_start: bool,
+    held_cr: usize,
+    done: bool,
+}
+
+impl LineWindow {
+    fn new(offset: u64, limit: Option<u64>) -> Self {
+        Self { offset, limit, line: 0, written: 0, at_start: true, held_cr: 0, done: false }
+    }
+    fn selected(&self) -> bool {
+        self.line >= self.offset
+    }
+    fn push(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        for &b in data {
+            if self.done {
+                return;
+            }
+            if self.at_start {
+                self.at_start = false;
+                self.line += 1;
+                if self.selected() {
+                    if self.written > 0 {
+                        out.push(b'\n');
+                    }
+                    self.written += 1;
+                }
+            }
+            match b {
+                b'\n' => {
+                    self.held_cr = 0;
+                    self.at_start = true;
+                    if self.selected() && self.limit.is_some_and(|l| self.written >= l) {
+                        self.done = true;
+                    }
+                }
+                b'\r' => self.held_cr += 1,
+                _ if self.selected() => {
+                    out.extend(std::iter::repeat_n(b'\r', self.held_cr));
+                    self.held_cr = 0;
+                    out.push(b);
+                }
+                _ => self.held_cr = 0,
+            }
+        }
+    }
+}
+
+/// Streams the chosen part of a file into the response body; a failure mid-way ends the body
+/// with an error, so the client sees a broken transfer rather than a short file.
+async fn pump(state: AppState, sandbox: SandboxId, path: String, cut: Cut, tx: mpsc::Sender<std::io::Result<Bytes>>) {
+    let fail = async |tx: &mpsc::Sender<std::io::Result<Bytes>>, message: String| {
+        let _ = tx.send(Err(std::io::Error::other(message))).await;
+    };
+    let (r, w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => return fail(&tx, e.message).await,
+    };
+    let mut rx = match Receiver::from_owned_fd(r) {
+        Ok(rx) => rx,
+        Err(e) => return fail(&tx, e.to_string()).await,
+    };
+    let op = state.rt.file(&sandbox, FileOp::Read { path: path.clone() }, Some(w));
+    let tx2 = tx.clone();
+    // Ok(true): everything asked for was sent; Ok(false): the client left.
+    let copy = async move {
+        let mut buf = vec![0u8; CHUNK];
+        let mut pos = 0u64;
+        let mut sent = 0u64;
+        let mut lines = match cut {
+            Cut::Lines { offset, limit } => Some(LineWindow::new(offset, limit)),
+            Cut::Bytes { .. } => None,
+        };
+        loop {
+            let n = rx.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<bool, std::io::Error>(match cut {
+                    Cut::Bytes { len: Some(len), .. } => sent == len,
+                    _ => true,
+                });
+            }
+            let chunk = match (cut, lines.as_mut()) {
+                (_, Some(w)) => {
+                    let mut out = Vec::new();
+                    w.push(&buf[..n], &mut out);
+                    out
+                }
+                (Cut::Bytes { start, len }, None) => {
+                    let (lo, hi) = (pos, pos + n as u64);
+                    pos = hi;
+                    let from = start.clamp(lo, hi);
+                    let to = len.map_or(hi, |l| (start + l).clamp(lo, hi));
+                    buf[(from - lo) as usize..(to - lo) as usize].to_vec()
+                }
+                (Cut::Lines { .. }, None) => Vec::new(),
+            };
+            sent += chunk.len() as u64;
+            if !chunk.is_empty() && tx2.send(Ok(Bytes::from(chunk))).await.is_err() {
+                return Ok(false);
+            }
+            let finished = match cut {
+                Cut::Bytes { len: Some(len), .. } => sent >= len,
+                Cut::Lines { .. } => lines.as_ref().is_some_and(|w| w.done),
+                Cut::Bytes { len: None, .. } => false,
+            };
+            // Stopping early closes the pipe; the sandbox side then gives up on the rest.
+            if finished {
+                return Ok(true);
+            }
+        }
+    };
+    let (op, copied) = tokio::join!(op, copy);
+    match (copied, op) {
+        (Ok(true), _) | (Ok(false), _) => {}
+        (Err(_), Err(e)) => fail(&tx, format!("reading {path}: {e}")).await,
+        (Err(e), Ok(_)) => fail(&tx, format!("reading {path}: {e}")).await,
+    }
+    // A file that shrank between stat and read leaves the body short of its length; the error
+    // above or hyper's length check turns that into a failed transfer.
+}
+
+fn content_disposition(path: &str) -> HeaderValue {
+    let name = FsPath::new(path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let ascii = name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') && !name.contains('"') && !name.contains('\\');
+    let value = if ascii {
+        format!("attachment; filename=\"{name}\"")
+    } else {
+        let enc: String = name
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        format!("attachment; filename=\"{enc}\"; filename*=UTF-8''{enc}")
+    };
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+fn positive(q: &[(String, String)], name: &str) -> ApiResult<Option<u64>> {
+    match query_one(q, name) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_REQUEST_BODY",
+                format!("invalid query parameter '{name}': {v}: give a number from 1"),
+            )),
+        },
+    }
+}
+
+/// `GET /files/download?path=[&offset=&limit=]` with optional `Range: bytes=…`.
+pub async fn download(
+    State(state): State<AppState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let q = parse_query(raw.as_deref());
+    let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the file to download"))?.to_owned();
+    let (offset, limit) = (positive(&q, "offset")?, positive(&q, "limit")?);
+    let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or("invalid").to_owned());
+    let line_mode = offset.is_some() || limit.is_some();
+    if line_mode && range.is_some() {
+        return Err(invalid_request(
+            "line-based reading (offset/limit) and byte range (Range header) are mutually exclusive",
+        ));
+    }
+    let s = stat(&state, &sandbox, &path).await?;
+    match s.kind {
+        FileKind::Dir => return Err(ApiError::bad_request(format!("{path} is a directory: list it instead"))),
+        FileKind::Other => {
+            return Err(ApiError::bad_request(format!(
+                "{path} is not a regular file (a device, FIFO or socket): only regular files can be downloaded"
+            )));
+        }
+        FileKind::File | FileKind::Symlink => {}
+    }
+    // A symlink's own size is not its target's, and kernel files (/proc, /sys) claim 0 bytes
+    // yet have content: for those the length is known only once read.
+    let size = (s.kind == FileKind::File && s.size > 0).then_some(s.size);
+    let mut status = StatusCode::OK;
+    let mut response_headers = HeaderMap::new();
+    let cut = if line_mode {
+        response_headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        Cut::Lines { offset: offset.unwrap_or(1), limit }
+    } else {
+        response_headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+        response_headers.insert(header::CONTENT_DISPOSITION, content_disposition(&path));
+        response_headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        match (&range, size) {
+            (None, size) => {
+                if let Some(size) = size {
+                    response_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+                }
+                Cut::Bytes { start: 0, len: size }
+            }
+            (Some(h), Some(size)) => match parse_range(h, size) {
+                Ok(ByteRange { start, len }) => {
+                    status = StatusCode::PARTIAL_CONTENT;
+                    let cr = format!("bytes {start}-{}/{size}", start + len - 1);
+                    response_headers.insert(
+                        header::CONTENT_RANGE,
+                        HeaderValue::from_str(&cr).map_err(|e| ApiError::internal(e.to_string()))?,
+                    );
+                    response_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                    Cut::Bytes { start, len: Some(len) }
+                }
+                Err(BadRange) => return Err(unsatisfiable(h, size)),
+            },
+            (Some(h), None) => {
+                // Size unknown until read: read it (bounded), then cut.
+                let data = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
+                let size = data.len() as u64;
+                let ByteRange { start, len } = parse_range(h, size).map_err(|_| unsatisfiable(h, size))?;
+                let part = data[start as usize..(start + len) as usize].to_vec();
+                let cr = format!("bytes {start}-{}/{size}", start + len - 1);
+                response_headers.insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&cr).map_err(|e| ApiError::internal(e.to_string()))?,
+                );
+                return Ok((StatusCode::PARTIAL_CONTENT, response_headers, part).into_response());
+            }
+        }
+    };
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(pump(state, sandbox, path, cut, tx));
+    Ok((status, response_headers, Body::from_stream(ReceiverStream::new(rx))).into_response())
+}
+
+fn unsatisfiable(header: &str, size: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        "INVALID_RANGE",
+        format!("range {header:?} cannot be served from a file of {size} bytes: use bytes=START-END within it"),
+    )
+}
+
+#[derive(Deserialize)]
+struct UploadMetadata {
+    path: Option<String>,
+    owner: Option<String>,
+    group: Option<String>,
+    mode: Option<i64>,
+}
+
+fn upload_error(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "PAYLOAD_TOO_LARGE",
+        format!(
+            "the upload is larger than this server accepts ({limit} bytes in all): split it or raise the server's --max-upload"
+        ),
+    )
+}
+
+fn multipart_error(e: &axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large(limit);
+    }
+    upload_error("INVALID_FILE", format!("malformed multipart upload: {}", e.body_text()))
+}
+
+/// A name no one else picks: the upload lands here and is renamed into place once complete.
+fn staging_path(path: &str) -> String {
+    let mut b = [0u8; 6];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let (dir, name) = match path.rfind('/') {
+        Some(i) => path.split_at(i + 1),
+        None => ("", path),
+    };
+    format!("{dir}.{name}.paddock-upload-{}", hex::encode(b))
+}
+
+fn base_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Why feeding a file part into the sandbox stopped early.
+enum FeedError {
+    TooLarge,
+    Multipart(ApiError),
+}
+
+/// `POST /files/upload`: multipart `metadata`/`file` pairs; each file streams into the sandbox
+/// through a pipe, lands under a temporary name and is renamed into place once complete, so a
+/// failed upload never leaves a truncated file behind.
+pub async fn upload(
+    State(state): State<AppState>,
+    Path(params): Params,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let mut multipart = multipart.map_err(|e| {
+        upload_error(
+            "INVALID_FILE",
+            format!("expected a multipart/form-data body of metadata and file parts: {}", e.body_text()),
+        )
+    })?;
+    let limit = state.config.max_upload_bytes;
+    let mut received = 0u64;
+    let mut metadata: VecDeque<UploadMetadata> = VecDeque::new();
+    let mut files = 0usize;
+    while let Some(mut field) = multipart.next_field().await.map_err(|e| multipart_error(&e, limit))? {
+        match field.name() {
+            Some("metadata") => {
+                let mut raw = Vec::new();
+                while let Some(chunk) = field.chunk().await.map_err(|e| multipart_error(&e, limit))? {
+                    raw.extend_from_slice(&chunk);
+                    if raw.len() > MAX_METADATA {
+                        return Err(upload_error("INVALID_FILE_METADATA", "a metadata part is larger than 64 KiB"));
+                    }
+                }
+                let m: UploadMetadata = serde_json::from_slice(&raw).map_err(|e| {
+                    upload_error(
+                        "INVALID_FILE_METADATA",
+                        format!("invalid metadata: {e}: expected {{\"path\": \"/workspace/f\", \"mode\": 644}}"),
+                    )
+                })?;
+                metadata.push_back(m);
+            }
+            Some("file") => {
+                let meta = metadata.pop_front().ok_or_else(|| {
+                    upload_error("INVALID_FILE", "a file part came before its metadata part: send metadata, then file")
+                })?;
+                let path = meta.path.filter(|p| !p.is_empty()).ok_or_else(|| {
+                    upload_error("INVALID_FILE_METADATA", "metadata path is empty: give the file's path in the sandbox")
+                })?;
+                let mode = parse_mode(meta.mode.unwrap_or(0)).map_err(|m| upload_error("INVALID_FILE_METADATA", m))?;
+                check_ownership(&state, &sandbox, meta.owner.as_deref(), meta.group.as_deref()).await?;
+                received +=
+                    store_upload(&state, &sandbox, &path, mode, &mut field, limit.saturating_sub(received)).await?;
+                files += 1;
+            }
+            // Parts execd does not know are skipped.
+            _ => while field.chunk().await.map_err(|e| multipart_error(&e, limit))?.is_some() {},
+        }
+    }
+    if files == 0 {
+        return Err(upload_error("INVALID_FILE", "no file part: send a metadata part, then a file part, per file"));
+    }
+    if !metadata.is_empty() {
+        return Err(upload_error(
+            "INVALID_FILE",
+            format!(
+                "{} metadata part(s) had no file part after them: the files before them were stored",
+                metadata.len()
+            ),
+        ));
+    }
+    Ok(StatusCode::OK)
+}
+
+/// Streams one file part into the sandbox at `path`; returns the bytes stored.
+async fn store_upload(
+    state: &AppState,
+    sandbox: &SandboxId,
+    path: &str,
+    mode: Option<u32>,
+    field: &mut Field<'_>,
+    budget: u64,
+) -> ApiResult<u64> {
+    let staging = staging_path(path);
+    let (r, w) = pipe()?;
+    let mut tx = Sender::from_owned_fd(w).map_err(pipe_error)?;
+    let op = state.rt.file(sandbox, FileOp::Write { path: staging.clone(), mode }, Some(r));
+    let feed = async move {
+        let mut n = 0u64;
+        loop {
+            let chunk = match field.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => return Ok(n),
+                Err(e) => return Err(FeedError::Multipart(multipart_error(&e, state.config.max_upload_bytes))),
+            };
+            n += chunk.len() as u64;
+            if n > budget {
+                return Err(FeedError::TooLarge);
+            }
+            if tx.write_all(&chunk).await.is_err() {
+                // The sandbox side stopped reading; its answer says why.
+                return Ok(n);
+            }
+        }
+        // Returning drops the pipe's write end: the sandbox side sees the end of the file.
+    };
+    let (written, fed) = tokio::join!(op, feed);
+    let fail = |mut e: ApiError| async {
+        let _ = state.rt.file(sandbox, FileOp::Remove { path: staging.clone(), recursive: false }, None).await;
+        // The staging name means nothing to the client: speak of the file it asked for.
+        let (staged, asked) = (base_name(&staging), base_name(path));
+        e.message = e.message.replace(staged, asked);
+        Err(e)
+    };
+    let n = match (fed, written) {
+        (Err(FeedError::TooLarge), _) => {
+            return fail(too_large(state.config.max_upload_bytes)).await;
+        }
+        (Err(FeedError::Multipart(e)), _) => return fail(e).await,
+        (Ok(_), Err(e)) => return fail(e.into()).await,
+        (Ok(n), Ok(_)) => n,
+    };
+    if let Err(e) = run_op(state, sandbox, FileOp::Move { from: staging.clone(), to: path.to_owned() }).await {
+        return fail(e).await;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(data: &[&[u8]], offset: u64, limit: Option<u64>) -> String {
+        let mut w = LineWindow::new(offset, limit);
+        let mut out = Vec::new();
+        for d in data {
+            w.push(d, &mut out);
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn line_mode_matches_execd() {
+        let text: &[&[u8]] = &[b"one\r\ntw", b"o\nthree\r", b"\nfour"];
+        assert_eq!(window(text, 1, None), "one\ntwo\nthree\nfour");
+        assert_eq!(window(text, 2, Some(2)), "two\nthree");
+        assert_eq!(window(text, 4, None), "four");
+        assert_eq!(window(text, 9, None), "");
+        assert_eq!(window(&[b"a\n\nb\n"], 1, None), "a\n\nb");
+        assert_eq!(window(&[b"a\rb\n"], 1, None), "a\rb");
+        assert_eq!(window(&[b"x\r"], 1, None), "x");
+    }
+
+    #[test]
+    fn staging_names_sit_next_to_the_target() {
+        let s = staging_path("/workspace/dir/f.txt");
+        assert!(s.starts_with("/workspace/dir/.f.txt.paddock-upload-"), "{s}");
+        assert!(staging_path("f").starts_with(".f.paddock-upload-"));
+        assert_ne!(staging_path("f"), staging_path("f"));
+    }
+
+    #[test]
+    fn file_info_has_the_sdk_shape() {
+        let names = Names { users: HashMap::from([(1000, "alice".into())]), groups: HashMap::new() };
+        let s = FileStat {
+            path: "/workspace/a".into(),
+            kind: FileKind::Dir,
+            size: 4096,
+            mode: 0o755,
+            uid: 1000,
+            gid: 1000,
+            modified_unix_ms: 1_700_000_000_000,
+        };
+        let v = serde_json::to_value(file_info(s, &names)).unwrap();
+        assert_eq!(v["type"], "directory");
+        assert_eq!(v["mode"], 755);
+        assert_eq!(v["owner"], "alice");
+        assert_eq!(v["group"], "1000");
+        assert_eq!(v["modified_at"], "2023-11-14T22:13:20Z");
+        assert_eq!(v["created_at"], v["modified_at"]);
+        assert_eq!(v["path"], "/workspace/a");
+    }
+
+    #[test]
+    fn dispositions_encode_odd_names() {
+        assert_eq!(content_disposition("/w/a b.txt"), "attachment; filename=\"a b.txt\"");
+        assert_eq!(content_disposition("/w/é"), "attachment; filename=\"%C3%A9\"; filename*=UTF-8''%C3%A9");
+        assert_eq!(content_disposition("/w/q\"x"), "attachment; filename=\"q%22x\"; filename*=UTF-8''q%22x");
+    }
+}
