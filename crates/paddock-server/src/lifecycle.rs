@@ -50,7 +50,10 @@ pub struct CreateSandboxRequest {
     snapshot_id: Option<String>,
     template_id: Option<String>,
     platform: Option<Platform>,
-    timeout: Option<i64>,
+    /// Absent: the server's default session length. `null`: as long as the server allows (its
+    /// maximum session length). A number: that many seconds, at least 60, at most the maximum.
+    #[serde(default, deserialize_with = "explicit_null")]
+    timeout: Option<Option<i64>>,
     #[serde(default)]
     resource_limits: BTreeMap<String, String>,
     #[serde(default)]
@@ -69,6 +72,11 @@ pub struct CreateSandboxRequest {
     volumes: Vec<Value>,
     #[serde(default)]
     extensions: BTreeMap<String, String>,
+}
+
+/// Tells an explicit `null` (`Some(None)`) from an absent field (`None`).
+fn explicit_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+    Option::<i64>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Deserialize)]
@@ -251,15 +259,16 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let max = state.config.max_timeout.as_secs();
     let timeout_secs = match req.timeout {
         None => state.config.default_timeout.as_secs(),
-        Some(t) if t < 60 => {
+        Some(None) => max,
+        Some(Some(t)) if t < 60 => {
             return Err(ApiError::bad_request(format!("timeout {t}s is below the minimum of 60s")));
         }
-        Some(t) if t as u64 > max => {
+        Some(Some(t)) if t as u64 > max => {
             return Err(ApiError::bad_request(format!(
                 "timeout {t}s is above this server's maximum session length of {max}s"
             )));
         }
-        Some(t) => t as u64,
+        Some(Some(t)) => t as u64,
     };
     let mut spec = SandboxSpec { rootfs, timeout_secs: Some(timeout_secs), ..Default::default() };
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
@@ -647,7 +656,7 @@ async fn acquire(
         snapshot_id: None,
         template_id: None,
         platform: None,
-        timeout: a.timeout,
+        timeout: a.timeout.map(Some),
         resource_limits: a.resource_limits,
         resource_requests: BTreeMap::new(),
         env: a.env,
@@ -812,6 +821,14 @@ mod tests {
             let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
             assert_eq!(validate_metadata(&m).unwrap_err().code, "INVALID_METADATA_FORMAT", "{k}={v}");
         }
+    }
+
+    #[test]
+    fn absent_null_and_given_timeouts_differ() {
+        let t = |body: &str| serde_json::from_str::<CreateSandboxRequest>(body).unwrap().timeout;
+        assert_eq!(t(r#"{}"#), None);
+        assert_eq!(t(r#"{"timeout":null}"#), Some(None));
+        assert_eq!(t(r#"{"timeout":300}"#), Some(Some(300)));
     }
 
     #[test]
