@@ -353,10 +353,25 @@ impl Runtime for LocalRuntime {
         let fds: Vec<_> = data.iter().map(|d| d.as_fd()).collect();
         let conn = self.request(id, &Request::File { op, has_data: data.is_some() }, &fds).await?;
         drop(data);
-        match conn.recv().await? {
-            Some(Reply::File { reply }) => Ok(reply),
-            Some(Reply::Error { error }) => Err(error.into()),
-            other => Err(RuntimeError::System(format!("unexpected answer to a file operation: {other:?}"))),
+        let mut listed = Vec::new();
+        loop {
+            match conn.recv().await? {
+                Some(Reply::Entries { entries }) => listed.extend(entries),
+                Some(Reply::File { reply: FileReply::List { entries } }) => {
+                    listed.extend(entries);
+                    return Ok(FileReply::List { entries: listed });
+                }
+                Some(Reply::File { reply }) => return Ok(reply),
+                Some(Reply::Error { error }) => return Err(error.into()),
+                Some(other) => {
+                    return Err(RuntimeError::System(format!("unexpected answer to a file operation: {other:?}")));
+                }
+                None => {
+                    return Err(RuntimeError::Unavailable(format!(
+                        "sandbox {id} closed the file operation without answering (it may have been destroyed or run out of processes)"
+                    )));
+                }
+            }
         }
     }
 

@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use paddock_core::runtime::{ExecOutcome, RuntimeError};
+use paddock_core::runtime::{ExecOutcome, FileReply, RuntimeError};
 use paddock_sys::fdpass;
 use paddock_sys::fence::{LandlockPolicy, SeccompProgram};
 use paddock_sys::mounts::RootPlan;
@@ -82,17 +82,16 @@ fn build(
     rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     sp::bring_up_loopback().map_err(|e| e.to_string())?;
     // Blocked before anything is forked, so no child's exit is missed.
-    let sigchld = sp::signal_fd(&[libc_sigchld()]).map_err(|e| e.to_string())?;
+    let sigchld = sp::signal_fd(&[Signal::CHILD.as_raw()]).map_err(|e| e.to_string())?;
     paddock_sys::ids::drop_to(uid, gid).map_err(|e| format!("dropping privileges failed: {e}"))?;
+    // A credential change clears the parent-death signal: set it again for the final identity.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(|e| format!("set death signal: {e}"))?;
     paddock_sys::fence::set_no_new_privs().map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_landlock(&LandlockPolicy::default()).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
     Ok(sigchld)
-}
-
-fn libc_sigchld() -> i32 {
-    Signal::CHILD.as_raw()
 }
 
 struct Exec {
@@ -188,29 +187,13 @@ impl Init {
             }
             InitRequest::File { op, has_data } => {
                 let data = if has_data { fds.pop() } else { None };
-                match sp::fork() {
-                    Ok(Forked::Child) => {
-                        let result = crate::fileops::run(&op, data);
-                        let msg = match result {
-                            Ok(reply) => Reply::File { reply },
-                            Err(e) => Reply::Error { error: WireError::from(&e) },
-                        };
-                        reply(&connection, &msg);
-                        sp::exit_now(0)
-                    }
-                    Ok(Forked::Parent(_)) => {}
-                    Err(e) => {
-                        let e = RuntimeError::System(format!("could not start a file worker in the sandbox: {e}"));
-                        reply(&connection, &Reply::Error { error: WireError::from(&e) });
-                    }
-                }
+                worker(connection, move |conn| answer_file(conn, crate::fileops::run(&op, data)));
             }
-            InitRequest::Connect { port } => match connect_loopback(port) {
-                Ok(socket) => {
-                    let _ = fdpass::send(&connection, &protocol::encode(&Reply::Connected), &[socket.as_fd()]);
-                }
-                Err(e) => reply(&connection, &Reply::Error { error: WireError::from(&e) }),
-            },
+            // A server in the sandbox can stall a connect for minutes; only a worker waits.
+            InitRequest::Connect { port } => worker(connection, move |conn| match connect_loopback(port) {
+                Ok(socket) => send(conn, &Reply::Connected, &[socket.as_fd()]),
+                Err(e) => send(conn, &Reply::Error { error: WireError::from(&e) }, &[]),
+            }),
         }
         true
     }
@@ -279,7 +262,7 @@ impl Init {
         match fdpass::recv(&exec.connection, RecvFlags::DONTWAIT) {
             Ok((body, _)) if !body.is_empty() => {
                 if let Ok(Control::Signal { signal }) = protocol::decode(&body)
-                    && let (Some(pg), Some(sig)) = (Pid::from_raw(pid as i32), signal_from_raw(signal))
+                    && let (Some(pg), Some(sig)) = (Pid::from_raw(pid as i32), Signal::from_named_raw(signal))
                 {
                     let _ = rustix::process::kill_process_group(pg, sig);
                 }
@@ -336,15 +319,56 @@ fn connect_loopback(port: u16) -> Result<OwnedFd, RuntimeError> {
     };
     let socket =
         rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(fail)?;
+    // A listener that never accepts would otherwise hold the connect for minutes.
+    rustix::net::sockopt::set_socket_timeout(
+        &socket,
+        rustix::net::sockopt::Timeout::Send,
+        Some(Duration::from_secs(5)),
+    )
+    .map_err(fail)?;
     rustix::net::connect(&socket, &SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port)).map_err(fail)?;
     Ok(socket)
 }
 
-fn signal_from_raw(n: i32) -> Option<Signal> {
-    Signal::from_named_raw(n)
+/// Runs `job` in a forked worker, so nothing it waits for (disk, a FIFO, a stalled connect,
+/// a slow client) can block the init's loop. The worker is reaped like any other child.
+fn worker(connection: OwnedFd, job: impl FnOnce(&OwnedFd)) {
+    match sp::fork() {
+        Ok(Forked::Child) => {
+            job(&connection);
+            sp::exit_now(0)
+        }
+        Ok(Forked::Parent(_)) => {}
+        Err(e) => {
+            let e = RuntimeError::System(format!("could not start a worker in the sandbox: {e}"));
+            reply(&connection, &Reply::Error { error: WireError::from(&e) });
+        }
+    }
+}
+
+/// Listings go out in parts, so no single message outgrows the socket's buffer.
+fn answer_file(conn: &OwnedFd, result: Result<FileReply, RuntimeError>) {
+    const PART: usize = 256;
+    match result {
+        Ok(FileReply::List { mut entries }) => {
+            while entries.len() > PART {
+                let rest = entries.split_off(PART);
+                send(conn, &Reply::Entries { entries }, &[]);
+                entries = rest;
+            }
+            send(conn, &Reply::File { reply: FileReply::List { entries } }, &[]);
+        }
+        Ok(reply) => send(conn, &Reply::File { reply }, &[]),
+        Err(e) => send(conn, &Reply::Error { error: WireError::from(&e) }, &[]),
+    }
+}
+
+/// A worker's answer: it may wait for a slow client, unlike the init.
+fn send(conn: &OwnedFd, msg: &Reply, fds: &[std::os::fd::BorrowedFd<'_>]) {
+    let _ = fdpass::send_waiting(conn, &protocol::encode(msg), fds, Duration::from_secs(30));
 }
 
 fn reply(connection: &OwnedFd, msg: &Reply) {
-    // A client that went away just does not hear the answer.
+    // The init never waits on a client: one that is not reading does not hear the answer.
     let _ = fdpass::send(connection.as_fd(), &protocol::encode(msg), &[]);
 }

@@ -70,6 +70,10 @@ pub enum Reply {
     File {
         reply: FileReply,
     },
+    /// Part of a directory listing; the final `File` reply carries the rest.
+    Entries {
+        entries: Vec<paddock_core::runtime::FileStat>,
+    },
     /// The connected socket is attached.
     Connected,
     Error {

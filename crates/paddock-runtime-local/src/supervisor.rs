@@ -31,6 +31,11 @@ use crate::protocol::{self, InitRequest, Ready, Record, Reply, Request, WireErro
 /// The cgroup under which every sandbox's cgroup is created.
 pub const CGROUP_PARENT: &str = "paddock";
 
+/// Connections waiting to send their request, at most.
+const MAX_PENDING: usize = 128;
+/// How long a connection may wait before sending its request.
+const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Entry point of `paddock __supervise`: reads the spec from stdin, reports readiness as one
 /// JSON line on stdout, then serves until the sandbox ends. Returns the process exit code.
 pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
@@ -115,7 +120,6 @@ impl Supervisor {
         spec: SandboxSpec,
         cgroup: SandboxCgroup,
     ) -> Result<Self, RuntimeError> {
-        let state_dir = dd.sandbox(&id);
         let (workspace_dir, workspace) = match &spec.workspace {
             Some(w) => {
                 let name = resource_name(&w.thread, w.naming);
@@ -201,6 +205,7 @@ impl Supervisor {
             Forked::Parent(pid) => pid,
         };
         drop((init_control, go_r, status_w, oom_counter));
+        rustix::io::ioctl_fionbio(&control, true).map_err(|e| RuntimeError::System(format!("control socket: {e}")))?;
         let init_pidfd = rustix::process::pidfd_open(
             Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
             PidfdFlags::empty(),
@@ -240,15 +245,21 @@ impl Supervisor {
         };
         let record = Record { info, supervisor_pid: std::process::id(), init_pid };
         write_record(&dd, &record)?;
-        let _ = state_dir;
         Ok(Self { dd, id, record, cgroup, init_pid, init_pidfd, control, listener, signals, expires })
     }
 
     fn serve(&mut self) -> i32 {
-        let mut pending: Vec<OwnedFd> = Vec::new();
+        // Connections accepted but not yet asked anything; a client that never asks is dropped.
+        let mut pending: Vec<(OwnedFd, Instant)> = Vec::new();
         loop {
-            let timeout = self.expires.map(|e| e.saturating_duration_since(Instant::now()));
-            if timeout == Some(Duration::ZERO) {
+            let now = Instant::now();
+            pending.retain(|(_, at)| now.duration_since(*at) < PENDING_TIMEOUT);
+            let timeout = self.expires.map(|e| e.saturating_duration_since(now));
+            let timeout = match pending.iter().map(|(_, at)| *at + PENDING_TIMEOUT - now).min() {
+                Some(p) => Some(timeout.map_or(p, |t| t.min(p))),
+                None => timeout,
+            };
+            if self.expires.is_some_and(|e| e <= now) {
                 self.teardown();
                 return 0;
             }
@@ -258,7 +269,7 @@ impl Supervisor {
                     PollFd::new(&self.signals, PollFlags::IN),
                     PollFd::new(&self.listener, PollFlags::IN),
                 ];
-                fds.extend(pending.iter().map(|c| PollFd::new(c, PollFlags::IN)));
+                fds.extend(pending.iter().map(|(c, _)| PollFd::new(c, PollFlags::IN)));
                 let ts = timeout.map(|d| rustix::time::Timespec::try_from(d).unwrap_or_default());
                 if let Err(e) = rustix::event::poll(&mut fds, ts.as_ref())
                     && e != rustix::io::Errno::INTR
@@ -280,14 +291,21 @@ impl Supervisor {
                 return 0;
             }
             if accept {
-                while let Ok(conn) =
-                    rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
-                {
-                    pending.push(conn);
+                loop {
+                    match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+                        Ok(conn) if pending.len() < MAX_PENDING => pending.push((conn, Instant::now())),
+                        Ok(_) => {} // Over the limit: closed at once, the client sees a hang-up.
+                        // Out of descriptors: the listener stays readable, so pause instead of spinning.
+                        Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) => {
+                            std::thread::sleep(Duration::from_millis(20));
+                            break;
+                        }
+                        Err(_) => break,
+                    }
                 }
             }
             for i in ready.into_iter().rev() {
-                let conn = pending.swap_remove(i);
+                let (conn, _) = pending.swap_remove(i);
                 if self.handle(conn) {
                     return 0;
                 }
@@ -355,8 +373,8 @@ impl Supervisor {
             Request::Pause => self.cgroup.freeze().map(|()| Reply::Ok).map_err(sys("pausing")),
             Request::Resume => self.cgroup.thaw().map(|()| Reply::Ok).map_err(sys("resuming")),
             Request::Renew { ttl_ms } => {
-                self.expires = Some(Instant::now() + Duration::from_millis(ttl_ms));
-                self.record.info.expires_unix_ms = Some(now_ms() + ttl_ms);
+                self.expires = Instant::now().checked_add(Duration::from_millis(ttl_ms));
+                self.record.info.expires_unix_ms = Some(now_ms().saturating_add(ttl_ms));
                 write_record(&self.dd, &self.record).map(|()| Reply::Info { info: Box::new(self.info()) })
             }
             Request::Destroy => {
@@ -374,7 +392,8 @@ impl Supervisor {
     fn forward(&mut self, conn: OwnedFd, msg: &InitRequest, fds: Vec<OwnedFd>) -> bool {
         let mut all = vec![conn.as_fd()];
         all.extend(fds.iter().map(|f| f.as_fd()));
-        if let Err(e) = fdpass::send(&self.control, &protocol::encode(msg), &all) {
+        // The init answers at once unless it is swamped; never let it stall the supervisor.
+        if let Err(e) = fdpass::send_waiting(&self.control, &protocol::encode(msg), &all, Duration::from_secs(5)) {
             let e = RuntimeError::Unavailable(format!("the sandbox init is not accepting requests: {e}"));
             send(&conn, &Reply::Error { error: WireError::from(&e) });
         }

@@ -25,7 +25,9 @@ pub enum ConfigError {
         "the default session timeout ({default}s) must be at least 60s and at most the maximum ({max}s): adjust --default-timeout or --max-timeout"
     )]
     Timeouts { default: u64, max: u64 },
-    #[error("serving without an API key is only allowed on a loopback address, not {0}: set --api-key or listen on 127.0.0.1")]
+    #[error(
+        "serving without an API key is only allowed on a loopback address, not {0}: set --api-key or listen on 127.0.0.1"
+    )]
     NoAuthOffLoopback(SocketAddr),
 }
 

@@ -43,10 +43,11 @@ pub const EGRESS_PORT: u16 = 18080;
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("opening the state database {path}: {source}")]
-    Store { path: String, source: sqlx::Error },
-    #[error("listening on {addr}: {source}: choose another --listen address or stop what uses it")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    // The causes are part of the message, not chained sources, so they print once.
+    #[error("opening the state database {path}: {cause}")]
+    Store { path: String, cause: sqlx::Error },
+    #[error("cannot listen on {addr} ({cause}): choose another --listen address or stop what uses it")]
+    Listen { addr: std::net::SocketAddr, cause: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
@@ -57,7 +58,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
     let path = config.data_dir.join("server.db");
     let store = store::Store::open(&path)
         .await
-        .map_err(|source| ServeError::Store { path: path.display().to_string(), source })?;
+        .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
     let state = AppState {
         rt,
         store,
@@ -85,8 +86,7 @@ impl MakeRequestId for MakeId {
 /// egress, port proxy) under `/v1/sandboxes/{id}/proxy/{port}`, and the unauthenticated
 /// `/health`, `/version`, `/metrics`.
 pub fn app(state: AppState) -> Router {
-    let api = lifecycle::router()
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let api = lifecycle::router().route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let sandbox = proxy::router(state.config.max_upload_bytes)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
@@ -163,7 +163,9 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     match (id, token) {
         (Some(id), Some(token)) => match state.store.get(&id).await {
             Ok(Some(row)) if constant_time_eq(&token, row.token.as_bytes()) => next.run(req).await,
-            _ => ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response(),
+            _ => {
+                ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
+            }
         },
         _ => match api_key_ok(&state, &req) {
             Err(e) => e.into_response(),
@@ -180,10 +182,15 @@ fn sandbox_id_of(path: &str) -> Option<String> {
 
 /// Serves until SIGTERM or SIGINT, then drains: no new sandboxes, running requests finish
 /// (for at most `drain`), sandboxes keep running.
-pub async fn serve(state: AppState, drain: Duration) -> Result<(), ServeError> {
+/// `ready` is called with the bound address once the server accepts connections.
+pub async fn serve(
+    state: AppState,
+    drain: Duration,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), ServeError> {
     let addr = state.config.listen;
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::Listen { addr, source })?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|cause| ServeError::Listen { addr, cause })?;
+    ready(listener.local_addr().unwrap_or(addr));
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();
     let began = Arc::new(tokio::sync::Notify::new());
@@ -198,6 +205,11 @@ pub async fn serve(state: AppState, drain: Duration) -> Result<(), ServeError> {
         began_tx.notify_one();
         tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
     };
+    // Streamed events are small writes; without TCP_NODELAY each one after the first waits for
+    // the client's delayed ACK (about 40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown);
     tokio::select! {
         r = server.into_future() => r.map_err(ServeError::Serve),

@@ -275,12 +275,16 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         match k.as_str() {
             "cpu" => {
                 spec.resources.millicpus = parse_cpu(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.cpu {v:?} is not a CPU quantity such as \"500m\" or \"2\""))
+                    ApiError::bad_request(format!(
+                        "resourceLimits.cpu {v:?} is not a CPU quantity such as \"500m\" or \"2\""
+                    ))
                 })?
             }
             "memory" => {
                 spec.resources.memory_bytes = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.memory {v:?} is not a quantity such as \"512Mi\" or \"2Gi\""))
+                    ApiError::bad_request(format!(
+                        "resourceLimits.memory {v:?} is not a quantity such as \"512Mi\" or \"2Gi\""
+                    ))
                 })?
             }
             "pids" => {
@@ -344,7 +348,9 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "INVALID_METADATA_FORMAT",
-                format!("metadata value {v:?} of {k:?} is not a valid label value: up to 63 letters, digits, '-', '_' or '.'"),
+                format!(
+                    "metadata value {v:?} of {k:?} is not a valid label value: up to 63 letters, digits, '-', '_' or '.'"
+                ),
             ));
         }
     }
@@ -363,7 +369,9 @@ fn new_token() -> ApiResult<String> {
 
 async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandboxRequest>) -> ApiResult<Response> {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(ApiError::unavailable("the server is shutting down and creates no new sandboxes: retry on another server"));
+        return Err(ApiError::unavailable(
+            "the server is shutting down and creates no new sandboxes: retry on another server",
+        ));
     }
     let started = Instant::now();
     let extensions = req.extensions.clone();
@@ -410,7 +418,8 @@ async fn record(
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }
-    if let Err(e) = state.commands.spawn_background(state, &info.id, planned.entrypoint.clone(), BTreeMap::new()).await {
+    if let Err(e) = state.commands.spawn_background(state, &info.id, planned.entrypoint.clone(), BTreeMap::new()).await
+    {
         // Nothing half-made stays behind: the sandbox and its row go with the failed start.
         let _ = state.rt.destroy(&info.id).await;
         state.store.delete(&row.id).await?;
@@ -439,6 +448,10 @@ async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
         Err(e) => return Err(e.into()),
     };
     if new_state != row.state {
+        if matches!(new_state, "Terminated" | "Failed") {
+            // Its commands can no longer run: drop their logs and registry entries.
+            state.commands.forget_sandbox(&row.id);
+        }
         state.store.set_state(&row.id, new_state, Some(reason), message.as_deref()).await?;
         return Ok(state.store.get(&row.id).await?.unwrap_or(row));
     }
@@ -566,11 +579,21 @@ async fn renew(
 ) -> ApiResult<Response> {
     let (sid, _) = state.sandbox(&id).await?;
     let at = parse_rfc3339(&req.expires_at).ok_or_else(|| {
-        ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time such as 2026-01-01T12:00:00Z", req.expires_at))
+        ApiError::bad_request(format!(
+            "expiresAt {:?} is not an RFC 3339 time such as 2026-01-01T12:00:00Z",
+            req.expires_at
+        ))
     })?;
     let ttl = at - now_ms();
     if ttl <= 0 {
         return Err(ApiError::bad_request("expiresAt is in the past: renew to a time in the future"));
+    }
+    let max = state.config.max_timeout;
+    if ttl as u128 > max.as_millis() {
+        return Err(ApiError::bad_request(format!(
+            "expiresAt is more than this server's maximum session length ({}s) away: renew to an earlier time",
+            max.as_secs()
+        )));
     }
     state.rt.renew(&sid, Duration::from_millis(ttl as u64)).await?;
     state.store.set_expires(&id, Some(at)).await?;

@@ -26,6 +26,7 @@ pub fn router(max_upload: u64) -> Router<AppState> {
         .nest("/sandboxes/{id}/proxy/44772", execd)
         .nest("/sandboxes/{id}/proxy/18080", egress_router())
         .route("/sandboxes/{id}/proxy/{port}", any(forward))
+        .route("/sandboxes/{id}/proxy/{port}/", any(forward))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(forward))
 }
 
@@ -72,19 +73,26 @@ async fn forward(
     if req.headers().contains_key(header::UPGRADE) {
         return Err(ApiError::bad_request("WebSocket and other upgrades are not proxied yet: use plain HTTP"));
     }
-    let fd = state.rt.connect(&sid, port).await?;
+    let fd = state.rt.connect(&sid, port).await.map_err(|e| match e {
+        paddock_core::runtime::RuntimeError::Unavailable(m) => {
+            ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m)
+        }
+        other => other.into(),
+    })?;
     let std_stream = std::net::TcpStream::from(fd);
     std_stream.set_nonblocking(true).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
     let stream =
         tokio::net::TcpStream::from_std(std_stream).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
+    let bad_gateway = |m: String| ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| ApiError::unavailable(format!("talking HTTP to port {port} in the sandbox: {e}")))?;
+        .map_err(|e| bad_gateway(format!("talking HTTP to port {port} in the sandbox: {e}")))?;
     tokio::spawn(conn);
 
     let rest = p.get("rest").map(String::as_str).unwrap_or("");
     let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
-    let uri = format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;
+    let uri =
+        format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;
     *req.uri_mut() = uri;
     // The platform's credentials are never handed to code in the sandbox.
     let headers = req.headers_mut();
@@ -94,9 +102,10 @@ async fn forward(
         header::HOST,
         HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a host:port is a valid header"),
     );
-    let response = sender
-        .send_request(req)
+    // A server in the sandbox that never answers must not hold the request forever.
+    let response = tokio::time::timeout(std::time::Duration::from_secs(300), sender.send_request(req))
         .await
-        .map_err(|e| ApiError::unavailable(format!("port {port} in the sandbox did not answer: {e}")))?;
+        .map_err(|_| bad_gateway(format!("port {port} in the sandbox did not answer within 300s")))?
+        .map_err(|e| bad_gateway(format!("port {port} in the sandbox did not answer: {e}")))?;
     Ok(response.map(Body::new))
 }

@@ -26,7 +26,8 @@ pub struct AppState {
 impl AppState {
     /// The row of a sandbox the API knows, or a 404 that says how to find the right id.
     pub async fn sandbox(&self, id: &str) -> ApiResult<(SandboxId, SandboxRow)> {
-        let sid = SandboxId::parse(id).map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
+        let sid = SandboxId::parse(id)
+            .map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
         match self.store.get(id).await? {
             Some(row) => Ok((sid, row)),
             None => Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes"))),

@@ -100,7 +100,13 @@ impl Store {
         rows.iter().map(from_row).collect()
     }
 
-    pub async fn set_state(&self, id: &str, state: &str, reason: Option<&str>, message: Option<&str>) -> Result<(), sqlx::Error> {
+    pub async fn set_state(
+        &self,
+        id: &str,
+        state: &str,
+        reason: Option<&str>,
+        message: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE sandboxes SET state = ?, reason = ?, message = ?, updated_at_ms = ? WHERE id = ?")
             .bind(state)
             .bind(reason)

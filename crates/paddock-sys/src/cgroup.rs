@@ -79,6 +79,17 @@ impl CgroupLayout {
     /// its limits. Anything created is removed again if a later step fails.
     pub fn create(&self, parent: &str, name: &str, limits: &Limits) -> Result<SandboxCgroup> {
         let mut cg = SandboxCgroup { v1: Vec::new(), unified: None, limits_on_v2: self.limits_on_v2() };
+        // Check every hierarchy first, so a missing one fails before anything is created.
+        if !cg.limits_on_v2 {
+            for controller in V1_CONTROLLERS {
+                let optional = controller == "freezer" && self.unified.is_some();
+                if self.v1_root(controller).is_none() && !optional {
+                    return Err(SysError::Other(format!(
+                        "the cgroup v1 controller `{controller}` is not mounted: mount it (or use a cgroup v2 host) so Paddock can enforce limits"
+                    )));
+                }
+            }
+        }
         let result = (|| {
             if cg.limits_on_v2 {
                 let root = self.unified.as_ref().expect("limits_on_v2 implies a v2 mount");

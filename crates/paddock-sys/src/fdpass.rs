@@ -37,6 +37,31 @@ pub fn send(socket: impl AsFd, body: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::
     Ok(())
 }
 
+/// Sends one message, waiting (up to `timeout`) while the socket is full, for senders whose
+/// socket is non-blocking but who must not drop the message.
+pub fn send_waiting(
+    socket: impl AsFd,
+    body: &[u8],
+    fds: &[BorrowedFd<'_>],
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match send(&socket, body, fds) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer is not reading"));
+                }
+                let mut pfd = [rustix::event::PollFd::new(&socket, rustix::event::PollFlags::OUT)];
+                let ts = rustix::time::Timespec::try_from(left).unwrap_or_default();
+                let _ = rustix::event::poll(&mut pfd, Some(&ts));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Receives one message; returns its body (empty at end of stream) and the attached
 /// descriptors, which arrive close-on-exec.
 pub fn recv(socket: impl AsFd, flags: RecvFlags) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {

@@ -63,7 +63,27 @@ const DENIED_SYSCALLS: &[i64] = &[
     libc::SYS_clock_adjtime,
     libc::SYS_adjtimex,
     libc::SYS_fanotify_init,
+    // Reaching into other processes' memory or files (ptrace-like), or comparing their kernel
+    // objects, which Docker's default profile also denies without CAP_SYS_PTRACE.
+    libc::SYS_kcmp,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_process_madvise,
+    // NUMA placement: Docker gates these behind CAP_SYS_NICE.
+    libc::SYS_mbind,
+    libc::SYS_set_mempolicy,
+    libc::SYS_move_pages,
+    libc::SYS_migrate_pages,
+    // Obsolete interfaces nothing current needs.
+    libc::SYS_uselib,
+    libc::SYS_ustat,
+    libc::SYS_sysfs,
+    libc::SYS__sysctl,
+    libc::SYS_nfsservctl,
 ];
+
+/// Socket families a sandbox never needs that carry a large, bug-prone kernel surface.
+const DENIED_SOCKET_FAMILIES: &[u64] =
+    &[libc::AF_ALG as u64, libc::AF_KEY as u64, libc::AF_PACKET as u64, libc::AF_VSOCK as u64];
 
 /// `clone` flags that would create namespaces.
 const NAMESPACE_FLAGS: &[u64] = &[
@@ -88,6 +108,8 @@ pub struct SeccompProgram {
     /// ENOSYS for clone3: its flags live in memory that seccomp cannot inspect, and ENOSYS makes
     /// libc fall back to clone, whose flags the other filter checks.
     clone3: BpfProgram,
+    /// ENOSYS for syscall numbers of other ABIs (x32).
+    abi: BpfProgram,
 }
 
 fn arch() -> TargetArch {
@@ -121,6 +143,15 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
         })
         .collect::<Result<_>>()?;
     rules.insert(libc::SYS_ioctl, ioctl_rules);
+    let socket_rules = DENIED_SOCKET_FAMILIES
+        .iter()
+        .map(|family| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *family)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(seccomp_err)
+        })
+        .collect::<Result<_>>()?;
+    rules.insert(libc::SYS_socket, socket_rules);
     let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
         .map_err(seccomp_err)?;
     let clone3 = SeccompFilter::new(
@@ -130,11 +161,38 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
         arch(),
     )
     .map_err(seccomp_err)?;
-    Ok(SeccompProgram { deny: deny.try_into().map_err(seccomp_err)?, clone3: clone3.try_into().map_err(seccomp_err)? })
+    Ok(SeccompProgram {
+        deny: deny.try_into().map_err(seccomp_err)?,
+        clone3: clone3.try_into().map_err(seccomp_err)?,
+        abi: other_abis(),
+    })
+}
+
+/// A filter for the syscall numbers the denylist does not cover: on x86_64, x32 numbers (bit
+/// 30 set) reach the same kernel functions under other numbers, so every one of them is
+/// ENOSYS. seccompiler filters by exact number only, so this one is written out by hand.
+fn other_abis() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let stmt = |code, k| sock_filter { code, jt: 0, jf: 0, k };
+    if cfg!(target_arch = "x86_64") {
+        vec![
+            stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
+            sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+            stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+            stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
+        ]
+    } else {
+        vec![stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW)]
+    }
 }
 
 /// Installs the filters on the calling thread (no_new_privs must already be set).
 pub fn apply_seccomp(program: &SeccompProgram) -> Result<()> {
+    seccompiler::apply_filter(&program.abi).map_err(seccomp_err)?;
     seccompiler::apply_filter(&program.clone3).map_err(seccomp_err)?;
     seccompiler::apply_filter(&program.deny).map_err(seccomp_err)
 }
@@ -197,6 +255,6 @@ mod tests {
     #[test]
     fn seccomp_filters_compile() {
         let p = compile_seccomp().unwrap();
-        assert!(!p.deny.is_empty() && !p.clone3.is_empty());
+        assert!(!p.deny.is_empty() && !p.clone3.is_empty() && !p.abi.is_empty());
     }
 }

@@ -12,8 +12,14 @@
 //! 4. density: time to bring N sandboxes up (bounded concurrency) and to remove them again,
 //!    against N bubblewrap sandboxes.
 //!
+//! 5. the HTTP API: `paddock serve` started as a child process and driven over HTTP, against the
+//!    library path measured in the same run (see `bench_http.rs`; skipped with `--no-http`).
+//!
 //! Every sandbox the bench creates carries a label naming this run; whatever is left when the
 //! bench fails or is interrupted is found by that label and removed.
+
+#[path = "bench_http.rs"]
+mod http;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -81,6 +87,9 @@ pub struct BenchArgs {
     /// Measure Paddock alone, without the bubblewrap baseline.
     #[arg(long)]
     pub no_bwrap: bool,
+    /// Skip the HTTP API measurement (`paddock serve` as a child process).
+    #[arg(long)]
+    pub no_http: bool,
 }
 
 struct Config {
@@ -92,6 +101,9 @@ struct Config {
     memory_rounds: usize,
     quick: bool,
     run_label: String,
+    /// Whether the HTTP section runs; it is the fifth section when it does.
+    http: bool,
+    sections: usize,
 }
 
 impl Config {
@@ -106,6 +118,8 @@ impl Config {
             memory_rounds: pick(args.memory_rounds, 3, 2),
             quick: args.quick,
             run_label: format!("{}-{}", std::process::id(), now_ms()),
+            http: !args.no_http,
+            sections: if args.no_http { 4 } else { 5 },
         };
         for (name, v) in [
             ("--iterations", cfg.iterations),
@@ -155,6 +169,11 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
     let cleaned = cleanup(rt, &cfg, &live, result.is_err()).await;
     let mut report = result?;
     cleaned?;
+    if cfg.http {
+        let out = http::run(rt, &cfg, &report.cold, &report.exec).await?;
+        report.aims.extend(out.aims());
+        report.http = Some(out);
+    }
     report.bwrap.unavailable_reason = bwrap.as_ref().err().cloned();
     if json {
         println!("{}", serde_json::to_string_pretty(&report).context("serializing the report")?);
@@ -167,8 +186,14 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
 async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Live) -> Result<Report> {
     let machine = Machine::detect();
     eprintln!(
-        "paddock bench: {} iterations, {} idle sandboxes, density {} ({} in flight), kernel {}, {} CPUs",
-        cfg.iterations, cfg.idle, cfg.density, cfg.concurrency, machine.kernel, machine.cpus
+        "paddock bench: {} iterations, {} idle sandboxes, density {} ({} in flight), {}, kernel {}, {} CPUs",
+        cfg.iterations,
+        cfg.idle,
+        cfg.density,
+        cfg.concurrency,
+        if cfg.http { "HTTP API included" } else { "no HTTP API (--no-http)" },
+        machine.kernel,
+        machine.cpus
     );
     let cold = cold_start(rt, cfg, bwrap, live).await?;
     let exec = exec_round_trip(rt, cfg, bwrap, live).await?;
@@ -202,6 +227,7 @@ async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Li
         memory,
         density,
         aims,
+        http: None,
     })
 }
 
@@ -213,7 +239,8 @@ async fn cold_start(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live
     let mut b_first = Vec::new();
     let mut b_total = Vec::new();
     let total = cfg.warmup + cfg.iterations;
-    let mut progress = Progress::new("[1/4] cold start (create → first output → destroy)", total);
+    let mut progress =
+        Progress::new(&format!("[1/{}] cold start (create → first output → destroy)", cfg.sections), total);
     for i in 0..total {
         let p = paddock_cold_once(rt, cfg, live).await?;
         let b = match bwrap {
@@ -313,18 +340,10 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
     let measured = async {
         let (mut round, mut start, mut host, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let total = cfg.warmup + cfg.iterations;
-        let mut progress = Progress::new("[2/4] exec round trip (/bin/true in a running sandbox)", total);
+        let mut progress =
+            Progress::new(&format!("[2/{}] exec round trip (/bin/true in a running sandbox)", cfg.sections), total);
         for i in 0..total {
-            let t0 = Instant::now();
-            let io = ExecIo { stdin: None, stdout: dev_null()?, stderr: dev_null()? };
-            let request = ExecRequest { argv: vec!["/bin/true".into()], ..ExecRequest::default() };
-            let mut exec = within("starting /bin/true in the sandbox", rt.exec(&id, request, io)).await?;
-            let started = t0.elapsed();
-            let outcome = within("waiting for /bin/true to exit", exec.wait()).await?;
-            let done = t0.elapsed();
-            if outcome.exit_code != 0 {
-                bail!("/bin/true in sandbox {id} exited {}; try `paddock exec {id} -- /bin/true`", outcome.exit_code);
-            }
+            let (started, done) = paddock_true_once(rt, &id).await?;
             let h = host_true()?;
             let bw = match bwrap {
                 Some(bw) => Some(bw.run_once(&["/bin/true"], false).await?.1),
@@ -338,7 +357,7 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
             }
             progress.tick(i + 1);
         }
-        Ok((round, start, host, b))
+        Ok::<_, anyhow::Error>((round, start, host, b))
     }
     .await;
     let destroyed = destroy(rt, live, &id).await;
@@ -355,6 +374,21 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
         host_fork_exec,
         bwrap_cold_true,
     })
+}
+
+/// `exec /bin/true` into a running sandbox: (until started, until its exit is reported).
+async fn paddock_true_once(rt: &LocalRuntime, id: &SandboxId) -> Result<(Duration, Duration)> {
+    let t0 = Instant::now();
+    let io = ExecIo { stdin: None, stdout: dev_null()?, stderr: dev_null()? };
+    let request = ExecRequest { argv: vec!["/bin/true".into()], ..ExecRequest::default() };
+    let mut exec = within("starting /bin/true in the sandbox", rt.exec(id, request, io)).await?;
+    let started = t0.elapsed();
+    let outcome = within("waiting for /bin/true to exit", exec.wait()).await?;
+    let done = t0.elapsed();
+    if outcome.exit_code != 0 {
+        bail!("/bin/true in sandbox {id} exited {}; try `paddock exec {id} -- /bin/true`", outcome.exit_code);
+    }
+    Ok((started, done))
 }
 
 fn host_true() -> Result<Duration> {
@@ -379,7 +413,8 @@ async fn idle_memory(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, liv
     let k = cfg.idle;
     let (mut paddock, mut baseline) = (Vec::new(), Vec::new());
     for round in 1..=cfg.memory_rounds {
-        let label = format!("[3/4] host memory, round {round}/{}: {k} idle sandboxes", cfg.memory_rounds);
+        let label =
+            format!("[3/{}] host memory, round {round}/{}: {k} idle sandboxes", cfg.sections, cfg.memory_rounds);
         paddock.push(paddock_idle_round(rt, cfg, live, &format!("{label} (Paddock)")).await?);
         if let Some(b) = bwrap {
             baseline.push(bwrap_idle_round(b, k, &format!("{label} (bubblewrap)")).await?);
@@ -687,7 +722,8 @@ impl ProcTree {
 
 async fn density(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Live) -> Result<DensityOut> {
     let n = cfg.density;
-    let mut progress = Progress::new(&format!("[4/4] density: {n} sandboxes up (Paddock)"), n);
+    let s = cfg.sections;
+    let mut progress = Progress::new(&format!("[4/{s}] density: {n} sandboxes up (Paddock)"), n);
     let t0 = Instant::now();
     let mut ids = Vec::with_capacity(n);
     let mut set = JoinSet::new();
@@ -715,7 +751,7 @@ async fn density(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &
         }
     }
     let up = t0.elapsed();
-    let mut progress = Progress::new(&format!("[4/4] density: {n} sandboxes down (Paddock)"), ids.len());
+    let mut progress = Progress::new(&format!("[4/{s}] density: {n} sandboxes down (Paddock)"), ids.len());
     let t1 = Instant::now();
     let mut removed = 0;
     let mut pending = ids.into_iter();
@@ -745,7 +781,7 @@ async fn density(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &
     let (bwrap_up_s, bwrap_down_s) = match bwrap {
         None => (None, None),
         Some(b) => {
-            let mut progress = Progress::new(&format!("[4/4] density: {n} sandboxes up (bubblewrap)"), n);
+            let mut progress = Progress::new(&format!("[4/{s}] density: {n} sandboxes up (bubblewrap)"), n);
             let t0 = Instant::now();
             let mut children = Vec::with_capacity(n);
             let mut set = JoinSet::new();
@@ -1000,6 +1036,8 @@ struct Report {
     memory: MemoryOut,
     density: DensityOut,
     aims: Vec<Aim>,
+    /// The HTTP API section; `null` with `--no-http`.
+    http: Option<http::HttpOut>,
 }
 
 #[derive(Serialize)]
@@ -1283,6 +1321,10 @@ fn print_human(r: &Report) {
     );
     println!("  {:<44} {:>10} {:>10}", "ratio paddock / bwrap", times(d.ratio_up), times(d.ratio_down));
     println!();
+    if let Some(h) = &r.http {
+        h.print(&r.cold, &r.exec);
+        println!();
+    }
     println!("Aims");
     for a in &r.aims {
         let verdict = match a.hit {

@@ -63,20 +63,18 @@ fn stored_key(data_dir: &Path) -> Result<(String, bool)> {
 
 pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u8> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let (api_key, key_note) = if args.insecure_no_auth {
-        (None, "no API key (--insecure-no-auth)".to_owned())
+    let (api_key, key_note, key_from_file) = if args.insecure_no_auth {
+        (None, "no API key (--insecure-no-auth)".to_owned(), false)
     } else if let Some(k) = args.api_key {
-        (Some(k), "the API key given with --api-key / PADDOCK_API_KEY".to_owned())
+        (Some(k), "the API key given with --api-key / PADDOCK_API_KEY".to_owned(), false)
     } else {
         let (k, created) = stored_key(data_dir)?;
         let path = data_dir.join("api-key");
         let verb = if created { "created and stored in" } else { "stored in" };
-        (Some(k), format!("the API key {verb} {}", path.display()))
+        (Some(k), format!("the API key {verb} {}", path.display()), true)
     };
     let config = ServerConfig {
         listen: args.listen,
@@ -87,17 +85,22 @@ pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u
         max_upload_bytes: args.max_upload,
     };
     let state = paddock_server::build_state(config, Arc::new(rt)).await?;
-    eprintln!("paddock: serving on http://{} (data in {})", args.listen, data_dir.display());
-    eprintln!("paddock: clients authenticate with {key_note}");
-    if api_key.is_some() {
-        eprintln!(
-            "paddock: connect with  export OPEN_SANDBOX_DOMAIN={} OPEN_SANDBOX_API_KEY=$(cat {})",
-            args.listen,
-            data_dir.join("api-key").display()
-        );
-    } else {
-        eprintln!("paddock: connect with  export OPEN_SANDBOX_DOMAIN={}", args.listen);
-    }
-    paddock_server::serve(state, args.drain_timeout).await?;
+    let key_file = key_from_file.then(|| data_dir.join("api-key"));
+    let data = data_dir.display().to_string();
+    paddock_server::serve(state, args.drain_timeout, move |addr| {
+        eprintln!("paddock: serving on http://{addr} (data in {data})");
+        eprintln!("paddock: clients authenticate with {key_note}");
+        match (&api_key, key_file) {
+            (Some(_), Some(file)) => eprintln!(
+                "paddock: connect with  export OPEN_SANDBOX_DOMAIN={addr} OPEN_SANDBOX_API_KEY=$(cat {})",
+                file.display()
+            ),
+            (Some(_), None) => eprintln!(
+                "paddock: connect with  export OPEN_SANDBOX_DOMAIN={addr} OPEN_SANDBOX_API_KEY=<the key you set>"
+            ),
+            (None, _) => eprintln!("paddock: connect with  export OPEN_SANDBOX_DOMAIN={addr}"),
+        }
+    })
+    .await?;
     Ok(0)
 }

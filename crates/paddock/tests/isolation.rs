@@ -62,7 +62,9 @@ async fn root_filesystem_is_read_only_and_private_paths_are_hidden() {
     let out = sh(
         &env.rt,
         &id,
-        &format!("for d in /usr /etc /var /root /home /run /; do touch $d/{m} 2>/dev/null && echo WROTE $d; done; echo done"),
+        &format!(
+            "for d in /usr /etc /var /root /home /run /; do touch $d/{m} 2>/dev/null && echo WROTE $d; done; echo done"
+        ),
     )
     .await;
     assert_eq!(out.stdout, "done\n", "a write outside the workspace succeeded");
@@ -155,9 +157,17 @@ print("io_uring", call("syscall", 425, 1, 0))
 print("setuid0", call("setuid", 0))
 print("chroot", call("chroot", b"/tmp"))
 print("tiocsti", call("ioctl", 0, 0x5412, b"x"))
+print("x32-unshare", call("syscall", 272 | 0x40000000, 0x10000000))
+print("af_alg", call("socket", 38, 5, 0))
 "#;
-    let out = exec(&env.rt, &id, ExecRequest { argv: vec!["python3".into(), "-c".into(), script.into()], ..Default::default() }, None).await;
-    let expected = "mount EPERM\nunshare-user EPERM\nunshare-net EPERM\nptrace-attach EPERM\nclone3 ENOSYS\nsetns EPERM\nbpf EPERM\nkeyctl EPERM\nio_uring EPERM\nsetuid0 EINVAL\nchroot EPERM\ntiocsti EPERM\n";
+    let out = exec(
+        &env.rt,
+        &id,
+        ExecRequest { argv: vec!["python3".into(), "-c".into(), script.into()], ..Default::default() },
+        None,
+    )
+    .await;
+    let expected = "mount EPERM\nunshare-user EPERM\nunshare-net EPERM\nptrace-attach EPERM\nclone3 ENOSYS\nsetns EPERM\nbpf EPERM\nkeyctl EPERM\nio_uring EPERM\nsetuid0 EINVAL\nchroot EPERM\ntiocsti EPERM\nx32-unshare ENOSYS\naf_alg EPERM\n";
     // setuid(0) is EINVAL, not EPERM: uid 0 does not exist in the sandbox's user namespace.
     assert_eq!(out.stdout, expected, "stderr: {}", out.stderr);
     // Tools a user would reach for fail the same way.
@@ -180,7 +190,8 @@ async fn setuid_binaries_do_not_gain_root() {
     let out = sh(&env.rt, &info.id, "/workspace/suid-id -u; /workspace/suid-id -ru").await;
     assert_eq!(out.stdout, "1000\n1000\n", "{}", out.stderr);
     // The host's own setuid binaries gain nothing either.
-    let out = sh(&env.rt, &info.id, "ls -l /usr/bin/passwd | cut -c4; python3 -c 'import os; print(os.geteuid())'").await;
+    let out =
+        sh(&env.rt, &info.id, "ls -l /usr/bin/passwd | cut -c4; python3 -c 'import os; print(os.geteuid())'").await;
     assert_eq!(out.stdout, "s\n1000\n", "{}", out.stderr);
     let out = sh(&env.rt, &info.id, "/usr/bin/mount -t tmpfs none /tmp 2>&1; echo rc=$?").await;
     assert!(out.stdout.ends_with("rc=32\n") || out.stdout.contains("rc=1"), "{}", out.stdout);
@@ -240,7 +251,9 @@ async fn tmp_is_size_capped() {
     let mut s = spec();
     s.resources.tmp_bytes = 8 << 20;
     let id = env.confined(s).await;
-    let out = sh(&env.rt, &id, "dd if=/dev/zero of=/tmp/fill bs=1M count=32 2>&1 | grep -c 'No space'; stat -c %s /tmp/fill").await;
+    let out =
+        sh(&env.rt, &id, "dd if=/dev/zero of=/tmp/fill bs=1M count=32 2>&1 | grep -c 'No space'; stat -c %s /tmp/fill")
+            .await;
     let mut lines = out.stdout.lines();
     assert_eq!(lines.next(), Some("1"), "{}", out.stdout);
     let size: u64 = lines.next().unwrap().parse().unwrap();
@@ -285,7 +298,11 @@ async fn rootfs_directory_replaces_the_host_root() {
     s.rootfs = paddock_core::spec::RootFs::Dir { path: root.clone() };
     let id = env.create(s).await.id;
     let req = ExecRequest {
-        argv: vec!["/usr/bin/dash".into(), "-c".into(), "test -e /etc/passwd && echo host || echo image; echo > /usr/x 2>/dev/null || echo ro".into()],
+        argv: vec![
+            "/usr/bin/dash".into(),
+            "-c".into(),
+            "test -e /etc/passwd && echo host || echo image; echo > /usr/x 2>/dev/null || echo ro".into(),
+        ],
         ..Default::default()
     };
     let out = exec(&env.rt, &id, req, None).await;

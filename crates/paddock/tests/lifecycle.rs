@@ -62,7 +62,8 @@ async fn exit_codes_signals_stdin_cwd_and_concurrency() {
     // stdin
     let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
     let feeder = std::thread::spawn(move || stdin_w.write_all(b"from stdin\n"));
-    let out = exec(&env.rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(stdin_r.into())).await;
+    let out =
+        exec(&env.rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(stdin_r.into())).await;
     feeder.join().unwrap().unwrap();
     assert_eq!(out.stdout, "from stdin\n");
 
@@ -162,9 +163,10 @@ async fn a_dead_supervisor_means_failed_with_the_workspace_kept() {
     let t = thread("thread-supervisor-dies");
     let info = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
     assert_eq!(sh(&env.rt, &info.id, "echo keep > /workspace/kept").await.code(), 0);
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(env.data().join("sandboxes").join(info.id.as_str()).join("record.json")).unwrap())
-            .unwrap();
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(env.data().join("sandboxes").join(info.id.as_str()).join("record.json")).unwrap(),
+    )
+    .unwrap();
     let supervisor = record["supervisor_pid"].as_u64().unwrap() as i32;
     rustix::process::kill_process(rustix::process::Pid::from_raw(supervisor).unwrap(), rustix::process::Signal::KILL)
         .unwrap();
@@ -328,8 +330,11 @@ async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
 
 fn user_name_1000() -> String {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.get(2) == Some(&"1000")).then(|| f[0].to_owned())
-    }).unwrap_or_else(|| "1000".to_owned())
+    passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.get(2) == Some(&"1000")).then(|| f[0].to_owned())
+        })
+        .unwrap_or_else(|| "1000".to_owned())
 }

@@ -26,7 +26,15 @@ impl Server {
         common::require_root();
         let port = free_port();
         let child = Command::new(common::EXE)
-            .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key", KEY])
+            .args([
+                "--data-dir",
+                data.to_str().unwrap(),
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--api-key",
+                KEY,
+            ])
             .args(extra)
             .env("PADDOCK_LOG", "warn")
             .stdout(Stdio::null())
@@ -67,7 +75,8 @@ impl Server {
     }
 
     fn create(&self) -> String {
-        let (status, body) = self.api("POST", "/v1/sandboxes", Some(&json!({"image": {"uri": "host"}, "timeout": 600})));
+        let (status, body) =
+            self.api("POST", "/v1/sandboxes", Some(&json!({"image": {"uri": "host"}, "timeout": 600})));
         assert_eq!(status, 202, "{body}");
         body["id"].as_str().unwrap().to_owned()
     }
@@ -87,7 +96,8 @@ impl Server {
         let mut code = -1;
         for line in BufReader::new(resp.into_body().into_reader()).lines() {
             let line = line.unwrap();
-            let Some(data) = line.strip_prefix("data: ").or_else(|| line.strip_prefix('{').map(|_| line.as_str())) else {
+            let Some(data) = line.strip_prefix("data: ").or_else(|| line.strip_prefix('{').map(|_| line.as_str()))
+            else {
                 continue;
             };
             let event: Value = serde_json::from_str(data).unwrap();
@@ -109,7 +119,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Ok((200, list)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.api("GET", "/v1/sandboxes?pageSize=200", None))) {
+        if let Ok((200, list)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.api("GET", "/v1/sandboxes?pageSize=200", None)
+        })) {
             for item in list["items"].as_array().cloned().unwrap_or_default() {
                 let _ = self.api("DELETE", &format!("/v1/sandboxes/{}", item["id"].as_str().unwrap_or("")), None);
             }
@@ -194,7 +206,10 @@ fn bad_input_gets_a_clear_4xx_never_a_5xx() {
     assert!(status == 404 || status == 400, "{status} {body}");
     let (status, _) = s.api("GET", "/v1/no/such/route", None);
     assert_eq!(status, 404);
-    assert!(s.api("GET", "/v1/sandboxes", None).1["items"].as_array().unwrap().is_empty(), "a bad request left a sandbox");
+    assert!(
+        s.api("GET", "/v1/sandboxes", None).1["items"].as_array().unwrap().is_empty(),
+        "a bad request left a sandbox"
+    );
 }
 
 #[test]
@@ -209,7 +224,9 @@ fn a_sandbox_token_opens_only_its_own_sandbox() {
     assert!(endpoint.ends_with(&format!("/sandboxes/{a}/proxy/44772")), "{endpoint}");
     let (name, token) = ep["headers"].as_object().unwrap().iter().next().unwrap();
     let token = token.as_str().unwrap();
-    let ping = |id: &str, headers: &[(&str, &str)]| s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/ping"), None, headers).0;
+    let ping = |id: &str, headers: &[(&str, &str)]| {
+        s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/ping"), None, headers).0
+    };
     assert_eq!(ping(&a, &[(name.as_str(), token)]), 200, "the token opens its own sandbox");
     assert_eq!(ping(&b, &[(name.as_str(), token)]), 401, "A's token must not open B");
     assert_eq!(ping(&a, &[]), 401, "no credentials, no access");
@@ -278,7 +295,15 @@ fn kill_9_and_restart_loses_no_sandbox() {
 fn refuses_to_start_with_impossible_timeouts() {
     let dir = data_dir();
     let out = Command::new(common::EXE)
-        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "127.0.0.1:0", "--default-timeout", "30s"])
+        .args([
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--default-timeout",
+            "30s",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -291,4 +316,41 @@ fn refuses_to_start_with_impossible_timeouts() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+#[test]
+fn uploads_beyond_the_cap_are_refused_and_below_it_land() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--max-upload", "64KiB"]);
+    let id = s.create();
+    let upload = |size: usize| {
+        let boundary = "paddockboundary42";
+        let mut body = Vec::new();
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{{\"path\":\"/workspace/up.bin\",\"owner\":null,\"group\":null,\"mode\":644}}\r\n").as_bytes());
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"up.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+        body.extend(std::iter::repeat_n(b'x', size));
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let req = ureq::http::Request::builder()
+            .method("POST")
+            .uri(s.url(&format!("/v1/sandboxes/{id}/proxy/44772/files/upload")))
+            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .body(body)
+            .unwrap();
+        // An agent of its own: the server may close a connection whose upload it refused, and
+        // that connection must not be reused for the next request.
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let resp = agent.run(req).unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.into_body().read_to_string().unwrap_or_default();
+        (status, text)
+    };
+    let (status, text) = upload(1 << 20);
+    assert_eq!(status, 413, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert!(body["code"].is_string() && body["message"].is_string(), "{text}");
+    assert_eq!(s.run(&id, "test -e /workspace/up.bin && echo present || echo absent", false).0, ["absent"]);
+    let (status, text) = upload(1000);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(s.run(&id, "stat -c %s /workspace/up.bin", false).0, ["1000"]);
 }

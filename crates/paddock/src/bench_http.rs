@@ -1,0 +1,835 @@
+//! `paddock bench`, the HTTP section: the same sandboxes driven through `paddock serve`.
+//!
+//! The bench starts `paddock serve` as a child process (its own data directory under /tmp, a
+//! free loopback port, no API key) and measures, with a blocking HTTP/1.1 client that keeps its
+//! connection alive as SDKs do:
+//!
+//! 1. create → first output → destroy: `POST /v1/sandboxes`, then `POST …/proxy/44772/command`
+//!    `{"command":"echo x"}` read until its first `stdout` event and on to the end of the stream,
+//!    then `DELETE /v1/sandboxes/{id}`; interleaved with the library path (`create` → `exec echo
+//!    x` → `destroy`) so that the ratio is taken under the same noise;
+//! 2. exec round trip into one running sandbox, one client: `{"command":"true"}` (run as `bash -c
+//!    true`) and `{"argv":["/bin/true"]}` (no shell) until the stream ends, `GET …/ping` as the
+//!    floor of any request, and the library's `exec /bin/true`, all interleaved;
+//! 3. the same round trip with 32 clients at once (32 threads, one connection each), against one
+//!    sandbox and spread over several: per-request percentiles and requests per second.
+//!
+//! Every sandbox the server made is deleted through the API; after the server is killed, a
+//! runtime opened on its data directory removes anything still there, then the directory goes.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use paddock_core::runtime::Runtime;
+use paddock_runtime_local::LocalRuntime;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{
+    Aim, ColdOut, ColdSamples, Config, ExecOut, LABEL, Live, Progress, Stats, cleanup, create, destroy, ms,
+    paddock_cold_once, paddock_true_once, ratio, times,
+};
+
+/// The execd port the server answers itself.
+const EXECD_PORT: u16 = 44772;
+/// Clients in flight at once for the concurrent measurement.
+const CLIENTS: usize = 32;
+/// Sandboxes the concurrent clients are spread over in the second concurrent measurement.
+const SPREAD: usize = 8;
+/// Requests each concurrent client sends before the clock starts (its connection is made then).
+const CLIENT_WARMUP: usize = 2;
+/// Longest any single request may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the server may take to answer `/health` after it is started.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The aims from the issue.
+const AIM_FIRST_OUTPUT_MS: f64 = 15.0;
+const AIM_EXEC_MS: f64 = 2.0;
+
+// ---------------------------------------------------------------------------------------------
+// The server and the client
+
+/// A `paddock serve` child process and its data directory.
+struct Server {
+    child: Child,
+    dir: PathBuf,
+    command: String,
+    client: Client,
+    /// Set once [`Server::shutdown`] has run; until then, dropping the server kills it.
+    done: bool,
+}
+
+/// A blocking HTTP client of one server: one agent, so one kept-alive connection at a time.
+#[derive(Clone)]
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    label: String,
+}
+
+impl Client {
+    fn new(base: &str, label: &str) -> Self {
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(HTTP_TIMEOUT)).build().into();
+        Self { agent, base: base.to_owned(), label: label.to_owned() }
+    }
+
+    /// Another client of the same server, with a connection of its own.
+    fn fresh(&self) -> Self {
+        Self::new(&self.base, &self.label)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn execd(&self, sandbox: &str, path: &str) -> String {
+        self.url(&format!("/v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}{path}"))
+    }
+
+    /// `GET path` → (status, body).
+    fn get(&self, path: &str) -> Result<(u16, String)> {
+        let mut r = self.agent.get(self.url(path)).call().with_context(|| format!("GET {path}"))?;
+        let status = r.status().as_u16();
+        Ok((status, r.body_mut().read_to_string().with_context(|| format!("reading the answer to GET {path}"))?))
+    }
+
+    /// `POST /v1/sandboxes` → the new sandbox's id.
+    fn create(&self) -> Result<String> {
+        let body = json!({
+            "image": {"uri": "host"},
+            "entrypoint": ["tail", "-f", "/dev/null"],
+            "timeout": 600,
+            "metadata": {LABEL: self.label},
+        });
+        let mut r = self
+            .agent
+            .post(self.url("/v1/sandboxes"))
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .context("POST /v1/sandboxes")?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().context("reading the answer to POST /v1/sandboxes")?;
+        if status != 202 {
+            bail!("POST /v1/sandboxes answered {status}, not 202: {text}");
+        }
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("POST /v1/sandboxes answered {text}"))?;
+        v["id"].as_str().map(str::to_owned).ok_or_else(|| anyhow!("POST /v1/sandboxes answered no id: {text}"))
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`.
+    fn delete(&self, id: &str) -> Result<()> {
+        let mut r = self.agent.delete(self.url(&format!("/v1/sandboxes/{id}"))).call().context("DELETE")?;
+        let status = r.status().as_u16();
+        if status != 204 {
+            let text = r.body_mut().read_to_string().unwrap_or_default();
+            bail!("DELETE /v1/sandboxes/{id} answered {status}, not 204: {text}");
+        }
+        Ok(())
+    }
+
+    /// `GET …/ping`, the floor of any request through the sandbox routes.
+    fn ping(&self, sandbox: &str) -> Result<Duration> {
+        let t0 = Instant::now();
+        let mut r = self.agent.get(self.execd(sandbox, "/ping")).call().context("GET …/ping")?;
+        let status = r.status().as_u16();
+        r.body_mut().read_to_string().context("reading the answer to GET …/ping")?;
+        let d = t0.elapsed();
+        if status != 200 {
+            bail!("GET /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}/ping answered {status}, not 200");
+        }
+        Ok(d)
+    }
+
+    /// `POST …/command` with `body`, its event stream read to the end; times from `t0`.
+    fn command(&self, sandbox: &str, body: &Value, t0: Instant) -> Result<Streamed> {
+        let mut r = self
+            .agent
+            .post(self.execd(sandbox, "/command"))
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .with_context(|| format!("POST …/command {body}"))?;
+        let status = r.status().as_u16();
+        if status != 200 {
+            let text = r.body_mut().read_to_string().unwrap_or_default();
+            bail!("POST /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}/command {body} answered {status}: {text}");
+        }
+        let mut s = Streamed { init: None, first_stdout: None, end: Duration::ZERO };
+        let mut ended = None;
+        let mut reader = BufReader::new(r.into_body().into_reader());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).with_context(|| format!("reading the event stream of {body}"))? == 0 {
+                break;
+            }
+            let Some(data) = line.trim_end().strip_prefix("data:") else { continue };
+            let event: Value = serde_json::from_str(data.trim())
+                .with_context(|| format!("an event of {body} is not JSON: {}", line.trim_end()))?;
+            match event["type"].as_str() {
+                Some("init") => s.init = s.init.or(Some(t0.elapsed())),
+                Some("stdout") => s.first_stdout = s.first_stdout.or(Some(t0.elapsed())),
+                Some("execution_complete") => ended = Some(Ok(())),
+                Some("error") => ended = Some(Err(event["error"].to_string())),
+                _ => {}
+            }
+        }
+        // Drain anything after the last line so the connection goes back to the pool.
+        let _ = reader.read_to_end(&mut Vec::new());
+        s.end = t0.elapsed();
+        match ended {
+            Some(Ok(())) => Ok(s),
+            Some(Err(e)) => bail!("{body} in sandbox {sandbox} failed: {e}"),
+            None => bail!("the event stream of {body} in sandbox {sandbox} ended without execution_complete"),
+        }
+    }
+
+    /// Ids of every sandbox the server knows.
+    fn list(&self) -> Result<Vec<String>> {
+        let (status, text) = self.get("/v1/sandboxes?pageSize=200")?;
+        if status != 200 {
+            bail!("GET /v1/sandboxes answered {status}: {text}");
+        }
+        let v: Value = serde_json::from_str(&text).context("GET /v1/sandboxes answered no JSON")?;
+        Ok(v["items"].as_array().into_iter().flatten().filter_map(|i| i["id"].as_str().map(str::to_owned)).collect())
+    }
+}
+
+/// When the events of one command stream arrived, from the moment the request was sent.
+struct Streamed {
+    init: Option<Duration>,
+    first_stdout: Option<Duration>,
+    end: Duration,
+}
+
+impl Server {
+    fn start(label: &str) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("pbs")
+            .tempdir_in("/tmp")
+            .context("creating a data directory for `paddock serve` under /tmp")?
+            .keep();
+        let started = Self::spawn(&dir, label);
+        if started.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let mut server = started?;
+        if let Err(e) = server.wait_healthy() {
+            server.kill();
+            let log = server.log_tail();
+            let _ = std::fs::remove_dir_all(&server.dir);
+            server.done = true;
+            return Err(e.context(format!("starting `{}`; its log ends:\n{log}", server.command)));
+        }
+        Ok(server)
+    }
+
+    fn spawn(dir: &std::path::Path, label: &str) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free port on 127.0.0.1")?
+            .port();
+        let exe = std::env::current_exe().context("finding the paddock binary")?;
+        let listen = format!("127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.join("serve.log")).context("creating the server's log file")?;
+        let child = Command::new(&exe)
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["serve", "--listen", &listen, "--insecure-no-auth"])
+            .env_remove("PADDOCK_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} serve", exe.display()))?;
+        let command =
+            format!("{} --data-dir {} serve --listen {listen} --insecure-no-auth", exe.display(), dir.display());
+        Ok(Self {
+            child,
+            dir: dir.to_owned(),
+            command,
+            client: Client::new(&format!("http://{listen}"), label),
+            done: false,
+        })
+    }
+
+    fn wait_healthy(&mut self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().context("checking on `paddock serve`")? {
+                bail!("`paddock serve` exited ({status}) before it answered /health");
+            }
+            if let Ok((200, _)) = self.client.get("/health") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("`paddock serve` did not answer GET /health within {} s", START_TIMEOUT.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Deletes every sandbox through the API, kills the server, removes whatever sandbox is still
+    /// in its data directory with a runtime of its own, and removes the directory.
+    async fn shutdown(mut self, rt: &LocalRuntime) -> Result<()> {
+        let client = self.client.clone();
+        let deleted = tokio::task::spawn_blocking(move || -> Result<()> {
+            for id in client.list()? {
+                client.delete(&id)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| anyhow!("the cleanup task failed: {e}"))
+        .and_then(|r| r);
+        if let Err(e) = &deleted {
+            eprintln!(
+                "paddock bench: deleting the HTTP sandboxes through the API failed ({e:#}); removing them directly"
+            );
+        }
+        self.kill();
+        self.done = true;
+        let exe = std::env::current_exe().context("finding the paddock binary")?;
+        let own = LocalRuntime::new(&self.dir, exe, rt.naming())
+            .with_context(|| format!("opening the server's data directory {}", self.dir.display()))?;
+        let mut left = Vec::new();
+        for info in own.list().await.context("listing the server's sandboxes")? {
+            if let Err(e) = own.destroy(&info.id).await {
+                left.push(format!("{} ({e})", info.id));
+            }
+        }
+        if !left.is_empty() {
+            bail!(
+                "could not remove these sandboxes of the bench's server: {}; remove them with `paddock --data-dir {} rm ID`",
+                left.join(", "),
+                self.dir.display()
+            );
+        }
+        std::fs::remove_dir_all(&self.dir)
+            .with_context(|| format!("removing the server's data directory {}", self.dir.display()))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if !self.done {
+            self.kill();
+            eprintln!(
+                "paddock bench: the HTTP server was stopped without cleanup; check `paddock --data-dir {} ls`",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+/// Runs `f` on the blocking pool, so that the async runtime (and Ctrl-C) stay responsive.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| anyhow!("an HTTP client task failed: {e}"))?
+}
+
+// ---------------------------------------------------------------------------------------------
+// The section
+
+pub(super) async fn run(rt: &LocalRuntime, cfg: &Config, cold: &ColdOut, exec: &ExecOut) -> Result<HttpOut> {
+    let label = cfg.run_label.clone();
+    let server = blocking(move || Server::start(&label)).await?;
+    eprintln!("paddock bench: [5/5] started `{}`", server.command);
+    let client = server.client.clone();
+    let live = Live::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let result = tokio::select! {
+        r = measure(rt, cfg, &client, &live, &stop, cold, exec) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted; the sandboxes the bench created are being removed")),
+    };
+    // Client threads still running stop after their current request.
+    stop.store(true, Ordering::SeqCst);
+    let lib_cleaned = cleanup(rt, cfg, &live, result.is_err()).await;
+    let log = server.log_tail();
+    let command = server.command.clone();
+    let cleaned = server.shutdown(rt).await;
+    let mut out = result.map_err(|e| e.context(format!("measuring `{command}`; its log ends:\n{log}")))?;
+    lib_cleaned?;
+    cleaned?;
+    out.server = command;
+    Ok(out)
+}
+
+async fn measure(
+    rt: &LocalRuntime,
+    cfg: &Config,
+    client: &Client,
+    live: &Live,
+    stop: &Arc<AtomicBool>,
+    cold: &ColdOut,
+    exec: &ExecOut,
+) -> Result<HttpOut> {
+    let cold_out = cold_start(rt, cfg, client, live, cold).await?;
+    let sandbox = {
+        let c = client.clone();
+        blocking(move || c.create()).await?
+    };
+    let measured = async {
+        let exec_out = exec_round_trip(rt, cfg, client, live, &sandbox, exec).await?;
+        let per_client = (cfg.iterations / 4).max(2);
+        let mut concurrent = Vec::new();
+        for (kind, spread) in [(Kind::Command, 1), (Kind::Argv, 1), (Kind::Command, SPREAD), (Kind::Argv, SPREAD)] {
+            concurrent.push(concurrent_round_trip(client, &sandbox, kind, spread, per_client, stop).await?);
+        }
+        Ok::<_, anyhow::Error>((exec_out, concurrent))
+    }
+    .await;
+    let c = client.clone();
+    let deleted = blocking(move || c.delete(&sandbox)).await;
+    let (exec_out, concurrent) = measured?;
+    deleted?;
+    Ok(HttpOut { server: String::new(), clients: CLIENTS, cold: cold_out, exec: exec_out, concurrent })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. create → first output → destroy
+
+struct HttpColdOnce {
+    create: Duration,
+    first: Duration,
+    end: Duration,
+    total: Duration,
+}
+
+fn http_cold_once(client: &Client) -> Result<HttpColdOnce> {
+    let t0 = Instant::now();
+    let id = client.create()?;
+    let create = t0.elapsed();
+    let ran = client.command(&id, &json!({"command": "echo x"}), t0);
+    let deleted = client.delete(&id);
+    let total = t0.elapsed();
+    let s = ran?;
+    deleted?;
+    let first = s.first_stdout.ok_or_else(|| anyhow!("`echo x` in sandbox {id} printed no stdout event"))?;
+    Ok(HttpColdOnce { create, first, end: s.end, total })
+}
+
+async fn cold_start(
+    rt: &LocalRuntime,
+    cfg: &Config,
+    client: &Client,
+    live: &Live,
+    cold: &ColdOut,
+) -> Result<HttpColdOut> {
+    let mut lib = ColdSamples::default();
+    let (mut total, mut first, mut create, mut to_first, mut to_end, mut destroy) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let n = cfg.warmup + cfg.iterations;
+    let mut progress = Progress::new("[5/5] HTTP: create → first output → destroy (HTTP and library interleaved)", n);
+    for i in 0..n {
+        let l = paddock_cold_once(rt, cfg, live).await?;
+        let c = client.clone();
+        let h = blocking(move || http_cold_once(&c)).await?;
+        if i >= cfg.warmup {
+            lib.push(l);
+            total.push(h.total);
+            first.push(h.first);
+            create.push(h.create);
+            to_first.push(h.first - h.create);
+            to_end.push(h.end - h.first);
+            destroy.push(h.total - h.end);
+        }
+        progress.tick(i + 1);
+    }
+    let http_total = Stats::of(&total);
+    let http_first_output = Stats::of(&first);
+    let library_total = Stats::of(&lib.total);
+    let library_first_output = Stats::of(&lib.first);
+    Ok(HttpColdOut {
+        ratio_total_p50: ratio(&http_total, Some(&library_total)),
+        ratio_first_output_p50: ratio(&http_first_output, Some(&library_first_output)),
+        ratio_total_vs_cold_section_p50: ratio(&http_total, Some(&cold.paddock_total)),
+        ratio_first_output_vs_cold_section_p50: ratio(&http_first_output, Some(&cold.paddock_first_output)),
+        http_total,
+        http_first_output,
+        http_create: Stats::of(&create),
+        http_create_to_first_output: Stats::of(&to_first),
+        http_first_output_to_end: Stats::of(&to_end),
+        http_destroy: Stats::of(&destroy),
+        library_total,
+        library_first_output,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. exec round trip, one client
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Command,
+    Argv,
+}
+
+impl Kind {
+    fn body(self) -> Value {
+        match self {
+            Kind::Command => json!({"command": "true"}),
+            Kind::Argv => json!({"argv": ["/bin/true"]}),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Command => "command \"true\" (bash -c)",
+            Kind::Argv => "argv [\"/bin/true\"]",
+        }
+    }
+}
+
+/// One `true` through the API: (until the init event, until the stream ended).
+fn round_trip(client: &Client, sandbox: &str, kind: Kind) -> Result<(Duration, Duration)> {
+    let t0 = Instant::now();
+    let s = client.command(sandbox, &kind.body(), t0)?;
+    Ok((s.init.unwrap_or(s.end), s.end))
+}
+
+async fn exec_round_trip(
+    rt: &LocalRuntime,
+    cfg: &Config,
+    client: &Client,
+    live: &Live,
+    sandbox: &str,
+    exec: &ExecOut,
+) -> Result<HttpExecOut> {
+    let lib_id = create(rt, cfg, live).await?;
+    let measured = async {
+        let mut v: [Vec<Duration>; 6] = Default::default();
+        let n = cfg.warmup + cfg.iterations;
+        let mut progress =
+            Progress::new("[5/5] HTTP: exec round trip, 1 client (ping, command, argv, library interleaved)", n);
+        for i in 0..n {
+            let (c, id) = (client.clone(), sandbox.to_owned());
+            let (ping, cmd, argv) = blocking(move || {
+                Ok((c.ping(&id)?, round_trip(&c, &id, Kind::Command)?, round_trip(&c, &id, Kind::Argv)?))
+            })
+            .await?;
+            let (_, lib) = paddock_true_once(rt, &lib_id).await?;
+            if i >= cfg.warmup {
+                for (samples, d) in v.iter_mut().zip([ping, cmd.1, cmd.0, argv.1, argv.0, lib]) {
+                    samples.push(d);
+                }
+            }
+            progress.tick(i + 1);
+        }
+        Ok::<_, anyhow::Error>(v)
+    }
+    .await;
+    let destroyed = destroy(rt, live, &lib_id).await;
+    let [ping, cmd, cmd_init, argv, argv_init, lib] = measured?;
+    destroyed?;
+    let command_round_trip = Stats::of(&cmd);
+    let argv_round_trip = Stats::of(&argv);
+    let library_round_trip = Stats::of(&lib);
+    Ok(HttpExecOut {
+        ratio_command_p50: ratio(&command_round_trip, Some(&library_round_trip)),
+        ratio_argv_p50: ratio(&argv_round_trip, Some(&library_round_trip)),
+        ratio_argv_vs_exec_section_p50: ratio(&argv_round_trip, Some(&exec.paddock_round_trip)),
+        ping: Stats::of(&ping),
+        command_round_trip,
+        command_until_init: Stats::of(&cmd_init),
+        argv_round_trip,
+        argv_until_init: Stats::of(&argv_init),
+        library_round_trip,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. exec round trip, 32 clients
+
+async fn concurrent_round_trip(
+    client: &Client,
+    sandbox: &str,
+    kind: Kind,
+    spread: usize,
+    per_client: usize,
+    stop: &Arc<AtomicBool>,
+) -> Result<ConcurrentOut> {
+    // The shared sandbox, plus `spread - 1` more made for this measurement.
+    let mut made = Vec::new();
+    for _ in 1..spread {
+        let c = client.clone();
+        match blocking(move || c.create()).await {
+            Ok(id) => made.push(id),
+            Err(e) => {
+                delete_all(client, made).await?;
+                return Err(e);
+            }
+        }
+    }
+    let sandboxes: Vec<String> = std::iter::once(sandbox.to_owned()).chain(made.iter().cloned()).collect();
+    let (c, stop) = (client.clone(), stop.clone());
+    let measured = blocking(move || clients(&c, &sandboxes, kind, per_client, &stop)).await;
+    delete_all(client, made).await?;
+    let (wall, samples) = measured?;
+    Ok(ConcurrentOut {
+        request: kind.body(),
+        clients: CLIENTS,
+        sandboxes: spread,
+        requests: samples.len(),
+        wall_s: wall.as_secs_f64(),
+        requests_per_s: samples.len() as f64 / wall.as_secs_f64(),
+        round_trip: Stats::of(&samples),
+    })
+}
+
+async fn delete_all(client: &Client, ids: Vec<String>) -> Result<()> {
+    let c = client.clone();
+    blocking(move || {
+        let mut first_err = None;
+        for id in ids {
+            if let Err(e) = c.delete(&id) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+    .await
+}
+
+/// `CLIENTS` threads, each with its own connection, each sending `per_client` requests to its
+/// sandbox (client i uses sandbox i mod the number of sandboxes) after a short warm-up; returns
+/// the wall time from the common start to the last answer and every request's round trip.
+fn clients(
+    client: &Client,
+    sandboxes: &[String],
+    kind: Kind,
+    per_client: usize,
+    stop: &AtomicBool,
+) -> Result<(Duration, Vec<Duration>)> {
+    let label =
+        format!("[5/5] HTTP: exec round trip, {CLIENTS} clients, {}, {} sandbox(es)", kind.name(), sandboxes.len());
+    let total = CLIENTS * per_client;
+    let mut progress = Progress::new(&label, total);
+    let done = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let start = Barrier::new(CLIENTS + 1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|i| {
+                let (sandbox, mine, start, done, failed) =
+                    (&sandboxes[i % sandboxes.len()], client.fresh(), &start, &done, &failed);
+                s.spawn(move || -> Result<(Vec<Duration>, Instant)> {
+                    let warm = (0..CLIENT_WARMUP).try_for_each(|_| round_trip(&mine, sandbox, kind).map(drop));
+                    start.wait();
+                    warm?;
+                    let mut out = Vec::with_capacity(per_client);
+                    for _ in 0..per_client {
+                        if stop.load(Ordering::SeqCst) || failed.load(Ordering::SeqCst) {
+                            bail!("stopped");
+                        }
+                        match round_trip(&mine, sandbox, kind) {
+                            Ok((_, d)) => out.push(d),
+                            Err(e) => {
+                                failed.store(true, Ordering::SeqCst);
+                                return Err(e);
+                            }
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok((out, Instant::now()))
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        while handles.iter().any(|h| !h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(100));
+            progress.tick(done.load(Ordering::Relaxed).min(total - 1));
+        }
+        let mut samples = Vec::with_capacity(total);
+        let mut last = t0;
+        let mut first_err = None;
+        for h in handles {
+            match h.join().map_err(|_| anyhow!("an HTTP client thread panicked")).and_then(|r| r) {
+                Ok((out, end)) => {
+                    samples.extend(out);
+                    last = last.max(end);
+                }
+                Err(e) if e.to_string() == "stopped" => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e.context(format!("{CLIENTS} clients sending {}", kind.body())));
+        }
+        if samples.len() != total {
+            bail!("interrupted");
+        }
+        progress.tick(total);
+        Ok((last - t0, samples))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+#[derive(Serialize)]
+pub(super) struct HttpOut {
+    /// The server command line.
+    server: String,
+    clients: usize,
+    cold: HttpColdOut,
+    exec: HttpExecOut,
+    concurrent: Vec<ConcurrentOut>,
+}
+
+#[derive(Serialize)]
+struct HttpColdOut {
+    /// `POST /v1/sandboxes` → `POST …/command {"command":"echo x"}` → stream end → `DELETE`.
+    http_total: Stats,
+    /// `POST /v1/sandboxes` sent → first `stdout` event read.
+    http_first_output: Stats,
+    /// `POST /v1/sandboxes` → 202 read.
+    http_create: Stats,
+    /// 202 read → first `stdout` event read (the command's request included).
+    http_create_to_first_output: Stats,
+    /// First `stdout` event → end of the event stream.
+    http_first_output_to_end: Stats,
+    /// `DELETE` → 204.
+    http_destroy: Stats,
+    /// The library path, interleaved with the HTTP iterations.
+    library_total: Stats,
+    library_first_output: Stats,
+    /// HTTP / library (interleaved), p50.
+    ratio_total_p50: Option<f64>,
+    ratio_first_output_p50: Option<f64>,
+    /// HTTP / the cold-start section's library figures, p50.
+    ratio_total_vs_cold_section_p50: Option<f64>,
+    ratio_first_output_vs_cold_section_p50: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct HttpExecOut {
+    /// `GET …/proxy/44772/ping`: what any request through the sandbox routes costs at least.
+    ping: Stats,
+    /// `{"command":"true"}` (`bash -c true`) until the stream ends.
+    command_round_trip: Stats,
+    command_until_init: Stats,
+    /// `{"argv":["/bin/true"]}` until the stream ends.
+    argv_round_trip: Stats,
+    argv_until_init: Stats,
+    /// The library's `exec /bin/true`, interleaved.
+    library_round_trip: Stats,
+    ratio_command_p50: Option<f64>,
+    ratio_argv_p50: Option<f64>,
+    /// argv / the exec section's library figure, p50.
+    ratio_argv_vs_exec_section_p50: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct ConcurrentOut {
+    request: Value,
+    clients: usize,
+    sandboxes: usize,
+    requests: usize,
+    wall_s: f64,
+    requests_per_s: f64,
+    round_trip: Stats,
+}
+
+impl HttpOut {
+    pub(super) fn aims(&self) -> Vec<Aim> {
+        let first = self.cold.http_first_output.p50_ms;
+        let mut out = vec![Aim {
+            aim: format!("HTTP create → first output p50 ≤ {AIM_FIRST_OUTPUT_MS} ms"),
+            measured: format!("{} (p99 {})", ms(first), ms(self.cold.http_first_output.p99_ms)),
+            hit: Some(first <= AIM_FIRST_OUTPUT_MS),
+        }];
+        for (what, s) in
+            [("command \"true\"", &self.exec.command_round_trip), ("argv /bin/true", &self.exec.argv_round_trip)]
+        {
+            out.push(Aim {
+                aim: format!("HTTP exec round trip p50 ≤ {AIM_EXEC_MS} ms, 1 client, {what}"),
+                measured: format!("{} (p99 {})", ms(s.p50_ms), ms(s.p99_ms)),
+                hit: Some(s.p50_ms <= AIM_EXEC_MS),
+            });
+        }
+        out
+    }
+
+    pub(super) fn print(&self, cold: &ColdOut, exec: &ExecOut) {
+        let row = |name: &str, s: &Stats| {
+            println!("  {name:<44} {:>10} {:>10} {:>10}", ms(s.p50_ms), ms(s.p90_ms), ms(s.p99_ms));
+        };
+        let c = &self.cold;
+        println!("HTTP API: create → first output → destroy           {:>10} {:>10} {:>10}", "p50", "p90", "p99");
+        row("http", &c.http_total);
+        row("library, interleaved with http", &c.library_total);
+        row("library, cold-start section", &cold.paddock_total);
+        println!("  {:<44} {:>10}", "ratio http / library interleaved (p50)", times(c.ratio_total_p50));
+        println!(
+            "  {:<44} {:>10}",
+            "ratio http / library cold-start section (p50)",
+            times(c.ratio_total_vs_cold_section_p50)
+        );
+        row("http, to first output", &c.http_first_output);
+        row("library interleaved, to first output", &c.library_first_output);
+        row("library cold-start section, to first output", &cold.paddock_first_output);
+        println!("  {:<44} {:>10}", "ratio http / library interleaved (p50)", times(c.ratio_first_output_p50));
+        println!(
+            "  {:<44} {:>10}",
+            "ratio http / library cold-start section (p50)",
+            times(c.ratio_first_output_vs_cold_section_p50)
+        );
+        row("http: create (POST → 202)", &c.http_create);
+        row("http: 202 → first stdout event", &c.http_create_to_first_output);
+        row("http: first stdout event → stream end", &c.http_first_output_to_end);
+        row("http: destroy (DELETE → 204)", &c.http_destroy);
+        println!();
+        let e = &self.exec;
+        println!("HTTP API: exec round trip, 1 client                {:>10} {:>10} {:>10}", "p50", "p90", "p99");
+        row("http command \"true\" (bash -c true)", &e.command_round_trip);
+        row("http command \"true\", until init event", &e.command_until_init);
+        row("http argv [\"/bin/true\"]", &e.argv_round_trip);
+        row("http argv, until init event", &e.argv_until_init);
+        row("http GET …/ping (floor of any request)", &e.ping);
+        row("library exec /bin/true, interleaved", &e.library_round_trip);
+        row("library exec /bin/true, exec section", &exec.paddock_round_trip);
+        println!("  {:<44} {:>10}", "ratio http command / library interleaved", times(e.ratio_command_p50));
+        println!("  {:<44} {:>10}", "ratio http argv / library interleaved", times(e.ratio_argv_p50));
+        println!();
+        println!(
+            "HTTP API: exec round trip, {} clients               {:>10} {:>10} {:>10} {:>10}",
+            self.clients, "p50", "p90", "p99", "req/s"
+        );
+        for r in &self.concurrent {
+            let kind = if r.request.get("argv").is_some() { "argv" } else { "command" };
+            let name = format!(
+                "{kind}, {} sandbox{}, {} requests",
+                r.sandboxes,
+                if r.sandboxes == 1 { "" } else { "es" },
+                r.requests
+            );
+            println!(
+                "  {name:<44} {:>10} {:>10} {:>10} {:>10.0}",
+                ms(r.round_trip.p50_ms),
+                ms(r.round_trip.p90_ms),
+                ms(r.round_trip.p99_ms),
+                r.requests_per_s
+            );
+        }
+    }
+}
