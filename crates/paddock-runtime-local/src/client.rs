@@ -75,7 +75,9 @@ impl LocalRuntime {
         let id = Self::new_id()?;
         let dir = self.dd.sandbox(&id);
         fs::create_dir(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(sys_err("chmod"))?;
+        // Traversable (not readable) by the sandbox's host identity, which mounts the skeleton
+        // inside it; what it holds is private by its own modes (socket, record, log: 0600).
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).map_err(sys_err("chmod"))?;
         let result = self.run_supervisor(&id, spec).await;
         if result.is_err() {
             let _ = fs::remove_dir_all(&dir);
@@ -232,10 +234,10 @@ impl LocalRuntime {
         fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
         fs::write(dir.join("thread.json"), protocol::encode(thread)).map_err(sys_err("writing thread.json"))?;
         if let Some(bytes) = wanted {
-            return crate::wsimage::create(&image, bytes, spec.user.uid, spec.user.gid);
+            return crate::wsimage::create(&image, bytes, spec.user.host_uid(), spec.user.host_gid());
         }
         fs::create_dir(&files).map_err(sys_err(format!("creating {}", files.display())))?;
-        chown(&files, Some(spec.user.uid), Some(spec.user.gid)).map_err(sys_err("chown workspace"))?;
+        chown(&files, Some(spec.user.host_uid()), Some(spec.user.host_gid())).map_err(sys_err("chown workspace"))?;
         fs::set_permissions(&files, fs::Permissions::from_mode(0o755)).map_err(sys_err("chmod workspace"))
     }
 

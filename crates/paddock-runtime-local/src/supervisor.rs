@@ -9,7 +9,7 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -56,7 +56,7 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
         Ok(mut sup) => {
             let line = protocol::encode(&Ready::Ready { record: Box::new(sup.record.clone()) });
             let _ = out.write_all(&line).and_then(|_| out.write_all(b"\n")).and_then(|_| out.flush());
-            if let Ok(log) = fs::OpenOptions::new().create(true).append(true).open(sup.dd.log(id)) {
+            if let Ok(log) = fs::OpenOptions::new().create(true).append(true).mode(0o600).open(sup.dd.log(id)) {
                 let null = File::open("/dev/null");
                 if let Ok(null) = null {
                     let _ = sp::redirect_stdio(&null, &log);
@@ -142,7 +142,7 @@ impl Supervisor {
             None => match spec.resources.workspace_bytes {
                 Some(bytes) => {
                     let image = dd.scratch_image(&id);
-                    crate::wsimage::create(&image, bytes, spec.user.uid, spec.user.gid)?;
+                    crate::wsimage::create(&image, bytes, spec.user.host_uid(), spec.user.host_gid())?;
                     let at = dd.workspace_mount(&id);
                     crate::wsimage::mount_private(&image, &at)?;
                     (at, None)
@@ -150,7 +150,7 @@ impl Supervisor {
                 None => {
                     let dir = dd.scratch_workspace(&id);
                     fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-                    chown(&dir, Some(spec.user.uid), Some(spec.user.gid)).map_err(|e| io(&dir, e))?;
+                    chown(&dir, Some(spec.user.host_uid()), Some(spec.user.host_gid())).map_err(|e| io(&dir, e))?;
                     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
                     (dir, None)
                 }
@@ -159,13 +159,21 @@ impl Supervisor {
         let source = match &spec.rootfs {
             RootFs::Host => PathBuf::from("/"),
             RootFs::Dir { path } => {
-                if !path.is_dir() {
-                    return Err(RuntimeError::InvalidArgument(format!(
+                let real = fs::canonicalize(path).ok().filter(|p| p.is_dir()).ok_or_else(|| {
+                    RuntimeError::InvalidArgument(format!(
                         "rootfs {} is not a directory: pass the path of an unpacked root filesystem",
+                        path.display()
+                    ))
+                })?;
+                // Sandboxes write into the data directory (workspaces): a root filesystem there
+                // could be rearranged by one sandbox under the next.
+                if fs::canonicalize(dd.root()).is_ok_and(|data| real.starts_with(&data)) {
+                    return Err(RuntimeError::InvalidArgument(format!(
+                        "rootfs {} is inside Paddock's data directory: unpack images elsewhere",
                         path.display()
                     )));
                 }
-                path.clone()
+                real
             }
         };
         let masks = fs::canonicalize(dd.root()).into_iter().collect();
@@ -186,7 +194,10 @@ impl Supervisor {
         let (status_r, status_w) = pipe()?;
         let (uid, gid) = (spec.user.uid, spec.user.gid);
 
-        let forked = sp::clone_into_new_namespaces().map_err(sys("creating the sandbox namespaces"))?;
+        let host = (spec.user.host_uid(), spec.user.host_gid());
+        // The new user namespace is owned by the sandbox's host identity, not by root.
+        let forked =
+            sp::clone_into_new_namespaces_owned_by(host.0, host.1).map_err(sys("creating the sandbox namespaces"))?;
         let init_pid = match forked {
             Forked::Child => {
                 drop((control, go_w, status_r));
@@ -212,7 +223,8 @@ impl Supervisor {
         )
         .map_err(|e| RuntimeError::System(format!("pidfd_open: {e}")))?;
         let setup = (|| {
-            paddock_sys::ids::write_id_maps(init_pid, uid, gid).map_err(sys("writing the user namespace id maps"))?;
+            paddock_sys::ids::write_id_maps(init_pid, (uid, gid), host)
+                .map_err(sys("writing the user namespace id maps"))?;
             cgroup.add_process(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
             File::from(go_w).write_all(b"g").map_err(|e| RuntimeError::System(format!("starting the sandbox: {e}")))?;
             let mut report = String::new();
@@ -479,6 +491,14 @@ fn send(conn: &OwnedFd, reply: &Reply) {
 pub fn write_record(dd: &DataDir, record: &Record) -> Result<(), RuntimeError> {
     let path = dd.record(&record.info.id);
     let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, serde_json::to_vec_pretty(record).expect("records serialize")).map_err(|e| io(&tmp, e))?;
+    // 0600: the spec may carry secrets in its environment.
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io(&tmp, e))?;
+    file.write_all(&serde_json::to_vec_pretty(record).expect("records serialize")).map_err(|e| io(&tmp, e))?;
     fs::rename(&tmp, &path).map_err(|e| io(&path, e))
 }

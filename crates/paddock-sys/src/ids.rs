@@ -6,17 +6,17 @@ use rustix::thread::{CapabilitySet, CapabilitySets};
 
 use crate::{Result, SysError};
 
-/// Maps exactly one uid and one gid into the user namespace of `pid`, to the same numbers on
-/// the host. Nothing else is mapped: root inside the namespace does not exist, so no file of the
+/// Maps exactly one uid and one gid into the user namespace of `pid`: `inside` ids to `host`
+/// ids. Nothing else is mapped: root inside the namespace does not exist, so no file of the
 /// host can appear as owned by root inside and a setuid-root binary has no root to become.
 ///
 /// Must be called by a process that is privileged over the parent namespace (the supervisor).
-pub fn write_id_maps(pid: u32, uid: u32, gid: u32) -> Result<()> {
+pub fn write_id_maps(pid: u32, inside: (u32, u32), host: (u32, u32)) -> Result<()> {
     let base = format!("/proc/{pid}");
     let uid_map = format!("{base}/uid_map");
-    fs::write(&uid_map, format!("{uid} {uid} 1\n")).map_err(|e| SysError::path("write", uid_map, e))?;
+    fs::write(&uid_map, format!("{} {} 1\n", inside.0, host.0)).map_err(|e| SysError::path("write", uid_map, e))?;
     let gid_map = format!("{base}/gid_map");
-    fs::write(&gid_map, format!("{gid} {gid} 1\n")).map_err(|e| SysError::path("write", gid_map, e))
+    fs::write(&gid_map, format!("{} {} 1\n", inside.1, host.1)).map_err(|e| SysError::path("write", gid_map, e))
 }
 
 /// Becomes `uid:gid` with no supplementary groups and no capabilities in any set, with an empty

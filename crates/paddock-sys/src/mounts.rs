@@ -120,13 +120,16 @@ impl RootPlan {
             .map_err(|e| SysError::call("make mounts private", e))?;
         bind(sk, sk, false)?;
         for (name, kind) in self.bound_entries()? {
-            let src = self.source.join(&name);
-            bind(&src, &sk.join(&name), kind == Kind::Dir)?;
+            bind_nofollow(&self.source.join(&name), &sk.join(&name), kind == Kind::Dir)?;
         }
         for mask in &self.masks {
             let at = sk.join(mask.strip_prefix("/").unwrap_or(mask));
-            if at.is_dir() {
-                mount_tmpfs(&at, "size=4k,mode=0755,nr_inodes=16", MountFlags::RDONLY)?;
+            match fs::symlink_metadata(&at) {
+                // Not inside any bound tree: nothing to hide.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Ok(m) if m.is_dir() => mount_tmpfs(&at, "size=4k,mode=0755,nr_inodes=16", MountFlags::RDONLY)?,
+                // Fail closed: a mask that cannot be applied means the path stays visible.
+                _ => return Err(SysError::Other(format!("cannot hide {} inside the sandbox", mask.display()))),
             }
         }
         mount_tmpfs(&sk.join("run"), "size=64k,mode=0755,nr_inodes=64", MountFlags::empty())?;
@@ -194,6 +197,27 @@ fn touch(path: &Path) -> Result<()> {
 fn bind(src: &Path, dst: &Path, recursive: bool) -> Result<()> {
     let r = if recursive { rustix::mount::mount_bind_recursive(src, dst) } else { rustix::mount::mount_bind(src, dst) };
     r.map_err(|e| SysError::path("bind mount", format!("{} -> {}", src.display(), dst.display()), e))
+}
+
+/// Binds `src` onto `dst` without following a symlink at `src`: the source tree may have been
+/// changed since the skeleton was made, and a top-level entry swapped for a symlink must not
+/// bring some other host path into the sandbox.
+fn bind_nofollow(src: &Path, dst: &Path, recursive: bool) -> Result<()> {
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    let what = || format!("{} -> {}", src.display(), dst.display());
+    let mut flags =
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_SYMLINK_NOFOLLOW;
+    if recursive {
+        flags |= OpenTreeFlags::AT_RECURSIVE;
+    }
+    let tree =
+        rustix::mount::open_tree(rustix::fs::CWD, src, flags).map_err(|e| SysError::path("bind mount", what(), e))?;
+    let meta = rustix::fs::fstat(&tree).map_err(|e| SysError::path("bind mount", what(), e))?;
+    if rustix::fs::FileType::from_raw_mode(meta.st_mode) == rustix::fs::FileType::Symlink {
+        return Err(SysError::Other(format!("{} became a symlink: refusing to bind it", src.display())));
+    }
+    rustix::mount::move_mount(&tree, "", rustix::fs::CWD, dst, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(|e| SysError::path("bind mount", what(), e))
 }
 
 fn remount_bind(at: &Path, flags: MountFlags) -> Result<()> {

@@ -38,6 +38,32 @@ pub fn clone_into_new_namespaces() -> Result<Forked> {
     }
 }
 
+/// Like [`clone_into_new_namespaces`], but the new user namespace is owned by host `uid:gid`
+/// instead of root: the clone happens with those effective ids (saved ids stay root, and the
+/// parent switches back right after). Per-user kernel limits of everything in the sandbox
+/// (inotify instances, for one) are then charged to that unprivileged identity, not to root.
+///
+/// The caller must be single-threaded and root.
+pub fn clone_into_new_namespaces_owned_by(uid: u32, gid: u32) -> Result<Forked> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread as t;
+    let restore = || -> Result<()> {
+        t::set_thread_res_uid(None, Uid::ROOT, None).map_err(|e| SysError::call("seteuid back to root", e))?;
+        t::set_thread_res_gid(None, Gid::ROOT, None).map_err(|e| SysError::call("setegid back to root", e))
+    };
+    t::set_thread_res_gid(None, Gid::from_raw(gid), None).map_err(|e| SysError::call("setegid", e))?;
+    if let Err(e) = t::set_thread_res_uid(None, Uid::from_raw(uid), None) {
+        restore()?;
+        return Err(SysError::call("seteuid", e));
+    }
+    let forked = clone_into_new_namespaces();
+    // The child keeps its ids: root does not exist in its namespace to switch back to.
+    if !matches!(forked, Ok(Forked::Child)) {
+        restore()?;
+    }
+    forked
+}
+
 /// Plain fork, for the in-sandbox init's short-lived file workers.
 ///
 /// The caller must be single-threaded.

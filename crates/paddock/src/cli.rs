@@ -152,7 +152,7 @@ pub struct ExecOpts {
     /// Working directory, relative to /workspace unless absolute.
     #[arg(long, short = 'w')]
     cwd: Option<String>,
-    /// Pass this terminal's stdin to the command (piped stdin is always passed).
+    /// Pass what is typed at this terminal to the command (piped stdin is always passed).
     #[arg(long, short = 'i')]
     interactive: bool,
     /// Environment variable for this command only, NAME=VALUE (repeatable).
@@ -218,15 +218,56 @@ impl ExecOpts {
         }
     }
 
-    fn io(&self) -> Result<ExecIo> {
-        let dup = |fd: std::os::fd::BorrowedFd<'_>| -> Result<OwnedFd> { Ok(fd.try_clone_to_owned()?) };
+    /// The command's stdio: this process's own descriptors, except terminals, which the
+    /// sandbox never receives: a process left behind could read what is typed at it later
+    /// or write to it. Terminals are relayed through pipes instead.
+    fn io(&self) -> Result<(ExecIo, Relays)> {
+        let mut relays = Relays::default();
         let stdin = std::io::stdin();
-        let pass_stdin = self.interactive || !stdin.is_terminal();
-        Ok(ExecIo {
-            stdin: if pass_stdin { Some(dup(stdin.as_fd())?) } else { None },
-            stdout: dup(std::io::stdout().as_fd())?,
-            stderr: dup(std::io::stderr().as_fd())?,
-        })
+        let stdin_fd = if !stdin.is_terminal() {
+            Some(stdin.as_fd().try_clone_to_owned()?)
+        } else if self.interactive {
+            let (reader, mut writer) = std::io::pipe()?;
+            // Not joined: it blocks reading the terminal until the next line or our exit.
+            std::thread::spawn(move || std::io::copy(&mut std::io::stdin().lock(), &mut writer));
+            Some(reader.into())
+        } else {
+            None
+        };
+        let mut out = |fd: std::os::fd::BorrowedFd<'_>, terminal: bool, to_stderr: bool| -> Result<OwnedFd> {
+            if !terminal {
+                return Ok(fd.try_clone_to_owned()?);
+            }
+            let (mut reader, writer) = std::io::pipe()?;
+            relays.0.push(std::thread::spawn(move || {
+                let _ = if to_stderr {
+                    std::io::copy(&mut reader, &mut std::io::stderr())
+                } else {
+                    std::io::copy(&mut reader, &mut std::io::stdout())
+                };
+            }));
+            Ok(writer.into())
+        };
+        let stdout = out(std::io::stdout().as_fd(), std::io::stdout().is_terminal(), false)?;
+        let stderr = out(std::io::stderr().as_fd(), std::io::stderr().is_terminal(), true)?;
+        Ok((ExecIo { stdin: stdin_fd, stdout, stderr }, relays))
+    }
+}
+
+/// Threads copying a command's output to this process's terminal.
+#[derive(Default)]
+struct Relays(Vec<std::thread::JoinHandle<()>>);
+
+impl Relays {
+    /// Lets the relays finish copying, for at most a moment: a process the command left
+    /// running may hold the pipe open for ever.
+    async fn finish(self) {
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        for relay in self.0 {
+            while !relay.is_finished() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 }
 
@@ -257,7 +298,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
             };
             // A live sandbox of the thread that acquire handed back belongs to whoever made it.
             let ours = info.created_unix_ms >= before;
-            let result = run_to_exit(&rt, &info.id, request, exec.io()?).await;
+            let (io, relays) = exec.io()?;
+            let result = run_to_exit(&rt, &info.id, request, io).await;
+            relays.finish().await;
             // A sandbox we made goes either way; a workspace stays.
             let removed = if ours { rt.destroy(&info.id).await } else { Ok(()) };
             let outcome = result?;
@@ -283,7 +326,10 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Exec { id, timeout, exec } => {
             let request = exec.request(timeout);
-            let outcome = run_to_exit(&rt, &sandbox_id(&id)?, request, exec.io()?).await?;
+            let (io, relays) = exec.io()?;
+            let outcome = run_to_exit(&rt, &sandbox_id(&id)?, request, io).await;
+            relays.finish().await;
+            let outcome = outcome?;
             Ok(report_outcome(&outcome, timeout))
         }
         Command::Cp { src, dst } => copy(&rt, &src, &dst, json).await,

@@ -557,3 +557,22 @@ async fn piped_stdin_reaches_the_command() {
     assert_eq!((out.code, out.stdout.trim()), (0, "0"));
     cli.assert_nothing_left(&before, "stdin");
 }
+
+#[tokio::test]
+async fn a_terminal_is_relayed_and_never_handed_to_the_sandbox() {
+    let cli = Cli::new();
+    // script(1) gives the CLI a real pseudo-terminal as stdin, stdout and stderr.
+    let inner = format!("{EXE} run -- sh -c 'readlink /proc/self/fd/0 /proc/self/fd/1 /proc/self/fd/2; echo relayed'");
+    let out = tokio::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env_clear()
+        .env("PADDOCK_DATA_DIR", cli.data())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("script(1) from util-linux");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("relayed"), "{text}");
+    assert!(!text.contains("/dev/pts") && !text.contains("/dev/tty"), "the sandbox got the terminal: {text}");
+    assert_eq!(text.matches("pipe:").count(), 2, "stdout and stderr are relayed through pipes: {text}");
+}
