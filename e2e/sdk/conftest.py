@@ -73,6 +73,8 @@ class PaddockServer:
             )
         self.name = name
         self.root = Path(tempfile.mkdtemp(prefix="pe2e-", dir="/tmp"))
+        # Sandboxes run as an unprivileged host uid that must be able to reach the data dir.
+        self.root.chmod(0o711)
         self.data_dir = self.root / "d"
         self.data_dir.mkdir()
         self.log_path = self.root / "server.log"

@@ -52,6 +52,7 @@ impl LocalRuntime {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
                 .map_err(sys_err(format!("chmod {}", dir.display())))?;
         }
+        dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
         Ok(Self { dd, exe: exe.into(), naming })
     }
 

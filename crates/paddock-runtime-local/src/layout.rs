@@ -82,6 +82,26 @@ impl DataDir {
         self.workspaces().join(format!("{name}.lock"))
     }
 
+    /// Checks that the sandbox's own host identity (an unprivileged uid, see `HOST_ID_OFFSET`)
+    /// can reach its workspace and root skeleton under this directory: every ancestor must be
+    /// searchable by others.
+    pub fn check_searchable_by_sandboxes(&self) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let real = std::fs::canonicalize(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
+        for dir in real.ancestors().skip(1) {
+            let mode = std::fs::metadata(dir).map(|m| m.permissions().mode()).unwrap_or(0);
+            if mode & 0o001 == 0 {
+                return Err(format!(
+                    "{} (mode {:o}) is not searchable by others, so sandboxes cannot reach their files under the data directory {}: chmod o+x it, or choose a data directory like /var/lib/paddock",
+                    dir.display(),
+                    mode & 0o7777,
+                    self.root.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that sockets under this directory fit in a socket address.
     pub fn check_socket_path_fits(&self) -> Result<(), String> {
         let probe = self.socket(&SandboxId::from_random([0; 6]));

@@ -30,7 +30,7 @@ use crate::time_fmt::rfc3339;
 /// Output kept per background command (the newest bytes).
 const LOG_CAP: usize = 1 << 20;
 /// Finished commands remembered per sandbox for status queries; older ones are forgotten.
-const KEEP_FINISHED: usize = 256;
+const KEEP_FINISHED: usize = 64;
 /// How often a running foreground command's stream carries a keep-alive.
 const PING_EVERY: Duration = Duration::from_secs(3);
 /// After a command exits, how long output still in the pipes is read. Background processes it
