@@ -61,6 +61,9 @@ impl Store {
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
+            // With a write-ahead log, NORMAL survives any crash of the server process (commits
+            // are in the log before they return); only a power loss can drop the newest ones.
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
             .busy_timeout(std::time::Duration::from_secs(5));
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
