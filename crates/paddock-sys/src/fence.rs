@@ -134,24 +134,19 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS.iter().map(|s| (*s, Vec::new())).collect();
     rules.insert(libc::SYS_clone, NAMESPACE_FLAGS.iter().map(|f| masked(0, *f)).collect::<Result<_>>()?);
-    let ioctl_rules = DENIED_IOCTLS
-        .iter()
-        .map(|cmd| {
-            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *cmd)
-                .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(seccomp_err)
-        })
-        .collect::<Result<_>>()?;
-    rules.insert(libc::SYS_ioctl, ioctl_rules);
-    let socket_rules = DENIED_SOCKET_FAMILIES
-        .iter()
-        .map(|family| {
-            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *family)
-                .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(seccomp_err)
-        })
-        .collect::<Result<_>>()?;
-    rules.insert(libc::SYS_socket, socket_rules);
+    // One rule per value: the syscall matches when its argument equals any of them.
+    let any_of = |arg: u8, values: &[u64]| -> Result<Vec<SeccompRule>> {
+        values
+            .iter()
+            .map(|v| {
+                SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *v)
+                    .and_then(|c| SeccompRule::new(vec![c]))
+                    .map_err(seccomp_err)
+            })
+            .collect()
+    };
+    rules.insert(libc::SYS_ioctl, any_of(1, DENIED_IOCTLS)?);
+    rules.insert(libc::SYS_socket, any_of(0, DENIED_SOCKET_FAMILIES)?);
     let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
         .map_err(seccomp_err)?;
     let clone3 = SeccompFilter::new(
