@@ -156,10 +156,7 @@ impl Init {
         let Some(file) = &self.oom_counter else { return 0 };
         let mut buf = [0u8; 512];
         let n = file.read_at(&mut buf, 0).unwrap_or(0);
-        String::from_utf8_lossy(&buf[..n])
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0)
+        paddock_sys::cgroup::parse_oom_kills(&String::from_utf8_lossy(&buf[..n]))
     }
 
     /// Handles one request from the supervisor; false when the supervisor is gone.

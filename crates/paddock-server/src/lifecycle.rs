@@ -43,7 +43,8 @@ pub fn router() -> Router<AppState> {
 // ---------------------------------------------------------------------------------------------
 // Wire types
 
-#[derive(Debug, Deserialize)]
+/// The body of a create, and of a workspace acquire (which names the workspace in its path).
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     image: Option<ImageSpec>,
@@ -463,17 +464,10 @@ async fn get_one(State(state): State<AppState>, Path(id): Path<String>) -> ApiRe
     Ok(axum::Json(sandbox_json(&refresh(&state, row).await?)).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct Paging {
-    page: Option<String>,
-    #[serde(rename = "pageSize")]
-    page_size: Option<String>,
-}
-
 async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let mut states: Vec<String> = Vec::new();
     let mut metadata: Vec<(String, String)> = Vec::new();
-    let mut paging = Paging { page: None, page_size: None };
+    let (mut page, mut page_size): (Option<String>, Option<String>) = (None, None);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "state" => states.push(v.to_lowercase()),
@@ -482,8 +476,8 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
                     metadata.push((mk.into_owned(), mv.into_owned()));
                 }
             }
-            "page" => paging.page = Some(v.into_owned()),
-            "pageSize" => paging.page_size = Some(v.into_owned()),
+            "page" => page = Some(v.into_owned()),
+            "pageSize" => page_size = Some(v.into_owned()),
             _ => {}
         }
     }
@@ -496,8 +490,8 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
             },
         }
     };
-    let page = number(&paging.page, 1, "page", usize::MAX)?;
-    let page_size = number(&paging.page_size, 20, "pageSize", 200)?;
+    let page = number(&page, 1, "page", usize::MAX)?;
+    let page_size = number(&page_size, 20, "pageSize", 200)?;
     let mut items = Vec::new();
     for row in state.store.list().await? {
         let row = refresh(&state, row).await?;
@@ -641,20 +635,6 @@ async fn endpoint(
 // ---------------------------------------------------------------------------------------------
 // Workspaces
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct AcquireRequest {
-    timeout: Option<i64>,
-    #[serde(default)]
-    resource_limits: BTreeMap<String, String>,
-    #[serde(default)]
-    env: BTreeMap<String, Option<String>>,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-    image: Option<ImageSpec>,
-    entrypoint: Option<Vec<String>>,
-}
-
 fn thread_of(raw: &str) -> ApiResult<ThreadId> {
     ThreadId::new(raw).map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -669,29 +649,12 @@ async fn acquire(
     }
     let t = thread_of(&thread)?;
     // The body is optional: no body means the defaults.
-    let a: AcquireRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        AcquireRequest::default()
+    let mut req: CreateSandboxRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateSandboxRequest::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
-    let req = CreateSandboxRequest {
-        image: a.image,
-        snapshot_id: None,
-        template_id: None,
-        platform: None,
-        timeout: a.timeout.map(Some),
-        resource_limits: a.resource_limits,
-        resource_requests: BTreeMap::new(),
-        env: a.env,
-        metadata: a.metadata,
-        lifecycle: None,
-        entrypoint: a.entrypoint,
-        network_policy: None,
-        credential_proxy: None,
-        secure_access: false,
-        volumes: Vec::new(),
-        extensions: BTreeMap::from([("workspace".to_owned(), t.to_string())]),
-    };
+    req.extensions.insert("workspace".to_owned(), t.to_string());
     let extensions = req.extensions.clone();
     let planned = plan(&state, req)?;
     let info = state.rt.acquire(&t, planned.spec.clone()).await?;
@@ -794,7 +757,9 @@ pub fn openapi_document() -> Value {
             "schemas": {
                 "Error": {"type": "object", "required": ["code", "message"],
                     "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
-                "AcquireRequest": {"type": "object", "additionalProperties": false, "properties": {
+                "AcquireRequest": {"type": "object", "additionalProperties": false,
+                    "description": "The body of POST /v1/sandboxes (all fields optional here); extensions.workspace is set from the path.",
+                    "properties": {
                     "timeout": {"type": "integer", "minimum": 60},
                     "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"},
                         "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage"},

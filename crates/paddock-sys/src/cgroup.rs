@@ -318,20 +318,7 @@ impl SandboxCgroup {
 
     /// Number of OOM kills inside the sandbox so far.
     pub fn oom_kills(&self) -> u64 {
-        self.oom_counter_path()
-            .and_then(|p| fs::read_to_string(p).ok())
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok())))
-            .unwrap_or(0)
-    }
-
-    /// Memory currently charged to the sandbox, in bytes.
-    pub fn memory_current(&self) -> u64 {
-        let (dir, file) = if self.limits_on_v2 {
-            (self.unified.as_deref(), "memory.current")
-        } else {
-            (self.v1_dir("memory"), "memory.usage_in_bytes")
-        };
-        dir.and_then(|d| fs::read_to_string(d.join(file)).ok()).and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+        self.oom_counter_path().and_then(|p| fs::read_to_string(p).ok()).map(|t| parse_oom_kills(&t)).unwrap_or(0)
     }
 
     /// Removes every cgroup directory of the sandbox; they must be empty of processes.
@@ -353,6 +340,11 @@ impl SandboxCgroup {
         }
         Ok(())
     }
+}
+
+/// The `oom_kill N` count of a v1 `memory.oom_control` or v2 `memory.events` text.
+pub fn parse_oom_kills(text: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok())).unwrap_or(0)
 }
 
 fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> std::result::Result<(), ()> {

@@ -354,3 +354,24 @@ fn uploads_beyond_the_cap_are_refused_and_below_it_land() {
     assert_eq!(status, 200, "{text}");
     assert_eq!(s.run(&id, "stat -c %s /workspace/up.bin", false).0, ["1000"]);
 }
+
+#[test]
+fn the_proxy_reaches_a_server_inside_the_sandbox() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let id = s.create();
+    let (status, body) = s.api("GET", &format!("/v1/sandboxes/{id}/proxy/8000/index.html"), None);
+    assert_api_error(status, &body, 502, "port 8000");
+    let serve = "echo served-from-sandbox > /workspace/index.html; \
+                 nohup python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace >/dev/null 2>&1 & \
+                 for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done; echo up";
+    assert_eq!(s.run(&id, serve, false).0, ["up"]);
+    let (status, body) = s.api("GET", &format!("/v1/sandboxes/{id}/proxy/8000/index.html"), None);
+    assert_eq!((status, body.as_str()), (200, Some("served-from-sandbox\n")));
+    // The sandbox's token works in direct mode too, and the platform's key never reaches it.
+    let (_, ep) = s.api("GET", &format!("/v1/sandboxes/{id}/endpoints/8000"), None);
+    let (name, token) = ep["headers"].as_object().unwrap().iter().next().unwrap();
+    let (status, _) =
+        s.call("GET", &format!("/v1/sandboxes/{id}/proxy/8000/"), None, &[(name.as_str(), token.as_str().unwrap())]);
+    assert_eq!(status, 200);
+}
