@@ -1,16 +1,19 @@
 //! The interface every runtime (local, Kubernetes) implements, and the values it exchanges.
 //!
-//! Command output is written to file descriptors the caller provides: the CLI passes its own
-//! stdout and stderr, a server passes pipes it reads from. A runtime never buffers output.
+//! Bytes cross the seam as async streams: a command's stdin, stdout and stderr, a file's
+//! contents and a connection to a port inside the sandbox are `AsyncRead`/`AsyncWrite` values,
+//! so a runtime may carry them over a pipe, a Unix socket or a WebSocket alike. A runtime never
+//! buffers a whole output or file.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use serde::{Deserialize, Serialize};
 
 use crate::naming::ThreadId;
-use crate::spec::{SandboxSpec, SpecError};
+use crate::spec::{NetworkPolicy, SandboxSpec, SpecError};
 
 /// A sandbox's id: `sbx-` and 12 lowercase hex digits for sandboxes Paddock made.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -108,6 +111,8 @@ pub struct ExecRequest {
     pub env: BTreeMap<String, String>,
     /// After this long the command's whole process group is killed and it exits 124.
     pub timeout_ms: Option<u64>,
+    /// Whether the caller will write the command's standard input (else it reads EOF).
+    pub stdin: bool,
 }
 
 impl ExecRequest {
@@ -135,12 +140,31 @@ impl ExecRequest {
     }
 }
 
-/// Where a command's standard streams go. Without stdin the command reads end-of-file.
-#[derive(Debug)]
-pub struct ExecIo {
-    pub stdin: Option<OwnedFd>,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
+/// Bytes coming out of a sandbox (a command's output, a file's contents).
+pub type ByteReader = Box<dyn AsyncRead + Send + Unpin>;
+/// Bytes going into a sandbox (a command's input).
+pub type ByteWriter = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A two-way byte stream, such as a connection to a port inside a sandbox.
+pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
+
+/// A command started in a sandbox: its standard streams and its control.
+///
+/// Output must be read (or the streams dropped) for the command to make progress: a runtime
+/// applies back-pressure instead of buffering. Dropping `stdin` closes the command's input.
+pub struct Process {
+    /// The command's standard input; `None` when the request asked for none (it reads EOF).
+    pub stdin: Option<ByteWriter>,
+    pub stdout: ByteReader,
+    pub stderr: ByteReader,
+    pub control: Box<dyn Execution>,
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process").field("pid", &self.control.pid()).finish_non_exhaustive()
+    }
 }
 
 /// How a command ended.
@@ -155,52 +179,28 @@ pub struct ExecOutcome {
     pub oom_killed: bool,
 }
 
-/// A command started in a sandbox.
+/// The control of a command started in a sandbox.
 #[async_trait::async_trait]
 pub trait Execution: Send {
-    /// The command's process id inside the sandbox.
-    fn pid(&self) -> u32;
+    /// The command's process id inside the sandbox, when the runtime knows it.
+    fn pid(&self) -> Option<u32>;
     /// Sends a signal to the command's process group.
     async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError>;
     /// Waits for the command to end.
     async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError>;
 }
 
-/// A file operation, with every path resolved inside the sandbox's own view.
+/// A file operation without contents, with every path resolved inside the sandbox's own view.
+/// Contents move with `Runtime::read_file` and `Runtime::write_file`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FileOp {
-    /// Streams the file's bytes into the data descriptor.
-    Read {
-        path: String,
-    },
-    /// Replaces the file with the bytes read from the data descriptor, creating parents.
-    Write {
-        path: String,
-        mode: Option<u32>,
-    },
-    List {
-        path: String,
-    },
-    Stat {
-        path: String,
-    },
-    Mkdir {
-        path: String,
-        mode: Option<u32>,
-    },
-    Remove {
-        path: String,
-        recursive: bool,
-    },
-    Move {
-        from: String,
-        to: String,
-    },
-    Chmod {
-        path: String,
-        mode: u32,
-    },
+    List { path: String },
+    Stat { path: String },
+    Mkdir { path: String, mode: Option<u32> },
+    Remove { path: String, recursive: bool },
+    Move { from: String, to: String },
+    Chmod { path: String, mode: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -248,7 +248,18 @@ pub enum RuntimeError {
     /// The sandbox cannot serve requests (its supervisor is gone, or it is paused).
     #[error("{0}")]
     Unavailable(String),
-    /// The host could not do what was asked; the message says what failed.
+    /// This runtime cannot do what was asked (pause on Kubernetes, an image kind it cannot
+    /// run); the message says what it supports instead. See `Runtime::capabilities`.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A limit of the host or the cluster was reached (disk, descriptors, processes, quota);
+    /// trying later or freeing resources may help.
+    #[error("{0}")]
+    Exhausted(String),
+    /// The runtime did not finish in time; the message says what was waited for.
+    #[error("{0}")]
+    Timeout(String),
+    /// The host or the cluster could not do what was asked; the message says what failed.
     #[error("{0}")]
     System(String),
 }
@@ -276,24 +287,94 @@ impl RuntimeError {
             Self::File { kind: FileErrorKind::PermissionDenied, .. } => "PERMISSION_DENIED",
             Self::File { .. } => "FILE_ERROR",
             Self::Unavailable(_) => "UNAVAILABLE",
+            Self::Unsupported(_) => "NOT_SUPPORTED",
+            Self::Exhausted(_) => "RESOURCE_EXHAUSTED",
+            Self::Timeout(_) => "TIMEOUT",
             Self::System(_) => "INTERNAL",
+        }
+    }
+
+    /// Classifies a host I/O error: running out of disk, memory, descriptors or processes is
+    /// `Exhausted`, a timeout is `Timeout`, anything else `System`. `context` says what failed.
+    pub fn from_io(context: impl std::fmt::Display, e: &std::io::Error) -> Self {
+        // ENOSPC, EDQUOT, EMFILE, ENFILE, ENOMEM, EAGAIN (fork), ETIMEDOUT on Linux.
+        const EXHAUSTED: [i32; 6] = [28, 122, 24, 23, 12, 11];
+        let message = format!("{context}: {e}");
+        match e.raw_os_error() {
+            Some(n) if EXHAUSTED.contains(&n) => Self::Exhausted(message),
+            Some(110) => Self::Timeout(message),
+            _ if e.kind() == std::io::ErrorKind::TimedOut => Self::Timeout(message),
+            _ if e.kind() == std::io::ErrorKind::StorageFull => Self::Exhausted(message),
+            _ => Self::System(message),
         }
     }
 }
 
+/// What a runtime can do, so callers (the server, tests, clients through the API) ask instead
+/// of assuming.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// The runtime's name: `local`, `kubernetes`.
+    pub runtime: String,
+    /// Pause and resume keep a sandbox's processes and memory.
+    pub pause: bool,
+    /// Workspaces outlive their sandboxes (acquire, release, destroy by thread id).
+    pub persistent_workspaces: bool,
+    /// Commands may run as a uid/gid other than the sandbox user's.
+    pub run_as_other_user: bool,
+    /// Image references this runtime accepts, in words (shown in errors and `/v1/capabilities`).
+    pub images: String,
+    /// Network modes a sandbox may ask for.
+    pub network: Vec<NetworkPolicy>,
+    /// CPU and memory use can be read (`Runtime::metrics`).
+    pub metrics: bool,
+}
+
+/// A sandbox's resource use at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxMetrics {
+    /// CPU time used since the sandbox started, nanoseconds (all its processes).
+    pub cpu_used_ns: Option<u64>,
+    /// Memory charged to the sandbox now, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// When this was measured, Unix milliseconds.
+    pub at_unix_ms: u64,
+}
+
 /// A place to run sandboxes. The local runtime implements it with namespaces on this machine;
 /// the Kubernetes runtime with Pods.
+///
+/// Every method validates what it is given and answers in the runtime's own words: the caller
+/// never needs to know which runtime it talks to.
 #[async_trait::async_trait]
 pub trait Runtime: Send + Sync {
+    /// What this runtime supports.
+    fn capabilities(&self) -> Capabilities;
+    /// Creates a sandbox; the runtime resolves `spec.image` (and refuses what it cannot run).
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError>;
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError>;
-    async fn exec(&self, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<Box<dyn Execution>, RuntimeError>;
-    /// Runs a file operation; `data` is the source (write) or sink (read) of file contents.
-    async fn file(&self, id: &SandboxId, op: FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError>;
-    /// A TCP connection to `port` on the sandbox's own loopback, for routing traffic to a
-    /// server running in the sandbox.
-    async fn connect(&self, id: &SandboxId, port: u16) -> Result<OwnedFd, RuntimeError>;
+    /// Starts a command; its output streams back through the returned `Process`.
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError>;
+    /// Runs a file operation that moves no contents.
+    async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError>;
+    /// Opens a regular file for reading; errors opening it (missing, a directory, no
+    /// permission) are returned here, not from the stream.
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<ByteReader, RuntimeError>;
+    /// Replaces a regular file with `data`, creating its parents; returns once every byte is
+    /// stored. `mode` applies when given (else 0644 for a new file).
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        mode: Option<u32>,
+        data: ByteReader,
+    ) -> Result<(), RuntimeError>;
+    /// A connection to `port` on the sandbox's own loopback, for routing traffic to a server
+    /// running in the sandbox.
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<Box<dyn Duplex>, RuntimeError>;
+    /// The sandbox's CPU and memory use now.
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError>;
     /// Freezes every process of the sandbox in place, keeping its memory.
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
     async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
@@ -329,6 +410,19 @@ mod tests {
         assert!(ExecRequest::default().validate().is_err());
         assert!(ExecRequest { argv: vec!["a\0".into()], ..Default::default() }.validate().is_err());
         ExecRequest::shell("echo hi").validate().unwrap();
+    }
+
+    #[test]
+    fn io_errors_are_classified() {
+        let full = std::io::Error::from_raw_os_error(28);
+        assert!(
+            matches!(RuntimeError::from_io("writing", &full), RuntimeError::Exhausted(m) if m.starts_with("writing: "))
+        );
+        let fds = std::io::Error::from_raw_os_error(24);
+        assert_eq!(RuntimeError::from_io("x", &fds).code(), "RESOURCE_EXHAUSTED");
+        let perm = std::io::Error::from_raw_os_error(1);
+        assert_eq!(RuntimeError::from_io("x", &perm).code(), "INTERNAL");
+        assert_eq!(RuntimeError::Unsupported("x".into()).code(), "NOT_SUPPORTED");
     }
 
     #[test]

@@ -1,23 +1,11 @@
 //! What a caller asks for when it creates a sandbox, with safe defaults and validation.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::naming::{NamingMode, ThreadId};
 use crate::units::{format_bytes, format_duration};
-
-/// The tree shown read-only as the sandbox's `/`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum RootFs {
-    /// The host's own root filesystem, read-only.
-    #[default]
-    Host,
-    /// An unpacked image directory, read-only.
-    Dir { path: PathBuf },
-}
 
 /// How the sandbox reaches the network.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,7 +98,10 @@ pub struct WorkspaceRef {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxSpec {
-    pub rootfs: RootFs,
+    /// What the sandbox's `/` is made of, as the caller named it; the runtime resolves it (the
+    /// local runtime: `host` or an unpacked root directory; Kubernetes: an image reference).
+    /// `None` is the runtime's default.
+    pub image: Option<String>,
     pub resources: Resources,
     /// The environment of every command, on top of `HOME=/workspace` and a default `PATH`.
     /// The host's environment is never inherited.
@@ -155,13 +146,42 @@ pub fn validate_env_name(name: &str) -> Result<(), SpecError> {
     }
 }
 
-/// Checks a whole environment map.
+/// The longest `NAME=value` the kernel passes to a program (`MAX_ARG_STRLEN`).
+pub const MAX_ENV_ENTRY: usize = 128 << 10;
+/// The most environment, in bytes, a sandbox or a command may carry.
+pub const MAX_ENV_TOTAL: usize = 1 << 20;
+/// The most variables in one environment.
+pub const MAX_ENV_VARS: usize = 4096;
+
+/// Checks a whole environment map: names, NUL bytes and sizes a program can actually receive.
 pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(err("env", format!("{} variables are too many: pass at most {MAX_ENV_VARS}", env.len())));
+    }
+    let mut total = 0usize;
     for (k, v) in env {
         validate_env_name(k)?;
         if v.contains('\0') {
             return Err(err("env", format!("the value of {k} contains a NUL byte, which no process can receive")));
         }
+        let entry = k.len() + 1 + v.len();
+        if entry > MAX_ENV_ENTRY {
+            return Err(err(
+                "env",
+                format!(
+                    "{k} is {entry} bytes long; the kernel passes at most {MAX_ENV_ENTRY} bytes per variable: put large data in a file instead"
+                ),
+            ));
+        }
+        total += entry + 1;
+    }
+    if total > MAX_ENV_TOTAL {
+        return Err(err(
+            "env",
+            format!(
+                "the environment is {total} bytes; at most {MAX_ENV_TOTAL} are accepted: put large data in a file instead"
+            ),
+        ));
     }
     Ok(())
 }
@@ -244,13 +264,10 @@ impl SandboxSpec {
                 ));
             }
         }
-        if let RootFs::Dir { path } = &self.rootfs
-            && !path.is_absolute()
+        if let Some(image) = &self.image
+            && (image.trim().is_empty() || image.len() > 4096 || image.contains('\0'))
         {
-            return Err(err(
-                "rootfs",
-                format!("{} is not an absolute path: pass the full path of an unpacked image", path.display()),
-            ));
+            return Err(err("image", "an image name must be non-empty text of at most 4096 bytes"));
         }
         validate_env(&self.env)
     }
@@ -282,8 +299,8 @@ mod tests {
         let mut s = SandboxSpec::default();
         s.user.uid = 0;
         assert_eq!(s.validate().unwrap_err().field, "user");
-        let s = SandboxSpec { rootfs: RootFs::Dir { path: "relative/dir".into() }, ..Default::default() };
-        assert_eq!(s.validate().unwrap_err().field, "rootfs");
+        let s = SandboxSpec { image: Some(" ".into()), ..Default::default() };
+        assert_eq!(s.validate().unwrap_err().field, "image");
     }
 
     #[test]
@@ -297,6 +314,15 @@ mod tests {
         let mut s = SandboxSpec::default();
         s.env.insert("X".into(), "a\0b".into());
         assert_eq!(s.validate().unwrap_err().field, "env");
+        let mut s = SandboxSpec::default();
+        s.env.insert("BIG".into(), "x".repeat(MAX_ENV_ENTRY));
+        let e = s.validate().unwrap_err();
+        assert!(e.message.contains("per variable"), "{e}");
+        let mut s = SandboxSpec::default();
+        for i in 0..10 {
+            s.env.insert(format!("V{i}"), "x".repeat(120 << 10));
+        }
+        assert!(s.validate().unwrap_err().message.contains("at most 1048576"));
     }
 
     #[test]
