@@ -6,23 +6,27 @@ use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use paddock_core::naming::{NamingMode, ThreadId, resource_name};
 use paddock_core::runtime::{
-    ExecIo, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Runtime, RuntimeError, SandboxId, SandboxInfo,
-    SandboxState,
+    ByteReader, ByteWriter, Capabilities, Duplex, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Process,
+    Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState,
 };
-use paddock_core::spec::{SandboxSpec, WorkspaceRef};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef};
 use paddock_sys::cgroup::CgroupLayout;
 use paddock_sys::fdpass;
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, ReadBuf};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
 
 use crate::layout::DataDir;
-use crate::protocol::{self, Control, Ready, Record, Reply, Request};
+use crate::protocol::{self, Control, FileCall, Ready, Record, Reply, Request};
 use crate::supervisor::CGROUP_PARENT;
 
 /// The embedded local runtime.
@@ -35,7 +39,29 @@ pub struct LocalRuntime {
 }
 
 fn sys_err(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeError {
-    move |e| RuntimeError::System(format!("{context}: {e}"))
+    move |e| RuntimeError::from_io(&context, &e)
+}
+
+/// Runs blocking filesystem work (cgroup removal loops, mkfs, recursive removal, flock) on the
+/// blocking pool, never on an async worker.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| RuntimeError::System(format!("a blocking task failed: {e}")))?
+}
+
+/// A pipe whose ends are closed on exec: (read end, write end).
+fn pipe_fds() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| RuntimeError::from_io("creating a pipe", &e.into()))
+}
+
+fn pipe_reader(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
+    pipe::Receiver::from_owned_fd(fd).map_err(sys_err("registering a pipe"))
+}
+
+fn pipe_writer(fd: OwnedFd) -> Result<pipe::Sender, RuntimeError> {
+    pipe::Sender::from_owned_fd(fd).map_err(sys_err("registering a pipe"))
 }
 
 impl LocalRuntime {
@@ -167,16 +193,48 @@ impl LocalRuntime {
     }
 
     /// Removes what a sandbox whose supervisor died left behind.
-    fn clean_dead(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        if let Ok(layout) = CgroupLayout::detect() {
-            let cg = layout.existing(CGROUP_PARENT, id.as_str());
-            cg.kill_all(Duration::from_secs(10))
-                .map_err(|e| RuntimeError::System(format!("killing what is left of {id}: {e}")))?;
-            cg.remove(Duration::from_secs(5))
-                .map_err(|e| RuntimeError::System(format!("removing the cgroup of {id}: {e}")))?;
+    async fn clean_dead(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let (id, dir) = (id.clone(), self.dd.sandbox(id));
+        blocking(move || {
+            if let Ok(layout) = CgroupLayout::detect() {
+                let cg = layout.existing(CGROUP_PARENT, id.as_str());
+                cg.kill_all(Duration::from_secs(10))
+                    .map_err(|e| RuntimeError::System(format!("killing what is left of {id}: {e}")))?;
+                cg.remove(Duration::from_secs(5))
+                    .map_err(|e| RuntimeError::System(format!("removing the cgroup of {id}: {e}")))?;
+            }
+            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
+        })
+        .await
+    }
+
+    /// Runs a file call on a fresh connection; `data` is the pipe a read or write moves
+    /// contents through.
+    async fn file_call(&self, id: &SandboxId, op: FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
+        let fds: Vec<_> = data.iter().map(|d| d.as_fd()).collect();
+        let conn = self.request(id, &Request::File { op, has_data: data.is_some() }, &fds).await?;
+        drop(fds);
+        drop(data);
+        let mut listed = Vec::new();
+        loop {
+            match conn.recv().await? {
+                Some(Reply::Entries { entries }) => listed.extend(entries),
+                Some(Reply::File { reply: FileReply::List { entries } }) => {
+                    listed.extend(entries);
+                    return Ok(FileReply::List { entries: listed });
+                }
+                Some(Reply::File { reply }) => return Ok(reply),
+                Some(Reply::Error { error }) => return Err(error.into()),
+                Some(other) => {
+                    return Err(RuntimeError::System(format!("unexpected answer to a file operation: {other:?}")));
+                }
+                None => {
+                    return Err(RuntimeError::Unavailable(format!(
+                        "sandbox {id} closed the file operation without answering (it may have been destroyed or run out of processes)"
+                    )));
+                }
+            }
         }
-        let dir = self.dd.sandbox(id);
-        fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
     }
 
     fn workspace_name(&self, thread: &ThreadId) -> String {
@@ -260,14 +318,16 @@ impl LocalRuntime {
                     )));
                 }
                 Ok(_) => {
-                    let _ = self.clean_dead(&id);
+                    let _ = self.clean_dead(&id).await;
                 }
                 Err(_) => {}
             }
         }
         spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming: self.naming });
         spec.validate()?;
-        self.prepare_workspace(name, thread, &spec)?;
+        crate::image::resolve(spec.image.as_deref())?;
+        let (rt, name_owned, thread_owned, spec_owned) = (self.clone(), name.to_owned(), thread.clone(), spec.clone());
+        blocking(move || rt.prepare_workspace(&name_owned, &thread_owned, &spec_owned)).await?;
         let info = self.spawn_supervisor(&spec).await?;
         let pointer = self.dd.workspace(name).join("sandbox");
         fs::write(&pointer, info.id.as_str()).map_err(sys_err(format!("writing {}", pointer.display())))?;
@@ -288,8 +348,21 @@ impl LocalRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for LocalRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            runtime: "local".into(),
+            pause: true,
+            persistent_workspaces: true,
+            run_as_other_user: false,
+            images: crate::image::ACCEPTED.into(),
+            network: vec![NetworkPolicy::LoopbackOnly],
+            metrics: true,
+        }
+    }
+
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         spec.validate()?;
+        crate::image::resolve(spec.image.as_deref())?;
         match spec.workspace.clone() {
             Some(w) => {
                 self.with_workspace_lock(&w.thread, async |name| {
@@ -321,69 +394,130 @@ impl Runtime for LocalRuntime {
 
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
         let dir = self.dd.sandboxes();
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(sys_err(format!("listing {}", dir.display())))? {
-            let Ok(entry) = entry else { continue };
+        let mut entries = tokio::fs::read_dir(&dir).await.map_err(sys_err(format!("listing {}", dir.display())))?;
+        // Every supervisor is asked at once: one slow sandbox must not make the list slow.
+        let mut asks = tokio::task::JoinSet::new();
+        while let Some(entry) = entries.next_entry().await.map_err(sys_err(format!("listing {}", dir.display())))? {
             let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
+            let rt = self.clone();
+            asks.spawn(async move { rt.get(&id).await });
+        }
+        let mut out = Vec::new();
+        while let Some(answer) = asks.join_next().await {
             // A directory without a record is a sandbox still starting (or one that never did).
-            if let Ok(info) = self.get(&id).await {
+            if let Ok(Ok(info)) = answer {
                 out.push(info);
             }
         }
-        out.sort_by_key(|i| i.created_unix_ms);
+        out.sort_by(|a, b| a.created_unix_ms.cmp(&b.created_unix_ms).then_with(|| a.id.cmp(&b.id)));
         Ok(out)
     }
 
-    async fn exec(&self, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<Box<dyn Execution>, RuntimeError> {
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError> {
         request.validate()?;
-        let has_stdin = io.stdin.is_some();
-        let mut fds = Vec::new();
-        if let Some(stdin) = &io.stdin {
-            fds.push(stdin.as_fd());
-        }
-        fds.push(io.stdout.as_fd());
-        fds.push(io.stderr.as_fd());
-        let conn = self.request(id, &Request::Exec { request, has_stdin }, &fds).await?;
-        drop(io);
+        let (out_r, out_w) = pipe_fds()?;
+        let (err_r, err_w) = pipe_fds()?;
+        let stdin = if request.stdin { Some(pipe_fds()?) } else { None };
+        let has_stdin = request.stdin;
+        let conn = {
+            let mut fds = Vec::new();
+            if let Some((r, _)) = &stdin {
+                fds.push(r.as_fd());
+            }
+            fds.push(out_w.as_fd());
+            fds.push(err_w.as_fd());
+            self.request(id, &Request::Exec { request, has_stdin }, &fds).await?
+        };
+        // The sandbox holds its own copies now; ours would keep the output open forever.
+        drop((out_w, err_w));
+        let stdin = match stdin {
+            Some((r, w)) => {
+                drop(r);
+                Some(Box::new(pipe_writer(w)?) as ByteWriter)
+            }
+            None => None,
+        };
         match conn.recv().await? {
-            Some(Reply::Started { pid }) => Ok(Box::new(LocalExecution { conn, pid })),
+            Some(Reply::Started { pid }) => Ok(Process {
+                stdin,
+                stdout: Box::new(pipe_reader(out_r)?),
+                stderr: Box::new(pipe_reader(err_r)?),
+                control: Box::new(LocalExecution { conn, pid }),
+            }),
             Some(Reply::Error { error }) => Err(error.into()),
+            None => Err(RuntimeError::Unavailable(format!("sandbox {id} closed the exec without answering"))),
             other => Err(RuntimeError::System(format!("unexpected answer to an exec: {other:?}"))),
         }
     }
 
-    async fn file(&self, id: &SandboxId, op: FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
-        let fds: Vec<_> = data.iter().map(|d| d.as_fd()).collect();
-        let conn = self.request(id, &Request::File { op, has_data: data.is_some() }, &fds).await?;
-        drop(data);
-        let mut listed = Vec::new();
-        loop {
-            match conn.recv().await? {
-                Some(Reply::Entries { entries }) => listed.extend(entries),
-                Some(Reply::File { reply: FileReply::List { entries } }) => {
-                    listed.extend(entries);
-                    return Ok(FileReply::List { entries: listed });
-                }
-                Some(Reply::File { reply }) => return Ok(reply),
-                Some(Reply::Error { error }) => return Err(error.into()),
-                Some(other) => {
-                    return Err(RuntimeError::System(format!("unexpected answer to a file operation: {other:?}")));
-                }
-                None => {
-                    return Err(RuntimeError::Unavailable(format!(
-                        "sandbox {id} closed the file operation without answering (it may have been destroyed or run out of processes)"
-                    )));
-                }
-            }
-        }
+    async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
+        self.file_call(id, FileCall::Meta(op), None).await
     }
 
-    async fn connect(&self, id: &SandboxId, port: u16) -> Result<OwnedFd, RuntimeError> {
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<ByteReader, RuntimeError> {
+        let (r, w) = pipe_fds()?;
+        let mut pipe = pipe_reader(r)?;
+        let (done_tx, done) = oneshot::channel();
+        let (rt, id, call) = (self.clone(), id.clone(), FileCall::Read { path: path.to_owned() });
+        tokio::spawn(async move {
+            let _ = done_tx.send(rt.file_call(&id, call, Some(w)).await);
+        });
+        // The first bytes, or the end: a file that cannot be opened ends the pipe at once, and
+        // its error must be returned here rather than read as an empty file.
+        let mut first = vec![0u8; 64 << 10];
+        let n = pipe.read(&mut first).await.map_err(sys_err(format!("reading {path}")))?;
+        if n == 0 {
+            done.await.map_err(|_| RuntimeError::System("the file read task ended without an answer".into()))??;
+            return Ok(Box::new(tokio::io::empty()));
+        }
+        first.truncate(n);
+        Ok(Box::new(std::io::Cursor::new(first).chain(ReadToEnd { pipe, done: Some(done) })))
+    }
+
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        mode: Option<u32>,
+        mut data: ByteReader,
+    ) -> Result<(), RuntimeError> {
+        let (r, w) = pipe_fds()?;
+        let mut sink = pipe_writer(w)?;
+        let op = self.file_call(id, FileCall::Write { path: path.to_owned(), mode }, Some(r));
+        let feed = async move {
+            let copied = tokio::io::copy(&mut data, &mut sink).await;
+            // Closing the pipe is the end of the file for the writer in the sandbox.
+            drop(sink);
+            copied
+        };
+        let (op, fed) = tokio::join!(op, feed);
+        op?;
+        fed.map(drop).map_err(|e| {
+            RuntimeError::InvalidArgument(format!(
+                "the data for {path} ended early ({e}): the file holds only part of it; send it again"
+            ))
+        })
+    }
+
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<Box<dyn Duplex>, RuntimeError> {
         let conn = self.request(id, &Request::Connect { port }, &[]).await?;
-        match conn.recv_with_fds().await? {
-            Some((Reply::Connected, mut fds)) if fds.len() == 1 => Ok(fds.remove(0)),
-            Some((Reply::Error { error }, _)) => Err(error.into()),
-            other => Err(RuntimeError::System(format!("unexpected answer to a connect: {:?}", other.map(|o| o.0)))),
+        let fd = match conn.recv_with_fds().await? {
+            Some((Reply::Connected, mut fds)) if fds.len() == 1 => fds.remove(0),
+            Some((Reply::Error { error }, _)) => return Err(error.into()),
+            other => {
+                return Err(RuntimeError::System(format!("unexpected answer to a connect: {:?}", other.map(|o| o.0))));
+            }
+        };
+        let stream = std::net::TcpStream::from(fd);
+        stream.set_nonblocking(true).map_err(sys_err("the connection into the sandbox"))?;
+        let stream = tokio::net::TcpStream::from_std(stream).map_err(sys_err("the connection into the sandbox"))?;
+        Ok(Box::new(stream))
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
+        match self.call(id, &Request::Stats).await? {
+            Reply::Stats { metrics } => Ok(metrics),
+            other => Err(RuntimeError::System(format!("unexpected answer to stats: {other:?}"))),
         }
     }
 
@@ -410,7 +544,7 @@ impl Runtime for LocalRuntime {
         }
         match self.call(id, &Request::Destroy).await {
             Ok(_) => Ok(()),
-            Err(RuntimeError::Unavailable(_)) => self.clean_dead(id),
+            Err(RuntimeError::Unavailable(_)) => self.clean_dead(id).await,
             Err(e) => Err(e),
         }
     }
@@ -430,9 +564,34 @@ impl Runtime for LocalRuntime {
                 return Err(RuntimeError::NotFound(format!("thread {thread} has no workspace")));
             }
             self.release_locked(&name).await?;
-            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
+            blocking(move || fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))).await
         })
         .await
+    }
+}
+
+/// The rest of a file being read: the pipe's bytes, then the read's own answer, so an error
+/// half-way (the sandbox destroyed, an I/O error) is an error of the stream, not a short file.
+struct ReadToEnd {
+    pipe: pipe::Receiver,
+    done: Option<oneshot::Receiver<Result<FileReply, RuntimeError>>>,
+}
+
+impl AsyncRead for ReadToEnd {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.pipe).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            return Poll::Ready(Ok(()));
+        }
+        let Some(done) = self.done.as_mut() else { return Poll::Ready(Ok(())) };
+        let answer = ready!(Pin::new(done).poll(cx));
+        self.done = None;
+        match answer {
+            Ok(Ok(_)) => Poll::Ready(Ok(())),
+            Ok(Err(e)) => Poll::Ready(Err(std::io::Error::other(e.to_string()))),
+            Err(_) => Poll::Ready(Err(std::io::Error::other("the file read ended without an answer"))),
+        }
     }
 }
 
@@ -444,8 +603,8 @@ struct LocalExecution {
 
 #[async_trait::async_trait]
 impl Execution for LocalExecution {
-    fn pid(&self) -> u32 {
-        self.pid
+    fn pid(&self) -> Option<u32> {
+        Some(self.pid)
     }
 
     async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {

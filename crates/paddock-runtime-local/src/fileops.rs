@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, RuntimeError};
 
+use crate::protocol::FileCall;
+
 /// Resolves a request path: absolute as given, relative from `/workspace`.
 pub fn resolve(path: &str) -> Result<PathBuf, RuntimeError> {
     if path.is_empty() {
@@ -42,9 +44,9 @@ fn io_err(op: &str, path: &Path, e: io::Error) -> RuntimeError {
 }
 
 /// Runs one operation; `data` is the pipe file contents flow through for read and write.
-pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
-    match op {
-        FileOp::Read { path } => {
+pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
+    let op = match call {
+        FileCall::Read { path } => {
             let p = resolve(path)?;
             // Non-blocking open, so a FIFO cannot hang the worker before we look at what it is.
             let mut file = fs::OpenOptions::new()
@@ -63,9 +65,9 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
             require_regular("read", &p, &meta)?;
             let mut sink = File::from(data.ok_or_else(|| missing_data("read"))?);
             io::copy(&mut file, &mut sink).map_err(|e| io_err("read", &p, e))?;
-            Ok(FileReply::Stat(stat_of(&p, &meta)))
+            return Ok(FileReply::Stat(stat_of(&p, &meta)));
         }
-        FileOp::Write { path, mode } => {
+        FileCall::Write { path, mode } => {
             let p = resolve(path)?;
             if let Some(parent) = p.parent() {
                 fs::create_dir_all(parent).map_err(|e| io_err("create parent of", &p, e))?;
@@ -84,8 +86,11 @@ pub fn run(op: &FileOp, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError
             if let Some(mode) = mode {
                 fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
             }
-            stat(&p)
+            return stat(&p);
         }
+        FileCall::Meta(op) => op,
+    };
+    match op {
         FileOp::List { path } => {
             let p = resolve(path)?;
             let mut entries = Vec::new();

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use paddock_core::runtime::{ExecOutcome, ExecRequest, FileErrorKind, FileOp, FileReply, RuntimeError, SandboxInfo};
+use paddock_core::runtime::{
+    ExecOutcome, ExecRequest, FileErrorKind, FileOp, FileReply, RuntimeError, SandboxInfo, SandboxMetrics,
+};
 use serde::{Deserialize, Serialize};
 
 /// Client → supervisor: the first message of a connection.
@@ -19,9 +21,9 @@ pub enum Request {
         request: ExecRequest,
         has_stdin: bool,
     },
-    /// Descriptors: [data]?
+    /// Descriptors: [data]? (the pipe a read or write moves contents through)
     File {
-        op: FileOp,
+        op: FileCall,
         has_data: bool,
     },
     /// Answered with a TCP socket connected to this port on the sandbox's loopback.
@@ -29,6 +31,8 @@ pub enum Request {
         port: u16,
     },
     Info,
+    /// Answered with `Stats`.
+    Stats,
     Pause,
     Resume,
     Renew {
@@ -42,8 +46,21 @@ pub enum Request {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum InitRequest {
     Exec { argv: Vec<String>, cwd: String, env: BTreeMap<String, String>, timeout_ms: Option<u64>, has_stdin: bool },
-    File { op: FileOp, has_data: bool },
+    File { op: FileCall, has_data: bool },
     Connect { port: u16 },
+}
+
+/// A file operation as the local runtime carries it: the runtime's operations plus the two
+/// that move contents through the attached data pipe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum FileCall {
+    /// Streams a regular file's bytes into the data pipe.
+    Read { path: String },
+    /// Replaces a regular file with the bytes of the data pipe, creating parents.
+    Write { path: String, mode: Option<u32> },
+    #[serde(untagged)]
+    Meta(FileOp),
 }
 
 /// Client → init, on an exec's connection while it runs.
@@ -60,6 +77,9 @@ pub enum Reply {
     Ok,
     Info {
         info: Box<SandboxInfo>,
+    },
+    Stats {
+        metrics: SandboxMetrics,
     },
     Started {
         pid: u32,
@@ -110,6 +130,9 @@ impl From<WireError> for RuntimeError {
             "NOT_FOUND" => RuntimeError::NotFound(w.message),
             "CONFLICT" => RuntimeError::Conflict(w.message),
             "UNAVAILABLE" => RuntimeError::Unavailable(w.message),
+            "NOT_SUPPORTED" => RuntimeError::Unsupported(w.message),
+            "RESOURCE_EXHAUSTED" => RuntimeError::Exhausted(w.message),
+            "TIMEOUT" => RuntimeError::Timeout(w.message),
             _ => RuntimeError::System(w.message),
         }
     }
@@ -139,4 +162,33 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RuntimeError> {
     serde_json::from_slice(bytes)
         .map_err(|e| RuntimeError::System(format!("malformed message from the sandbox supervisor: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_calls_round_trip_with_the_runtime_ops_inside() {
+        for call in [
+            FileCall::Read { path: "/a".into() },
+            FileCall::Write { path: "b".into(), mode: Some(0o600) },
+            FileCall::Meta(FileOp::Stat { path: "/c".into() }),
+            FileCall::Meta(FileOp::Remove { path: "/d".into(), recursive: true }),
+        ] {
+            let back: FileCall = decode(&encode(&call)).unwrap();
+            assert_eq!(back, call);
+        }
+    }
+
+    #[test]
+    fn typed_errors_survive_the_wire() {
+        for e in [
+            RuntimeError::Exhausted("disk".into()),
+            RuntimeError::Unsupported("x".into()),
+            RuntimeError::Timeout("t".into()),
+        ] {
+            assert_eq!(RuntimeError::from(WireError::from(&e)), e);
+        }
+    }
 }

@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use paddock_core::naming::resource_name;
-use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxState, WorkspaceInfo};
-use paddock_core::spec::{RootFs, SandboxSpec, command_env};
+use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo};
+use paddock_core::spec::{SandboxSpec, command_env};
+
+use crate::image::RootSource;
 use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
 use paddock_sys::fdpass;
 use paddock_sys::mounts::RootPlan;
@@ -156,10 +158,10 @@ impl Supervisor {
                 }
             },
         };
-        let source = match &spec.rootfs {
-            RootFs::Host => PathBuf::from("/"),
-            RootFs::Dir { path } => {
-                let real = fs::canonicalize(path).ok().filter(|p| p.is_dir()).ok_or_else(|| {
+        let source = match crate::image::resolve(spec.image.as_deref())? {
+            RootSource::Host => PathBuf::from("/"),
+            RootSource::Dir(path) => {
+                let real = fs::canonicalize(&path).ok().filter(|p| p.is_dir()).ok_or_else(|| {
                     RuntimeError::InvalidArgument(format!(
                         "rootfs {} is not a directory: pass the path of an unpacked root filesystem",
                         path.display()
@@ -382,6 +384,13 @@ impl Supervisor {
                 }
             }
             Request::Info => Ok(Reply::Info { info: Box::new(self.info()) }),
+            Request::Stats => Ok(Reply::Stats {
+                metrics: SandboxMetrics {
+                    cpu_used_ns: self.cgroup.cpu_used_ns(),
+                    memory_used_bytes: self.cgroup.memory_used(),
+                    at_unix_ms: now_ms(),
+                },
+            }),
             Request::Pause => self.cgroup.freeze().map(|()| Reply::Ok).map_err(sys("pausing")),
             Request::Resume => self.cgroup.thaw().map(|()| Reply::Ok).map_err(sys("resuming")),
             Request::Renew { ttl_ms } => {

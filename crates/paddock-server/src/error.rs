@@ -56,6 +56,11 @@ impl From<RuntimeError> for ApiError {
             },
             // A paused or stopped sandbox is a state conflict the client can act on.
             RuntimeError::Unavailable(_) => StatusCode::CONFLICT,
+            // A request this runtime cannot serve is the client's to change, not a server fault
+            // (and a 5xx would make the SDK retry it).
+            RuntimeError::Unsupported(_) => StatusCode::BAD_REQUEST,
+            RuntimeError::Exhausted(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RuntimeError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             RuntimeError::System(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: e.code(), message: e.to_string() }

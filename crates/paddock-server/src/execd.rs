@@ -1,13 +1,14 @@
 //! The execd-compatible API (OpenSandbox's in-sandbox daemon), served by Paddock itself for
 //! every sandbox through the runtime: commands run with `Runtime::exec`, files move with
-//! `Runtime::file`, and bytes flow through pipes so nothing is buffered whole.
+//! `Runtime::file`/`read_file`/`write_file`, and bytes flow through the runtime's streams so
+//! nothing is buffered whole.
 
 mod commands;
 mod files;
 mod text;
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -17,7 +18,7 @@ use serde::Serialize;
 
 pub use commands::Commands;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::state::AppState;
 use crate::store::now_ms;
 
@@ -45,12 +46,6 @@ pub fn router() -> Router<AppState> {
 async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
     let id = params.get("id").map_or("", String::as_str);
     Ok(state.sandbox(id).await?.0)
-}
-
-/// A pipe whose ends are closed on exec: the read end and the write end.
-fn pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
-    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| ApiError::internal(format!("creating a pipe: {e}: the server may be out of file descriptors")))
 }
 
 /// User and group names of a sandbox, from its own `/etc/passwd` and `/etc/group`.
@@ -93,7 +88,18 @@ struct Metrics {
     timestamp: i64,
 }
 
-/// `GET /metrics`: the sandbox's limits, and its memory use when its cgroup is visible to it.
+/// Over how long CPU use is measured when no earlier sample of the sandbox is recent enough.
+const CPU_SAMPLE: Duration = Duration::from_millis(100);
+
+/// CPU use in percent of one CPU between two cumulative readings (nanoseconds, milliseconds).
+fn cpu_percent(earlier: (u64, u64), later: (u64, u64)) -> Option<f64> {
+    let (cpu, ms) = (later.0.checked_sub(earlier.0)?, later.1.checked_sub(earlier.1)?);
+    (ms > 0).then(|| cpu as f64 / (ms as f64 * 1e6) * 100.0)
+}
+
+/// `GET /metrics`: the sandbox's limits and its CPU and memory use, as the runtime measures
+/// them. CPU use is the rate since the previous call for this sandbox (within a minute), else
+/// over a short sample.
 async fn metrics(
     State(state): State<AppState>,
     Path(params): Path<HashMap<String, String>>,
@@ -101,21 +107,24 @@ async fn metrics(
     let sandbox = sandbox_of(&state, &params).await?;
     let resources = state.rt.get(&sandbox).await?.spec.resources;
     const MIB: f64 = (1u64 << 20) as f64;
-    // Best effort: with a cgroup namespace this file is the sandbox's own usage.
-    let used = tokio::time::timeout(
-        std::time::Duration::from_millis(500),
-        files::read_small(&state, &sandbox, "/sys/fs/cgroup/memory.current", 64),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .and_then(|b| String::from_utf8_lossy(&b).trim().parse::<u64>().ok())
-    .unwrap_or(0);
+    let mut now = state.rt.metrics(&sandbox).await?;
+    let sample = |m: &paddock_core::runtime::SandboxMetrics| m.cpu_used_ns.map(|c| (c, m.at_unix_ms));
+    let mut earlier =
+        state.commands.last_cpu_sample(&sandbox).filter(|(_, at)| now.at_unix_ms.saturating_sub(*at) < 60_000);
+    if earlier.is_none() && now.cpu_used_ns.is_some() {
+        earlier = sample(&now);
+        tokio::time::sleep(CPU_SAMPLE).await;
+        now = state.rt.metrics(&sandbox).await?;
+    }
+    if let Some(s) = sample(&now) {
+        state.commands.remember_cpu_sample(&sandbox, s);
+    }
+    let cpu_used_pct = earlier.zip(sample(&now)).and_then(|(a, b)| cpu_percent(a, b)).unwrap_or(0.0);
     Ok(axum::Json(Metrics {
         cpu_count: f64::from(resources.millicpus) / 1000.0,
-        cpu_used_pct: 0.0,
+        cpu_used_pct,
         mem_total_mib: resources.memory_bytes as f64 / MIB,
-        mem_used_mib: used as f64 / MIB,
+        mem_used_mib: now.memory_used_bytes.unwrap_or(0) as f64 / MIB,
         timestamp: now_ms(),
     }))
 }
@@ -123,6 +132,14 @@ async fn metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_percent_is_the_rate_between_readings() {
+        assert_eq!(cpu_percent((0, 1000), (50_000_000, 1100)), Some(50.0));
+        assert_eq!(cpu_percent((0, 1000), (200_000_000, 1100)), Some(200.0), "two busy CPUs");
+        assert_eq!(cpu_percent((5, 1000), (5, 1000)), None, "no time passed");
+        assert_eq!(cpu_percent((9, 1000), (5, 1100)), None, "a counter going back is no rate");
+    }
 
     #[test]
     fn name_databases_parse() {

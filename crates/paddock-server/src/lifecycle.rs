@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch, post};
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{RuntimeError, SandboxInfo, SandboxState};
-use paddock_core::spec::{RootFs, SandboxSpec};
+use paddock_core::spec::SandboxSpec;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -37,7 +37,14 @@ pub fn router() -> Router<AppState> {
         .route("/workspaces/{thread}/acquire", post(acquire))
         .route("/workspaces/{thread}/release", post(release))
         .route("/workspaces/{thread}", delete(destroy_workspace))
+        .route("/capabilities", get(capabilities))
         .route("/openapi.json", get(openapi))
+}
+
+/// `GET /v1/capabilities`: what the runtime behind this server supports, so clients and tests
+/// ask instead of assuming (pause, persistent workspaces, images, network modes, metrics).
+async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core::runtime::Capabilities> {
+    axum::Json(state.rt.capabilities())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -167,7 +174,11 @@ fn host_arch() -> &'static str {
 // Request → spec
 
 fn unsupported(what: &str) -> ApiError {
-    ApiError::bad_request(format!("{what} is not supported by Paddock's local runtime"))
+    ApiError::new(
+        axum::http::StatusCode::BAD_REQUEST,
+        "NOT_SUPPORTED",
+        format!("{what} is not supported by Paddock yet"),
+    )
 }
 
 /// Kubernetes-style memory quantity (`512Mi`, `2Gi`, `1G`, `1048576`) → bytes.
@@ -247,16 +258,9 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
             ));
         }
     }
-    let image = req.image.map(|i| i.uri).unwrap_or_else(|| "host".into());
-    let rootfs = if image == "host" {
-        RootFs::Host
-    } else if image.starts_with('/') && std::path::Path::new(&image).is_dir() {
-        RootFs::Dir { path: image.clone().into() }
-    } else {
-        return Err(ApiError::bad_request(format!(
-            "image {image:?} cannot be provided: the local runtime pulls no images; use \"host\" (the host's root filesystem, read-only) or the absolute path of an unpacked root filesystem"
-        )));
-    };
+    // The runtime resolves the image and says in its own words what it cannot run.
+    let image_ref = req.image.map(|i| i.uri);
+    let image = image_ref.clone().unwrap_or_else(|| "default".into());
     let max = state.config.max_timeout.as_secs();
     let timeout_secs = match req.timeout {
         None => state.config.default_timeout.as_secs(),
@@ -271,7 +275,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
         Some(Some(t)) => t as u64,
     };
-    let mut spec = SandboxSpec { rootfs, timeout_secs: Some(timeout_secs), ..Default::default() };
+    let mut spec = SandboxSpec { image: image_ref, timeout_secs: Some(timeout_secs), ..Default::default() };
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
         match k.as_str() {
             "cpu" => {
@@ -750,7 +754,21 @@ pub fn openapi_document() -> Value {
                 "responses": {"204": {"description": "Released"}, "400": error_ref, "401": error_ref}}},
             "/workspaces/{thread}": {"delete": {
                 "summary": "Stop the thread's sandbox and delete its workspace", "parameters": [thread],
-                "responses": {"204": {"description": "Deleted"}, "404": error_ref, "401": error_ref}}}
+                "responses": {"204": {"description": "Deleted"}, "404": error_ref, "401": error_ref}}},
+            "/capabilities": {"get": {
+                "summary": "What the runtime behind this server supports",
+                "responses": {"200": {"description": "Capabilities", "content": {"application/json": {"schema": {
+                    "type": "object",
+                    "required": ["runtime", "pause", "persistent_workspaces", "run_as_other_user", "images", "network", "metrics"],
+                    "properties": {
+                        "runtime": {"type": "string", "description": "local or kubernetes"},
+                        "pause": {"type": "boolean"},
+                        "persistent_workspaces": {"type": "boolean"},
+                        "run_as_other_user": {"type": "boolean"},
+                        "images": {"type": "string", "description": "the image references accepted, in words"},
+                        "network": {"type": "array", "items": {"type": "string"}},
+                        "metrics": {"type": "boolean"}}}}}},
+                    "401": error_ref}}}
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "OPEN-SANDBOX-API-KEY"}},

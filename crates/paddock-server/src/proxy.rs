@@ -73,16 +73,12 @@ async fn forward(
     if req.headers().contains_key(header::UPGRADE) {
         return Err(ApiError::bad_request("WebSocket and other upgrades are not proxied yet: use plain HTTP"));
     }
-    let fd = state.rt.connect(&sid, port).await.map_err(|e| match e {
+    let stream = state.rt.connect(&sid, port).await.map_err(|e| match e {
         paddock_core::runtime::RuntimeError::Unavailable(m) => {
             ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m)
         }
         other => other.into(),
     })?;
-    let std_stream = std::net::TcpStream::from(fd);
-    std_stream.set_nonblocking(true).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
-    let stream =
-        tokio::net::TcpStream::from_std(std_stream).map_err(|e| ApiError::internal(format!("proxy socket: {e}")))?;
     let bad_gateway = |m: String| ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await

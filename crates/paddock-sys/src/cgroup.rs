@@ -321,6 +321,33 @@ impl SandboxCgroup {
         self.oom_counter_path().and_then(|p| fs::read_to_string(p).ok()).map(|t| parse_oom_kills(&t)).unwrap_or(0)
     }
 
+    /// Memory charged to the sandbox now, bytes (`memory.current` on v2, `memory.usage_in_bytes`
+    /// on v1).
+    pub fn memory_used(&self) -> Option<u64> {
+        let path = if self.limits_on_v2 {
+            self.unified.as_deref()?.join("memory.current")
+        } else {
+            self.v1_dir("memory")?.join("memory.usage_in_bytes")
+        };
+        fs::read_to_string(path).ok()?.trim().parse().ok()
+    }
+
+    /// CPU time used by every process of the sandbox so far, nanoseconds: v1's
+    /// `cpuacct.usage` where cpuacct shares the cpu hierarchy, else cgroup2's `cpu.stat`, which
+    /// the v2 core keeps even without the cpu controller.
+    pub fn cpu_used_ns(&self) -> Option<u64> {
+        if !self.limits_on_v2
+            && let Some(n) = self
+                .v1_dir("cpu")
+                .and_then(|d| fs::read_to_string(d.join("cpuacct.usage")).ok())
+                .and_then(|t| t.trim().parse().ok())
+        {
+            return Some(n);
+        }
+        let stat = fs::read_to_string(self.unified.as_deref()?.join("cpu.stat")).ok()?;
+        parse_usage_usec(&stat).map(|us| us.saturating_mul(1000))
+    }
+
     /// Removes every cgroup directory of the sandbox; they must be empty of processes.
     pub fn remove(&self, timeout: Duration) -> Result<()> {
         for dir in self.dirs() {
@@ -340,6 +367,11 @@ impl SandboxCgroup {
         }
         Ok(())
     }
+}
+
+/// The `usage_usec N` of a v2 `cpu.stat` text.
+pub fn parse_usage_usec(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|n| n.trim().parse().ok())
 }
 
 /// The `oom_kill N` count of a v1 `memory.oom_control` or v2 `memory.events` text.
@@ -495,5 +527,19 @@ mod tests {
         fs::write(tmp.path().join("memory/p/o/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
             .unwrap();
         assert_eq!(cg.oom_kills(), 3);
+    }
+
+    #[test]
+    fn fake_cgroupfs_usage_is_read_from_v1_files_and_the_v2_core() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layout = fake_v1(tmp.path());
+        let cg = layout.create("p", "u", &Limits { memory_bytes: 1 << 20, pids: 1, millicpus: None }).unwrap();
+        assert_eq!((cg.memory_used(), cg.cpu_used_ns()), (None, None));
+        fs::write(tmp.path().join("memory/p/u/memory.usage_in_bytes"), "4096\n").unwrap();
+        fs::write(tmp.path().join("unified/p/u/cpu.stat"), "usage_usec 7\nuser_usec 5\n").unwrap();
+        assert_eq!(cg.memory_used(), Some(4096));
+        assert_eq!(cg.cpu_used_ns(), Some(7000), "without cpuacct, the v2 core's cpu.stat counts");
+        fs::write(tmp.path().join("cpu/p/u/cpuacct.usage"), "123456\n").unwrap();
+        assert_eq!(cg.cpu_used_ns(), Some(123456));
     }
 }

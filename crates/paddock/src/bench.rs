@@ -24,7 +24,6 @@ mod http;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::io::IsTerminal;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -32,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use paddock_core::runtime::{ExecIo, ExecRequest, Runtime, SandboxId};
+use paddock_core::runtime::{ExecRequest, Runtime, SandboxId};
 use paddock_core::spec::SandboxSpec;
 use paddock_runtime_local::LocalRuntime;
 use serde::Serialize;
@@ -307,12 +306,9 @@ async fn paddock_cold_once(rt: &LocalRuntime, cfg: &Config, live: &Live) -> Resu
     let id = create(rt, cfg, live).await?;
     let create = t0.elapsed();
     let ran = async {
-        let (reader, writer) = std::io::pipe().context("creating a pipe for the command's output")?;
-        let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
-            .context("registering the output pipe")?;
-        let io = ExecIo { stdin: None, stdout: writer.into(), stderr: dev_null()? };
         let request = ExecRequest { argv: vec!["echo".into(), "x".into()], ..ExecRequest::default() };
-        let mut exec = within("starting `echo x` in a new sandbox", rt.exec(&id, request, io)).await?;
+        let process = within("starting `echo x` in a new sandbox", rt.exec(&id, request)).await?;
+        let (mut rx, mut exec) = (process.stdout, process.control);
         let mut byte = [0u8; 1];
         let n = within("waiting for the first output of `echo x`", rx.read(&mut byte)).await?;
         if n == 0 {
@@ -379,9 +375,8 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
 /// `exec /bin/true` into a running sandbox: (until started, until its exit is reported).
 async fn paddock_true_once(rt: &LocalRuntime, id: &SandboxId) -> Result<(Duration, Duration)> {
     let t0 = Instant::now();
-    let io = ExecIo { stdin: None, stdout: dev_null()?, stderr: dev_null()? };
     let request = ExecRequest { argv: vec!["/bin/true".into()], ..ExecRequest::default() };
-    let mut exec = within("starting /bin/true in the sandbox", rt.exec(id, request, io)).await?;
+    let mut exec = within("starting /bin/true in the sandbox", rt.exec(id, request)).await?.control;
     let started = t0.elapsed();
     let outcome = within("waiting for /bin/true to exit", exec.wait()).await?;
     let done = t0.elapsed();
@@ -889,11 +884,6 @@ where
             OP_TIMEOUT.as_secs()
         )),
     }
-}
-
-fn dev_null() -> Result<OwnedFd> {
-    let f = std::fs::OpenOptions::new().write(true).open("/dev/null").context("opening /dev/null")?;
-    Ok(f.into())
 }
 
 // ---------------------------------------------------------------------------------------------

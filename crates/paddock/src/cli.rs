@@ -1,18 +1,18 @@
 //! Command-line interface: argument definitions and what each command does.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use paddock_core::naming::{NamingMode, ThreadId};
-use paddock_core::runtime::{ExecIo, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Runtime, SandboxId};
-use paddock_core::spec::{RootFs, SandboxSpec, User, validate_env_name};
+use paddock_core::runtime::{ByteReader, ByteWriter, ExecOutcome, ExecRequest, FileOp, Process, Runtime, SandboxId};
+use paddock_core::spec::{SandboxSpec, User, validate_env_name};
 use paddock_core::units::{format_duration, parse_bytes, parse_cpus, parse_duration};
-use paddock_runtime_local::LocalRuntime;
+use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::output;
@@ -33,6 +33,8 @@ pub struct Cli {
     /// (Dawn's exact names, to reattach volumes it created).
     #[arg(long, global = true, env = "PADDOCK_NAMING", default_value = "hashed")]
     pub naming: NamingMode,
+    #[command(flatten)]
+    pub runtime: crate::runtimes::RuntimeOpts,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -140,8 +142,12 @@ pub struct SandboxOpts {
     #[arg(long)]
     workspace: Option<String>,
     /// Use this unpacked root filesystem instead of the host's `/` (read-only either way).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "image")]
     rootfs: Option<PathBuf>,
+    /// The image the runtime runs: `host` or a root directory on the local runtime, an image
+    /// reference on Kubernetes. The runtime's default when not given.
+    #[arg(long)]
+    image: Option<String>,
     /// uid:gid to run as inside the sandbox.
     #[arg(long, value_parser = parse_user)]
     user: Option<User>,
@@ -198,7 +204,10 @@ impl SandboxOpts {
         }
         if let Some(root) = &self.rootfs {
             let path = std::path::absolute(root).with_context(|| format!("resolving --rootfs {}", root.display()))?;
-            spec.rootfs = RootFs::Dir { path };
+            spec.image = Some(path.to_string_lossy().into_owned());
+        }
+        if let Some(image) = &self.image {
+            spec.image = Some(image.clone());
         }
         spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
         spec.validate().map_err(|e| anyhow!("--{e}"))?;
@@ -215,58 +224,67 @@ impl ExecOpts {
             cwd: self.cwd.clone(),
             env: self.cmd_env.iter().cloned().collect::<BTreeMap<_, _>>(),
             timeout_ms: timeout.map(|t| t.as_millis() as u64),
+            stdin: self.wants_stdin(),
         }
     }
 
-    /// The command's stdio: this process's own descriptors, except terminals, which the
-    /// sandbox never receives: a process left behind could read what is typed at it later
-    /// or write to it. Terminals are relayed through pipes instead.
-    fn io(&self) -> Result<(ExecIo, Relays)> {
-        let mut relays = Relays::default();
-        let stdin = std::io::stdin();
-        let stdin_fd = if !stdin.is_terminal() {
-            Some(stdin.as_fd().try_clone_to_owned()?)
-        } else if self.interactive {
-            let (reader, mut writer) = std::io::pipe()?;
-            // Not joined: it blocks reading the terminal until the next line or our exit.
-            std::thread::spawn(move || std::io::copy(&mut std::io::stdin().lock(), &mut writer));
-            Some(reader.into())
-        } else {
-            None
-        };
-        let mut out = |fd: std::os::fd::BorrowedFd<'_>, terminal: bool, to_stderr: bool| -> Result<OwnedFd> {
-            if !terminal {
-                return Ok(fd.try_clone_to_owned()?);
-            }
-            let (mut reader, writer) = std::io::pipe()?;
-            relays.0.push(std::thread::spawn(move || {
-                let _ = if to_stderr {
-                    std::io::copy(&mut reader, &mut std::io::stderr())
-                } else {
-                    std::io::copy(&mut reader, &mut std::io::stdout())
-                };
-            }));
-            Ok(writer.into())
-        };
-        let stdout = out(std::io::stdout().as_fd(), std::io::stdout().is_terminal(), false)?;
-        let stderr = out(std::io::stderr().as_fd(), std::io::stderr().is_terminal(), true)?;
-        Ok((ExecIo { stdin: stdin_fd, stdout, stderr }, relays))
+    /// Standard input is passed when it is not a terminal, or with `-i`.
+    fn wants_stdin(&self) -> bool {
+        self.interactive || !std::io::stdin().is_terminal()
     }
 }
 
-/// Threads copying a command's output to this process's terminal.
-#[derive(Default)]
-struct Relays(Vec<std::thread::JoinHandle<()>>);
+/// Copies a command's output to this process's stdout and stderr, and this process's stdin to
+/// the command. The sandbox never receives a descriptor of ours, only pipes: a terminal could
+/// be read by a process left behind long after, and a file opened for append (`>> log`) could
+/// be truncated or written after this command has exited.
+struct Relays(Vec<tokio::task::JoinHandle<()>>);
 
 impl Relays {
+    fn start(stdin: Option<ByteWriter>, stdout: ByteReader, stderr: ByteReader) -> Self {
+        if let Some(mut to_command) = stdin {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+            // A plain thread, never joined: reading a terminal blocks until the next line, and
+            // must not hold up our exit (tokio's stdin would, on the runtime's blocking pool).
+            std::thread::spawn(move || {
+                let mut stdin = std::io::stdin().lock();
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n @ 1..) = stdin.read(&mut buf) {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                while let Some(chunk) = rx.recv().await {
+                    if to_command.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = to_command.shutdown().await;
+            });
+        }
+        let out = tokio::spawn(async move {
+            let mut stdout = stdout;
+            let mut sink = tokio::io::stdout();
+            let _ = tokio::io::copy(&mut stdout, &mut sink).await;
+            let _ = sink.flush().await;
+        });
+        let err = tokio::spawn(async move {
+            let mut stderr = stderr;
+            let mut sink = tokio::io::stderr();
+            let _ = tokio::io::copy(&mut stderr, &mut sink).await;
+            let _ = sink.flush().await;
+        });
+        Self(vec![out, err])
+    }
+
     /// Lets the relays finish copying, for at most a moment: a process the command left
     /// running may hold the pipe open for ever.
     async fn finish(self) {
-        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
         for relay in self.0 {
-            while !relay.is_finished() && std::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let _ = tokio::time::timeout_at(deadline, relay).await;
         }
     }
 }
@@ -280,12 +298,19 @@ fn sandbox_id(s: &str) -> Result<SandboxId> {
 }
 
 pub async fn run(cli: Cli) -> Result<u8> {
-    let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
-    let rt = LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
+    if let Command::Bench(args) = cli.command {
+        // The benchmark measures this machine's runtime against bubblewrap on this machine.
+        let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
+        let rt = paddock_runtime_local::LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
+        return crate::bench::run(&rt, args, cli.json).await;
+    }
+    let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming).await?;
     if let Command::Serve(args) = cli.command {
         return crate::serve::run(rt, &cli.data_dir, args).await;
     }
     let json = cli.json;
+    let rt = rt.as_ref();
+    let naming = cli.naming;
     match cli.command {
         Command::Run { sandbox, timeout, exec } => {
             let (spec, thread) = sandbox.spec(None)?;
@@ -298,9 +323,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             };
             // A live sandbox of the thread that acquire handed back belongs to whoever made it.
             let ours = info.created_unix_ms >= before;
-            let (io, relays) = exec.io()?;
-            let result = run_to_exit(&rt, &info.id, request, io).await;
-            relays.finish().await;
+            let result = run_to_exit(rt, &info.id, request).await;
             // A sandbox we made goes either way; a workspace stays.
             let removed = if ours { rt.destroy(&info.id).await } else { Ok(()) };
             let outcome = result?;
@@ -326,13 +349,10 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Exec { id, timeout, exec } => {
             let request = exec.request(timeout);
-            let (io, relays) = exec.io()?;
-            let outcome = run_to_exit(&rt, &sandbox_id(&id)?, request, io).await;
-            relays.finish().await;
-            let outcome = outcome?;
+            let outcome = run_to_exit(rt, &sandbox_id(&id)?, request).await?;
             Ok(report_outcome(&outcome, timeout))
         }
-        Command::Cp { src, dst } => copy(&rt, &src, &dst, json).await,
+        Command::Cp { src, dst } => copy(rt, &src, &dst, json).await,
         Command::Rm { ids } => {
             let mut failed = false;
             for id in ids {
@@ -356,14 +376,13 @@ pub async fn run(cli: Cli) -> Result<u8> {
             output::line(json, "resumed", &id);
             Ok(0)
         }
-        Command::Workspace(cmd) => workspace(&rt, cmd, json).await,
-        Command::Bench(args) => crate::bench::run(&rt, args, json).await,
+        Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
-        Command::Serve(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Bench(_) => unreachable!("handled above"),
     }
 }
 
-async fn workspace(rt: &LocalRuntime, cmd: WorkspaceCommand, json: bool) -> Result<u8> {
+async fn workspace(rt: &dyn Runtime, naming: NamingMode, cmd: WorkspaceCommand, json: bool) -> Result<u8> {
     let thread = |t: &str| ThreadId::new(t).map_err(|e| anyhow!("{e}"));
     match cmd {
         WorkspaceCommand::Acquire { thread: t, sandbox } => {
@@ -383,28 +402,32 @@ async fn workspace(rt: &LocalRuntime, cmd: WorkspaceCommand, json: bool) -> Resu
             output::line(json, "removed", &t);
         }
         WorkspaceCommand::Name { thread: t } => {
-            let name = paddock_core::naming::resource_name(&thread(&t)?, rt.naming());
+            let name = paddock_core::naming::resource_name(&thread(&t)?, naming);
             output::line(json, "name", &name);
         }
     }
     Ok(0)
 }
 
-/// Runs a command to its end, forwarding SIGINT, SIGTERM and SIGHUP to it.
-async fn run_to_exit(rt: &LocalRuntime, id: &SandboxId, request: ExecRequest, io: ExecIo) -> Result<ExecOutcome> {
-    let mut exec: Box<dyn Execution> = rt.exec(id, request, io).await?;
+/// Runs a command to its end, relaying its standard streams and forwarding SIGINT, SIGTERM
+/// and SIGHUP to it.
+async fn run_to_exit(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest) -> Result<ExecOutcome> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
-    loop {
+    let Process { stdin, stdout, stderr, control: mut exec } = rt.exec(id, request).await?;
+    let relays = Relays::start(stdin, stdout, stderr);
+    let outcome = loop {
         let forward = tokio::select! {
-            outcome = exec.wait() => return Ok(outcome?),
+            outcome = exec.wait() => break outcome,
             _ = sigint.recv() => SignalKind::interrupt(),
             _ = sigterm.recv() => SignalKind::terminate(),
             _ = sighup.recv() => SignalKind::hangup(),
         };
         exec.signal(forward.as_raw_value()).await?;
-    }
+    };
+    relays.finish().await;
+    Ok(outcome?)
 }
 
 fn report_outcome(outcome: &ExecOutcome, timeout: Option<Duration>) -> u8 {
@@ -427,19 +450,18 @@ fn split_remote(s: &str) -> Option<(&str, &str)> {
     SandboxId::parse(id).ok().map(|_| (id, path))
 }
 
-async fn copy(rt: &LocalRuntime, src: &str, dst: &str, json: bool) -> Result<u8> {
+async fn copy(rt: &dyn Runtime, src: &str, dst: &str, json: bool) -> Result<u8> {
     match (split_remote(src), split_remote(dst)) {
         (None, Some((id, path))) => {
-            let mut file = std::fs::File::open(src).with_context(|| format!("opening {src}"))?;
-            let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata()?.permissions()) & 0o777;
-            let (reader, mut writer) = std::io::pipe()?;
-            let pump = std::thread::spawn(move || std::io::copy(&mut file, &mut writer));
-            let reply = rt
-                .file(&sandbox_id(id)?, FileOp::Write { path: path.to_owned(), mode: Some(mode) }, Some(reader.into()))
-                .await;
-            let copied = pump.join().map_err(|_| anyhow!("the copy thread panicked"))?;
-            let reply = reply?;
-            copied.with_context(|| format!("reading {src}"))?;
+            let id = sandbox_id(id)?;
+            let file = tokio::fs::File::open(src).await.with_context(|| format!("opening {src}"))?;
+            let meta = file.metadata().await.with_context(|| format!("reading {src}"))?;
+            if !meta.is_file() {
+                bail!("{src} is not a regular file: only regular files can be copied");
+            }
+            let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777;
+            rt.write_file(&id, path, Some(mode), Box::new(file)).await?;
+            let reply = rt.file(&id, FileOp::Stat { path: path.to_owned() }).await?;
             output::file_reply(&reply, json);
         }
         (Some((id, path)), None) => {
@@ -449,18 +471,15 @@ async fn copy(rt: &LocalRuntime, src: &str, dst: &str, json: bool) -> Result<u8>
             let dir = target.parent().unwrap_or(std::path::Path::new("/"));
             let mut partial =
                 tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
-            let (mut reader, writer) = std::io::pipe()?;
-            let mut out = partial.as_file().try_clone()?;
-            let pump = std::thread::spawn(move || std::io::copy(&mut reader, &mut out));
-            let reply = rt.file(&sandbox_id(id)?, FileOp::Read { path: path.to_owned() }, Some(writer.into())).await;
-            let copied = pump.join().map_err(|_| anyhow!("the copy thread panicked"))?;
-            let reply = reply?;
-            copied.with_context(|| format!("writing {dst}"))?;
+            let id = sandbox_id(id)?;
+            let mut reader = rt.read_file(&id, path).await?;
+            let mut out = tokio::fs::File::from_std(partial.as_file().try_clone()?);
+            tokio::io::copy(&mut reader, &mut out).await.with_context(|| format!("copying {src} to {dst}"))?;
+            out.flush().await?;
             partial.as_file_mut().flush()?;
             partial.persist(&target).with_context(|| format!("writing {dst}"))?;
-            if let FileReply::Stat(_) = &reply {
-                output::file_reply(&reply, json);
-            }
+            let reply = rt.file(&id, FileOp::Stat { path: path.to_owned() }).await?;
+            output::file_reply(&reply, json);
         }
         (Some(_), Some(_)) => bail!("copying between two sandboxes is not supported: copy to a local file first"),
         (None, None) => bail!("neither {src:?} nor {dst:?} names a sandbox path: write one as SANDBOX_ID:/path"),

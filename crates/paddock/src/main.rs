@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod output;
+mod runtimes;
 mod serve;
 
 use std::process::ExitCode;

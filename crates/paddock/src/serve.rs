@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use paddock_core::runtime::Runtime;
 use paddock_core::units::{parse_bytes, parse_duration};
-use paddock_runtime_local::LocalRuntime;
 use paddock_server::ServerConfig;
 
 #[derive(Debug, Args)]
@@ -61,7 +61,7 @@ fn stored_key(data_dir: &Path) -> Result<(String, bool)> {
     Ok((key, true))
 }
 
-pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u8> {
+pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Result<u8> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -84,7 +84,7 @@ pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u
         max_timeout: args.max_timeout,
         max_upload_bytes: args.max_upload,
     };
-    let state = paddock_server::build_state(config, Arc::new(rt)).await?;
+    let state = paddock_server::build_state(config, rt).await?;
     let key_file = key_from_file.then(|| data_dir.join("api-key"));
     let data = data_dir.display().to_string();
     paddock_server::serve(state, args.drain_timeout, move |addr| {

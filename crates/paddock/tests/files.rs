@@ -5,13 +5,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use common::{Env, sh};
 use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, Runtime, RuntimeError, SandboxId};
 use paddock_core::spec::SandboxSpec;
+use tokio::io::AsyncReadExt;
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut buf = vec![0u8; n];
@@ -36,31 +36,24 @@ async fn write(
     mode: Option<u32>,
     bytes: &[u8],
 ) -> Result<FileReply, RuntimeError> {
-    let (reader, mut writer) = std::io::pipe().expect("pipe");
-    let bytes = bytes.to_vec();
-    // The write fails with a broken pipe when the operation fails before reading everything.
-    let feeder = std::thread::spawn(move || {
-        let _ = writer.write_all(&bytes);
-    });
-    let reply = env.rt.file(id, FileOp::Write { path: path.to_owned(), mode }, Some(reader.into())).await;
-    feeder.join().expect("feeder thread");
-    reply
+    let data = Box::new(std::io::Cursor::new(bytes.to_vec()));
+    env.rt.write_file(id, path, mode, data).await?;
+    env.rt.file(id, FileOp::Stat { path: path.to_owned() }).await
 }
 
-/// Reads `path` from the sandbox through a pipe drained by a thread.
+/// Reads `path` from the sandbox; the reply is the file's stat after the read.
 async fn read(env: &Env, id: &SandboxId, path: &str) -> (Result<FileReply, RuntimeError>, Vec<u8>) {
-    let (mut reader, writer) = std::io::pipe().expect("pipe");
-    let drainer = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        reader.read_to_end(&mut buf).expect("reading the pipe");
-        buf
-    });
-    let reply = env.rt.file(id, FileOp::Read { path: path.to_owned() }, Some(writer.into())).await;
-    (reply, drainer.join().expect("drainer thread"))
+    let mut reader = match env.rt.read_file(id, path).await {
+        Ok(r) => r,
+        Err(e) => return (Err(e), Vec::new()),
+    };
+    let mut buf = Vec::new();
+    reader.read_to_end(&mut buf).await.expect("reading the file's stream");
+    (env.rt.file(id, FileOp::Stat { path: path.to_owned() }).await, buf)
 }
 
 async fn op(env: &Env, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
-    env.rt.file(id, op, None).await
+    env.rt.file(id, op).await
 }
 
 async fn stat(env: &Env, id: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
@@ -519,15 +512,18 @@ async fn reading_a_device_through_a_symlink_is_refused() {
     let env = Env::new();
     let id = env.confined(SandboxSpec::default()).await;
     sh_ok(&env, &id, "ln -s /dev/zero /workspace/result.txt").await;
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    // Take at most 16 MiB, then hang up so an endless stream ends with a broken pipe.
-    let drainer = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = reader.take(16 << 20).read_to_end(&mut buf);
-        buf.len()
-    });
-    let reply = env.rt.file(&id, FileOp::Read { path: "/workspace/result.txt".into() }, Some(writer.into())).await;
-    let streamed = drainer.join().unwrap();
-    assert!(matches!(reply, Err(RuntimeError::File { .. })), "{reply:?}");
-    assert_eq!(streamed, 0, "the read streamed device bytes before failing");
+    // Take at most 16 MiB, then hang up so an endless stream ends.
+    let reply = env.rt.read_file(&id, "/workspace/result.txt").await;
+    let streamed = match reply {
+        Ok(r) => {
+            let mut buf = Vec::new();
+            let _ = r.take(16 << 20).read_to_end(&mut buf).await;
+            buf.len()
+        }
+        Err(e) => {
+            assert!(matches!(e, RuntimeError::File { .. }), "{e:?}");
+            0
+        }
+    };
+    assert_eq!(streamed, 0, "the read streamed device bytes instead of failing");
 }

@@ -291,7 +291,7 @@ async fn rootfs_directory_replaces_the_host_root() {
     let inside = env.data().join("rootfs");
     std::fs::create_dir_all(&inside).unwrap();
     let mut s = spec();
-    s.rootfs = paddock_core::spec::RootFs::Dir { path: inside };
+    s.image = Some(inside.to_string_lossy().into_owned());
     let err = env.rt.create(s).await.unwrap_err();
     assert!(err.to_string().contains("inside Paddock's data directory"), "{err}");
     // A tiny root filesystem: dash and the libraries it needs, nothing else.
@@ -303,7 +303,7 @@ async fn rootfs_directory_replaces_the_host_root() {
         std::fs::copy(f, &dst).unwrap();
     }
     let mut s = spec();
-    s.rootfs = paddock_core::spec::RootFs::Dir { path: root.clone() };
+    s.image = Some(root.to_string_lossy().into_owned());
     let id = env.create(s).await.id;
     let req = ExecRequest {
         argv: vec![
@@ -331,26 +331,17 @@ async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
     let env = Env::new();
     let id = env.confined(spec()).await;
     // Hold as many inotify instances as the kernel allows this user, then check from the host.
-    let (out_r, out_w) = std::io::pipe().unwrap();
-    let (_e, err_w) = std::io::pipe().unwrap();
     let script = "import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile True:\n    fd = libc.inotify_init1(0)\n    if fd < 0: break\n    held.append(fd)\nprint(len(held), flush=True)\ntime.sleep(30)\n";
     let req = ExecRequest {
         argv: vec!["python3".into(), "-c".into(), script.into()],
         timeout_ms: Some(20_000),
         ..Default::default()
     };
-    let mut hog = env
-        .rt
-        .exec(&id, req, paddock_core::runtime::ExecIo { stdin: None, stdout: out_w.into(), stderr: err_w.into() })
-        .await
-        .unwrap();
-    let held = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(out_r), &mut line).unwrap();
-        line.trim().parse::<u32>().unwrap_or(0)
-    })
-    .await
-    .unwrap();
+    let process = env.rt.exec(&id, req).await.unwrap();
+    let mut hog = process.control;
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(process.stdout), &mut line).await.unwrap();
+    let held = line.trim().parse::<u32>().unwrap_or(0);
     assert!(held > 0, "the sandbox could open no inotify instance at all");
     let host = rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC);
     assert!(host.is_ok(), "host root lost inotify after a sandbox held {held} instances: {host:?}");

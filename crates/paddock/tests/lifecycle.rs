@@ -3,14 +3,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
 
 use common::{Env, assert_nothing_left, exec, sh};
 use paddock_core::naming::{NamingMode, ThreadId};
-use paddock_core::runtime::{ExecIo, ExecRequest, Runtime, RuntimeError, SandboxState};
+use paddock_core::runtime::{ExecRequest, Runtime, RuntimeError, SandboxState};
 use paddock_core::spec::SandboxSpec;
 use paddock_runtime_local::LocalRuntime;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 fn thread(s: &str) -> ThreadId {
     ThreadId::new(s).unwrap()
@@ -20,21 +20,15 @@ fn thread(s: &str) -> ThreadId {
 async fn output_streams_before_the_command_ends() {
     let env = Env::new();
     let id = env.confined(SandboxSpec::default()).await;
-    let (out_r, out_w) = std::io::pipe().unwrap();
-    let (_err_r, err_w) = std::io::pipe().unwrap();
     let started = Instant::now();
     let request = ExecRequest::shell("echo first; sleep 2; echo second");
-    let mut running =
-        env.rt.exec(&id, request, ExecIo { stdin: None, stdout: out_w.into(), stderr: err_w.into() }).await.unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut lines = BufReader::new(out_r).lines();
-        let first = lines.next().unwrap().unwrap();
-        let at = started.elapsed();
-        (first, at, lines.next().unwrap().unwrap())
-    });
-    let outcome = running.wait().await.unwrap();
+    let mut running = env.rt.exec(&id, request).await.unwrap();
+    let mut lines = BufReader::new(running.stdout).lines();
+    let first = lines.next_line().await.unwrap().unwrap();
+    let first_at = started.elapsed();
+    let second = lines.next_line().await.unwrap().unwrap();
+    let outcome = running.control.wait().await.unwrap();
     let ended = started.elapsed();
-    let (first, first_at, second) = reader.join().unwrap();
     assert_eq!((first.as_str(), second.as_str(), outcome.exit_code), ("first", "second", 0));
     assert!(first_at < Duration::from_millis(1500), "first line took {first_at:?}: output is buffered");
     assert!(ended >= Duration::from_secs(2), "the command ended too early: {ended:?}");
@@ -47,24 +41,15 @@ async fn exit_codes_signals_stdin_cwd_and_concurrency() {
     assert_eq!(sh(&env.rt, &id, "exit 42").await.code(), 42);
 
     // A signal sent through the execution reaches the command.
-    let (_o, ow) = std::io::pipe().unwrap();
-    let (_e, ew) = std::io::pipe().unwrap();
-    let mut sleeper = env
-        .rt
-        .exec(&id, ExecRequest::shell("exec sleep 100"), ExecIo { stdin: None, stdout: ow.into(), stderr: ew.into() })
-        .await
-        .unwrap();
+    let mut sleeper = env.rt.exec(&id, ExecRequest::shell("exec sleep 100")).await.unwrap().control;
     tokio::time::sleep(Duration::from_millis(100)).await;
     sleeper.signal(15).await.unwrap();
     let outcome = sleeper.wait().await.unwrap();
     assert_eq!((outcome.exit_code, outcome.signal, outcome.timed_out), (143, Some(15), false));
 
     // stdin
-    let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
-    let feeder = std::thread::spawn(move || stdin_w.write_all(b"from stdin\n"));
-    let out =
-        exec(&env.rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(stdin_r.into())).await;
-    feeder.join().unwrap().unwrap();
+    let request = ExecRequest { argv: vec!["cat".into()], ..Default::default() };
+    let out = exec(&env.rt, &id, request, Some(b"from stdin\n".to_vec())).await;
     assert_eq!(out.stdout, "from stdin\n");
 
     // cwd, relative to /workspace
@@ -194,19 +179,14 @@ async fn pause_freezes_and_resume_continues_with_memory_intact() {
     let id = env.confined(SandboxSpec::default()).await;
     // A counter that keeps its state in memory and reports it to a file.
     let script = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done";
-    let (_o, ow) = std::io::pipe().unwrap();
-    let (_e, ew) = std::io::pipe().unwrap();
-    let mut counter = env
-        .rt
-        .exec(&id, ExecRequest::shell(script), ExecIo { stdin: None, stdout: ow.into(), stderr: ew.into() })
-        .await
-        .unwrap();
+    let process = env.rt.exec(&id, ExecRequest::shell(script)).await.unwrap();
+    let mut counter = process.control;
     tokio::time::sleep(Duration::from_millis(300)).await;
     env.rt.pause(&id).await.unwrap();
     assert_eq!(env.rt.get(&id).await.unwrap().state, SandboxState::Paused);
     let count_file = env.data().join("sandboxes").join(id.as_str()).join("workspace");
     let _ = count_file; // /tmp is private to the sandbox: read it after resume instead.
-    let err = env.rt.exec(&id, ExecRequest::shell("true"), io_null()).await.err().expect("exec while paused");
+    let err = env.rt.exec(&id, ExecRequest::shell("true")).await.expect_err("exec while paused");
     assert!(matches!(err, RuntimeError::Unavailable(ref m) if m.contains("paused")), "{err}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     env.rt.resume(&id).await.unwrap();
@@ -218,11 +198,6 @@ async fn pause_freezes_and_resume_continues_with_memory_intact() {
     // 300 ms paused: had it kept running, it would be about 6 counts further than it is.
     counter.signal(9).await.unwrap();
     assert_eq!(counter.wait().await.unwrap().signal, Some(9));
-}
-
-fn io_null() -> ExecIo {
-    let null = || std::fs::OpenOptions::new().write(true).open("/dev/null").unwrap().into();
-    ExecIo { stdin: None, stdout: null(), stderr: null() }
 }
 
 #[tokio::test]
@@ -281,7 +256,6 @@ async fn creating_a_second_sandbox_on_a_busy_workspace_is_a_conflict() {
 
 #[tokio::test]
 async fn connect_reaches_a_server_inside_the_sandbox_only() {
-    use std::io::Read;
     let env = Env::new();
     let id = env.confined(SandboxSpec::default()).await;
     assert!(matches!(env.rt.connect(&id, 8000).await, Err(RuntimeError::Unavailable(_))), "nothing listens yet");
@@ -289,11 +263,10 @@ async fn connect_reaches_a_server_inside_the_sandbox_only() {
                  nohup python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace >/dev/null 2>&1 & \
                  for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done; echo up";
     assert_eq!(sh(&env.rt, &id, serve).await.stdout, "up\n");
-    let fd = env.rt.connect(&id, 8000).await.unwrap();
-    let mut stream = std::net::TcpStream::from(fd);
-    stream.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").unwrap();
+    let mut stream = env.rt.connect(&id, 8000).await.unwrap();
+    stream.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
     let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    stream.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.0 200"), "{response}");
     assert!(response.ends_with("served\n"), "{response}");
 }

@@ -11,17 +11,16 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::{
-    ExecIo, ExecOutcome, ExecRequest, Execution, FileKind, FileOp, FileReply, RuntimeError, SandboxId,
+    ByteReader, ExecOutcome, ExecRequest, Execution, FileKind, FileOp, FileReply, Process, RuntimeError, SandboxId,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
-use tokio::net::unix::pipe::Receiver;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
-use super::{Names, pipe, sandbox_of};
+use super::{Names, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::store::now_ms;
@@ -54,6 +53,8 @@ struct PerSandbox {
     order: VecDeque<String>,
     shell: Option<&'static str>,
     names: Option<Arc<Names>>,
+    /// The last CPU reading (nanoseconds used, at Unix ms), for CPU use as a rate.
+    cpu_sample: Option<(u64, u64)>,
 }
 
 struct Command {
@@ -74,11 +75,11 @@ struct Status {
     log: Option<TailLog>,
 }
 
-/// A command just started: its record, its output pipes and its end.
+/// A command just started: its record, its output streams and its end.
 struct Started {
     command: Arc<Command>,
-    stdout: Receiver,
-    stderr: Receiver,
+    stdout: ByteReader,
+    stderr: ByteReader,
     done: oneshot::Receiver<Result<ExecOutcome, RuntimeError>>,
 }
 
@@ -110,7 +111,7 @@ impl Commands {
         env: BTreeMap<String, String>,
     ) -> ApiResult<String> {
         let content = argv.join(" ");
-        let request = ExecRequest { argv, cwd: None, env, timeout_ms: None };
+        let request = ExecRequest { argv, cwd: None, env, timeout_ms: None, stdin: false };
         let started = self.start(state, id, request, content, true).await?;
         let id = started.command.id.clone();
         tokio::spawn(collect_log(started));
@@ -158,13 +159,21 @@ impl Commands {
         if let Some(shell) = lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.shell) {
             return Ok(shell);
         }
-        let shell = match state.rt.file(sandbox, FileOp::Stat { path: "/bin/bash".into() }, None).await {
+        let shell = match state.rt.file(sandbox, FileOp::Stat { path: "/bin/bash".into() }).await {
             Ok(FileReply::Stat(s)) if s.kind != FileKind::Dir => "/bin/bash",
             Ok(_) | Err(RuntimeError::File { .. }) => "/bin/sh",
             Err(e) => return Err(e.into()),
         };
         lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().shell = Some(shell);
         Ok(shell)
+    }
+
+    pub(super) fn last_cpu_sample(&self, sandbox: &SandboxId) -> Option<(u64, u64)> {
+        lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.cpu_sample)
+    }
+
+    pub(super) fn remember_cpu_sample(&self, sandbox: &SandboxId, sample: (u64, u64)) {
+        lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().cpu_sample = Some(sample);
     }
 
     pub(super) fn cached_names(&self, sandbox: &SandboxId) -> Option<Arc<Names>> {
@@ -183,11 +192,7 @@ impl Commands {
         content: String,
         background: bool,
     ) -> ApiResult<Started> {
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let stdout = Receiver::from_owned_fd(out_r).map_err(|e| ApiError::internal(format!("output pipe: {e}")))?;
-        let stderr = Receiver::from_owned_fd(err_r).map_err(|e| ApiError::internal(format!("output pipe: {e}")))?;
-        let execution = state.rt.exec(sandbox, request, ExecIo { stdin: None, stdout: out_w, stderr: err_w }).await?;
+        let Process { stdin: _, stdout, stderr, control: execution } = state.rt.exec(sandbox, request).await?;
         let (signals, signal_rx) = mpsc::unbounded_channel();
         let command = Arc::new(Command {
             id: new_command_id(),
@@ -261,7 +266,7 @@ fn describe_failure(o: &ExecOutcome) -> Option<String> {
 /// Reads a background command's output into its log until both pipes close.
 async fn collect_log(started: Started) {
     let Started { command, stdout, stderr, done: _ } = started;
-    let log_into = |mut pipe: Receiver, command: Arc<Command>| async move {
+    let log_into = |mut pipe: ByteReader, command: Arc<Command>| async move {
         let mut buf = vec![0u8; 16 << 10];
         while let Ok(n @ 1..) = pipe.read(&mut buf).await {
             if let Some(log) = lock(&command.status).log.as_mut() {
@@ -350,7 +355,7 @@ pub async fn run(
         Some(t) if t > 0 => Some(t as u64),
         Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
     };
-    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env: req.envs, timeout_ms };
+    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env: req.envs, timeout_ms, stdin: false };
     request.validate()?;
     let started = state.commands.start(&state, &sandbox, request, content, req.background).await?;
     let init = Event::init(&started.command.id, now_ms()).frame();
@@ -368,7 +373,7 @@ pub async fn run(
 }
 
 /// Reads from `pipe` when there is one; never completes otherwise.
-async fn read_some(pipe: &mut Option<Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
+async fn read_some(pipe: &mut Option<ByteReader>, buf: &mut [u8]) -> std::io::Result<usize> {
     match pipe {
         Some(p) => p.read(buf).await,
         None => std::future::pending().await,

@@ -1,6 +1,6 @@
 //! `/files` and `/directories`: every operation is a `Runtime::file` call, so paths resolve in
 //! the sandbox's own view (relative ones under `/workspace`) with the sandbox user's rights.
-//! File contents stream through pipes in both directions.
+//! File contents stream through the runtime's byte streams in both directions.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path as FsPath;
@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, RuntimeError, SandboxId};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::pipe::{Receiver, Sender};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::text::{
     BadRange, ByteRange, format_mode, glob_match, parse_mode, parse_query, parse_range, query_all, query_one,
 };
-use super::{Names, pipe, sandbox_of};
+use super::{Names, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::time_fmt::rfc3339;
@@ -52,16 +51,12 @@ fn not_supported(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", message)
 }
 
-fn pipe_error(e: std::io::Error) -> ApiError {
-    ApiError::internal(format!("setting up a pipe: {e}"))
-}
-
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| invalid_request(format!("invalid request body: {e}: expected {shape}")))
 }
 
 async fn stat(state: &AppState, sandbox: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
-    match state.rt.file(sandbox, FileOp::Stat { path: path.to_owned() }, None).await? {
+    match state.rt.file(sandbox, FileOp::Stat { path: path.to_owned() }).await? {
         FileReply::Stat(s) => Ok(s),
         other => Err(RuntimeError::System(format!("unexpected answer to a stat: {other:?}"))),
     }
@@ -77,38 +72,33 @@ async fn stat_opt(state: &AppState, sandbox: &SandboxId, path: &str) -> ApiResul
 }
 
 async fn run_op(state: &AppState, sandbox: &SandboxId, op: FileOp) -> ApiResult<()> {
-    state.rt.file(sandbox, op, None).await?;
+    state.rt.file(sandbox, op).await?;
     Ok(())
 }
 
 /// Reads a whole (small) file of the sandbox; more than `cap` bytes is an error.
 pub(super) async fn read_small(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Vec<u8>> {
-    let (r, w) = pipe()?;
-    let mut rx = Receiver::from_owned_fd(r).map_err(pipe_error)?;
-    let op = state.rt.file(sandbox, FileOp::Read { path: path.to_owned() }, Some(w));
-    // Reading must run alongside the operation: it only answers once every byte went through.
-    let read = async move {
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            let n = rx.read(&mut buf).await.map_err(|e| ApiError::internal(format!("reading {path}: {e}")))?;
-            if n == 0 {
-                return Ok(out);
-            }
-            if out.len() + n > cap {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "FILE_TOO_LARGE",
-                    format!("{path} is larger than {cap} bytes, the most this operation handles"),
-                ));
-            }
-            out.extend_from_slice(&buf[..n]);
+    let mut rx = state.rt.read_file(sandbox, path).await?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = rx.read(&mut buf).await.map_err(|e| ApiError::unavailable(format!("reading {path}: {e}")))?;
+        if n == 0 {
+            return Ok(out);
         }
-    };
-    let (op, data) = tokio::join!(op, read);
-    let data = data?;
-    op?;
-    Ok(data)
+        if out.len() + n > cap {
+            return Err(too_big(path, cap));
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn too_big(path: &str, cap: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "FILE_TOO_LARGE",
+        format!("{path} is larger than {cap} bytes, the most this operation handles"),
+    )
 }
 
 /// Writes `data` to a file of the sandbox, replacing it.
@@ -119,15 +109,7 @@ async fn write_small(
     mode: Option<u32>,
     data: Vec<u8>,
 ) -> ApiResult<()> {
-    let (r, w) = pipe()?;
-    let mut tx = Sender::from_owned_fd(w).map_err(pipe_error)?;
-    let op = state.rt.file(sandbox, FileOp::Write { path: path.to_owned(), mode }, Some(r));
-    let feed = async move {
-        // A failed write shows in the operation's own answer.
-        let _ = tx.write_all(&data).await;
-    };
-    let (op, ()) = tokio::join!(op, feed);
-    op?;
+    state.rt.write_file(sandbox, path, mode, Box::new(std::io::Cursor::new(data))).await?;
     Ok(())
 }
 
@@ -255,7 +237,7 @@ pub async fn remove_dirs(
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     for path in query_all(&q, "path") {
-        match state.rt.file(&sandbox, FileOp::Remove { path: path.to_owned(), recursive: true }, None).await {
+        match state.rt.file(&sandbox, FileOp::Remove { path: path.to_owned(), recursive: true }).await {
             Ok(_) | Err(RuntimeError::File { kind: FileErrorKind::NotFound, .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -339,7 +321,7 @@ async fn walk(state: &AppState, sandbox: &SandboxId, root: &str, max_depth: Opti
             let Some((dir, depth)) = pending.pop_front() else { break };
             let (state, sandbox) = (state.clone(), sandbox.clone());
             running.spawn(async move {
-                let r = state.rt.file(&sandbox, FileOp::List { path: dir.clone() }, None).await;
+                let r = state.rt.file(&sandbox, FileOp::List { path: dir.clone() }).await;
                 (dir, depth, r)
             });
         }
@@ -462,6 +444,12 @@ pub async fn replace(
             ApiError::bad_request(format!("{path} is not UTF-8 text: it cannot be edited by replacement"))
         })?;
         let count = content.matches(&item.old).count();
+        // The edited text is built in memory: refuse before allocating what a long replacement
+        // of many matches would need.
+        let edited_len = (content.len() - count * item.old.len()).saturating_add(count.saturating_mul(item.new.len()));
+        if edited_len > MAX_IN_MEMORY {
+            return Err(too_big(&format!("{path} after the replacement"), MAX_IN_MEMORY));
+        }
         if count > 0 {
             write_small(&state, &sandbox, &path, Some(s.mode), content.replace(&item.old, &item.new).into_bytes())
                 .await?;
@@ -540,15 +528,10 @@ async fn pump(state: AppState, sandbox: SandboxId, path: String, cut: Cut, tx: m
     let fail = async |tx: &mpsc::Sender<std::io::Result<Bytes>>, message: String| {
         let _ = tx.send(Err(std::io::Error::other(message))).await;
     };
-    let (r, w) = match pipe() {
-        Ok(p) => p,
-        Err(e) => return fail(&tx, e.message).await,
-    };
-    let mut rx = match Receiver::from_owned_fd(r) {
+    let mut rx = match state.rt.read_file(&sandbox, &path).await {
         Ok(rx) => rx,
-        Err(e) => return fail(&tx, e.to_string()).await,
+        Err(e) => return fail(&tx, format!("reading {path}: {e}")).await,
     };
-    let op = state.rt.file(&sandbox, FileOp::Read { path: path.clone() }, Some(w));
     let tx2 = tx.clone();
     // Ok(true): everything asked for was sent; Ok(false): the client left.
     let copy = async move {
@@ -591,17 +574,14 @@ async fn pump(state: AppState, sandbox: SandboxId, path: String, cut: Cut, tx: m
                 Cut::Lines { .. } => lines.as_ref().is_some_and(|w| w.done),
                 Cut::Bytes { len: None, .. } => false,
             };
-            // Stopping early closes the pipe; the sandbox side then gives up on the rest.
+            // Stopping early drops the stream; the sandbox side then gives up on the rest.
             if finished {
                 return Ok(true);
             }
         }
     };
-    let (op, copied) = tokio::join!(op, copy);
-    match (copied, op) {
-        (Ok(true), _) | (Ok(false), _) => {}
-        (Err(_), Err(e)) => fail(&tx, format!("reading {path}: {e}")).await,
-        (Err(e), Ok(_)) => fail(&tx, format!("reading {path}: {e}")).await,
+    if let Err(e) = copy.await {
+        fail(&tx, format!("reading {path}: {e}")).await;
     }
     // A file that shrank between stat and read leaves the body short of its length; the error
     // above or hyper's length check turns that into a failed transfer.
@@ -859,9 +839,9 @@ async fn store_upload(
     budget: u64,
 ) -> ApiResult<u64> {
     let staging = staging_path(path);
-    let (r, w) = pipe()?;
-    let mut tx = Sender::from_owned_fd(w).map_err(pipe_error)?;
-    let op = state.rt.file(sandbox, FileOp::Write { path: staging.clone(), mode }, Some(r));
+    // The multipart field borrows the request; an in-memory pipe hands its bytes to the runtime.
+    let (r, mut tx) = tokio::io::duplex(CHUNK);
+    let op = state.rt.write_file(sandbox, &staging, mode, Box::new(r));
     let feed = async move {
         let mut n = 0u64;
         loop {
@@ -879,11 +859,11 @@ async fn store_upload(
                 return Ok(n);
             }
         }
-        // Returning drops the pipe's write end: the sandbox side sees the end of the file.
+        // Returning drops the writing end: the sandbox side sees the end of the file.
     };
     let (written, fed) = tokio::join!(op, feed);
     let fail = |mut e: ApiError| async {
-        let _ = state.rt.file(sandbox, FileOp::Remove { path: staging.clone(), recursive: false }, None).await;
+        let _ = state.rt.file(sandbox, FileOp::Remove { path: staging.clone(), recursive: false }).await;
         // The staging name means nothing to the client: speak of the file it asked for.
         let (staged, asked) = (base_name(&staging), base_name(path));
         e.message = e.message.replace(staged, asked);

@@ -1,14 +1,13 @@
 //! Shared helpers for the privileged tests: real sandboxes, in a data directory of their own.
 #![allow(dead_code)]
 
-use std::io::Read;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use paddock_core::naming::NamingMode;
-use paddock_core::runtime::{ExecIo, ExecOutcome, ExecRequest, Runtime, SandboxId, SandboxInfo};
+use paddock_core::runtime::{ByteReader, ExecOutcome, ExecRequest, Process, Runtime, SandboxId, SandboxInfo};
 use paddock_core::spec::SandboxSpec;
 use paddock_runtime_local::LocalRuntime;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const EXE: &str = env!("CARGO_BIN_EXE_paddock");
 
@@ -95,27 +94,24 @@ impl Output {
     }
 }
 
-fn pipe() -> (std::io::PipeReader, OwnedFd) {
-    let (r, w) = std::io::pipe().expect("pipe");
-    (r, w.into())
+/// Reads a stream to its end as text.
+pub async fn drain(mut r: ByteReader) -> String {
+    let mut buf = Vec::new();
+    let _ = r.read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
-fn drain(mut r: std::io::PipeReader) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
-    })
-}
-
-/// Runs a request to completion and collects its output.
-pub async fn exec(rt: &LocalRuntime, id: &SandboxId, request: ExecRequest, stdin: Option<OwnedFd>) -> Output {
-    let (out_r, out_w) = pipe();
-    let (err_r, err_w) = pipe();
-    let (out_t, err_t) = (drain(out_r), drain(err_r));
-    let mut exec = rt.exec(id, request, ExecIo { stdin, stdout: out_w, stderr: err_w }).await.expect("exec");
-    let outcome = exec.wait().await.expect("wait");
-    Output { outcome, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+/// Runs a request to completion, feeding it `stdin` when given, and collects its output.
+pub async fn exec(rt: &LocalRuntime, id: &SandboxId, mut request: ExecRequest, stdin: Option<Vec<u8>>) -> Output {
+    request.stdin = stdin.is_some();
+    let Process { stdin: to_command, stdout, stderr, mut control } = rt.exec(id, request).await.expect("exec");
+    let feed = async move {
+        if let (Some(mut w), Some(data)) = (to_command, stdin) {
+            let _ = w.write_all(&data).await;
+        }
+    };
+    let (_, stdout, stderr, outcome) = tokio::join!(feed, drain(stdout), drain(stderr), control.wait());
+    Output { outcome: outcome.expect("wait"), stdout, stderr }
 }
 
 pub async fn sh(rt: &LocalRuntime, id: &SandboxId, script: &str) -> Output {

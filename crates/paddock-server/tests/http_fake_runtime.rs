@@ -1,0 +1,204 @@
+//! The server's HTTP behaviour against `FakeRuntime` (no isolation: see `fake/mod.rs`), so it
+//! runs without root or a cluster: lifecycle, streamed commands, files, the errors a runtime's
+//! limits become, and capabilities. The privileged suite (`crates/paddock/tests/server.rs`)
+//! covers the same API on real sandboxes.
+
+mod fake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use fake::FakeRuntime;
+use http_body_util::BodyExt;
+use paddock_server::ServerConfig;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const KEY: &str = "test-key";
+
+struct Server {
+    app: Router,
+    _data: tempfile::TempDir,
+}
+
+impl Server {
+    async fn new() -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data.path().to_path_buf(),
+            api_key: Some(KEY.into()),
+            default_timeout: Duration::from_secs(3600),
+            max_timeout: Duration::from_secs(7200),
+            max_upload_bytes: 1 << 20,
+        };
+        let state = paddock_server::build_state(config, Arc::new(FakeRuntime::new())).await.unwrap();
+        Self { app: paddock_server::app(state), _data: data }
+    }
+
+    async fn raw(&self, method: &str, uri: &str, content_type: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("open-sandbox-api-key", KEY)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let res = self.app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
+    }
+
+    async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
+        let (status, out) = self.raw(method, uri, "application/json", bytes).await;
+        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
+    }
+
+    async fn create(&self) -> String {
+        let (status, body) = self.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    fn execd(id: &str, path: &str) -> String {
+        format!("/v1/sandboxes/{id}/proxy/44772{path}")
+    }
+}
+
+/// Every error is `{code, message}` with a non-empty message.
+fn assert_error(body: &Value, code: &str) {
+    assert_eq!(body["code"], code, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+}
+
+#[tokio::test]
+async fn fake_runtime_capabilities_come_from_the_runtime() {
+    let s = Server::new().await;
+    let (status, caps) = s.call("GET", "/v1/capabilities", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((caps["runtime"].as_str(), caps["pause"].as_bool()), (Some("fake"), Some(false)), "{caps}");
+    let (status, doc) = s.call("GET", "/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["paths"]["/capabilities"]["get"].is_object(), "capabilities are documented");
+}
+
+#[tokio::test]
+async fn fake_runtime_images_and_pause_it_cannot_serve_are_400_in_its_own_words() {
+    let s = Server::new().await;
+    let (status, body) = s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "python:3.11"}}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_error(&body, "NOT_SUPPORTED");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("fake runtime") && !message.contains("local"), "the runtime's words: {message}");
+    let id = s.create().await;
+    let (status, body) = s.call("POST", &format!("/v1/sandboxes/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_error(&body, "NOT_SUPPORTED");
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(info["status"]["state"], "Running", "a refused pause changes nothing: {info}");
+}
+
+#[tokio::test]
+async fn fake_runtime_commands_stream_events_with_exit_codes() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let body = serde_json::to_vec(&json!({"command": "echo out; echo err >&2; exit 3"})).unwrap();
+    let (status, events) = s.raw("POST", &Server::execd(&id, "/command"), "application/json", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let events: Vec<Value> = String::from_utf8(events)
+        .unwrap()
+        .split("\n\n")
+        .filter(|f| !f.trim().is_empty())
+        .map(|f| {
+            let json = f.trim().strip_prefix("data:").unwrap_or(f).trim();
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{f:?}: {e}"))
+        })
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"init"), "{events:?}");
+    assert!(events.iter().any(|e| e["type"] == "stdout" && e["text"] == "out"), "{events:?}");
+    assert!(events.iter().any(|e| e["type"] == "stderr" && e["text"] == "err"), "{events:?}");
+    let last = events.last().unwrap();
+    assert_eq!((last["type"].as_str(), last["error"]["evalue"].as_str()), (Some("error"), Some("3")), "{last}");
+}
+
+#[tokio::test]
+async fn fake_runtime_files_round_trip_and_errors_are_typed() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let boundary = "XyZ";
+    let mut form = Vec::new();
+    form.extend_from_slice(
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n").as_bytes(),
+    );
+    form.extend_from_slice(br#"{"path": "/workspace/d/a.txt", "mode": 600}"#);
+    form.extend_from_slice(format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+    form.extend_from_slice(b"hello\x00bytes");
+    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let (status, out) = s.raw("POST", &Server::execd(&id, "/files/upload"), &ct, form).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let (status, back) =
+        s.raw("GET", &Server::execd(&id, "/files/download?path=/workspace/d/a.txt"), "application/json", vec![]).await;
+    assert_eq!((status, back.as_slice()), (StatusCode::OK, &b"hello\x00bytes"[..]));
+    let (_, info) = s.call("GET", &Server::execd(&id, "/files/info?path=/workspace/d/a.txt"), None).await;
+    assert_eq!(info["/workspace/d/a.txt"]["mode"], 600, "{info}");
+    let (status, body) = s.call("GET", &Server::execd(&id, "/files/download?path=/workspace/none"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_error(&body, "FILE_NOT_FOUND");
+    let (status, body) = s.call("GET", &Server::execd(&id, "/files/download?path=/etc/hostname"), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_error(&body, "PERMISSION_DENIED");
+}
+
+#[tokio::test]
+async fn fake_runtime_replace_refuses_to_grow_a_file_beyond_its_memory_bound() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let body = serde_json::to_vec(&json!({"command": "head -c 1000000 /dev/zero | tr '\\0' a > big"})).unwrap();
+    let (status, _) = s.raw("POST", &Server::execd(&id, "/command"), "application/json", body).await;
+    assert_eq!(status, StatusCode::OK);
+    // A million matches each replaced by 100 bytes would need 100 MB.
+    let (status, body) = s
+        .call(
+            "POST",
+            &Server::execd(&id, "/files/replace"),
+            Some(json!({"/workspace/big": {"old": "a", "new": "b".repeat(100)}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_error(&body, "FILE_TOO_LARGE");
+}
+
+#[tokio::test]
+async fn fake_runtime_metrics_come_from_the_runtime() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let (status, m) = s.call("GET", &Server::execd(&id, "/metrics"), None).await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert_eq!(m["mem_used_mib"], 64.0, "{m}");
+    let cpu = m["cpu_used_pct"].as_f64().unwrap();
+    assert!((20.0..30.0).contains(&cpu), "the fake burns a quarter CPU, read {cpu}");
+}
+
+#[tokio::test]
+async fn fake_runtime_workspaces_keep_files_across_release() {
+    let s = Server::new().await;
+    let (status, first) =
+        s.call("POST", "/v1/workspaces/thread-1/acquire", Some(json!({"image": {"uri": "fake"}}))).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    let body = serde_json::to_vec(&json!({"command": "echo kept > note"})).unwrap();
+    s.raw("POST", &Server::execd(&id, "/command"), "application/json", body).await;
+    assert_eq!(s.call("POST", "/v1/workspaces/thread-1/release", None).await.0, StatusCode::NO_CONTENT);
+    let (_, second) = s.call("POST", "/v1/workspaces/thread-1/acquire", Some(json!({"image": {"uri": "fake"}}))).await;
+    let id2 = second["id"].as_str().unwrap().to_owned();
+    assert_ne!(id, id2, "a released thread gets a new sandbox");
+    let (status, back) =
+        s.raw("GET", &Server::execd(&id2, "/files/download?path=/workspace/note"), "application/json", vec![]).await;
+    assert_eq!((status, back.as_slice()), (StatusCode::OK, &b"kept\n"[..]));
+}
