@@ -17,6 +17,8 @@ pub struct ServerConfig {
     pub max_timeout: Duration,
     /// Largest upload accepted by the execd file API, bytes.
     pub max_upload_bytes: u64,
+    /// How long runtime calls may take before the request fails with `TIMEOUT`.
+    pub deadlines: crate::deadline::Deadlines,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,6 +58,7 @@ mod tests {
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(28800),
             max_upload_bytes: 1 << 30,
+            deadlines: Default::default(),
         }
     }
 

@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use paddock_core::runtime::SandboxId;
 use serde::Serialize;
 
-pub use commands::Commands;
+pub use commands::{Commands, MAX_RUNNING_PER_SANDBOX};
 
 use crate::error::ApiResult;
 use crate::state::AppState;

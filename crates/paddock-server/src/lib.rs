@@ -3,6 +3,7 @@
 //! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
 
 pub mod config;
+pub mod deadline;
 pub mod error;
 pub mod execd;
 pub mod lifecycle;
@@ -60,7 +61,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
     let state = AppState {
-        rt,
+        rt: Arc::new(deadline::Deadlined::new(rt, config.deadlines)),
         store,
         config: Arc::new(config),
         commands: Arc::new(execd::Commands::default()),

@@ -5,75 +5,11 @@
 
 mod fake;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use fake::FakeRuntime;
-use http_body_util::BodyExt;
-use paddock_server::ServerConfig;
+use axum::http::StatusCode;
+use fake::server::{Server, assert_error};
 use serde_json::{Value, json};
-use tower::ServiceExt;
-
-const KEY: &str = "test-key";
-
-struct Server {
-    app: Router,
-    _data: tempfile::TempDir,
-}
-
-impl Server {
-    async fn new() -> Self {
-        let data = tempfile::tempdir().unwrap();
-        let config = ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data.path().to_path_buf(),
-            api_key: Some(KEY.into()),
-            default_timeout: Duration::from_secs(3600),
-            max_timeout: Duration::from_secs(7200),
-            max_upload_bytes: 1 << 20,
-        };
-        let state = paddock_server::build_state(config, Arc::new(FakeRuntime::new())).await.unwrap();
-        Self { app: paddock_server::app(state), _data: data }
-    }
-
-    async fn raw(&self, method: &str, uri: &str, content_type: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("open-sandbox-api-key", KEY)
-            .header("content-type", content_type)
-            .body(Body::from(body))
-            .unwrap();
-        let res = self.app.clone().oneshot(req).await.unwrap();
-        let status = res.status();
-        (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
-    }
-
-    async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
-        let (status, out) = self.raw(method, uri, "application/json", bytes).await;
-        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
-    }
-
-    async fn create(&self) -> String {
-        let (status, body) = self.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        body["id"].as_str().unwrap().to_owned()
-    }
-
-    fn execd(id: &str, path: &str) -> String {
-        format!("/v1/sandboxes/{id}/proxy/44772{path}")
-    }
-}
-
-/// Every error is `{code, message}` with a non-empty message.
-fn assert_error(body: &Value, code: &str) {
-    assert_eq!(body["code"], code, "{body}");
-    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
-}
 
 #[tokio::test]
 async fn fake_runtime_capabilities_come_from_the_runtime() {
@@ -201,4 +137,18 @@ async fn fake_runtime_workspaces_keep_files_across_release() {
     let (status, back) =
         s.raw("GET", &Server::execd(&id2, "/files/download?path=/workspace/note"), "application/json", vec![]).await;
     assert_eq!((status, back.as_slice()), (StatusCode::OK, &b"kept\n"[..]));
+}
+
+#[tokio::test]
+async fn fake_runtime_a_hung_sandbox_costs_a_timeout_not_a_hung_request() {
+    let s = Server::new().await;
+    let (hung, fine) = (s.create().await, s.create().await);
+    s.rt.hang_files(&hung);
+    let started = std::time::Instant::now();
+    let (status, body) = s.call("GET", &Server::execd(&hung, "/files/info?path=/workspace"), None).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert_error(&body, "TIMEOUT");
+    assert!(started.elapsed() < Duration::from_secs(10), "the deadline (2 s here) was not applied");
+    let (status, body) = s.call("GET", &Server::execd(&fine, "/files/info?path=/workspace"), None).await;
+    assert_eq!(status, StatusCode::OK, "another sandbox keeps working: {body}");
 }

@@ -33,6 +33,13 @@ pub struct ServeArgs {
     /// Largest file upload accepted.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     max_upload: u64,
+    /// How long a quick runtime call (a file operation, starting a command, a connect) may take
+    /// before the request fails with TIMEOUT: a hung sandbox never hangs the API.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    call_timeout: Duration,
+    /// How long creating, acquiring, releasing or destroying a sandbox may take.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    lifecycle_timeout: Duration,
     /// How long running requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -83,6 +90,11 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         default_timeout: args.default_timeout,
         max_timeout: args.max_timeout,
         max_upload_bytes: args.max_upload,
+        deadlines: paddock_server::deadline::Deadlines {
+            call: args.call_timeout,
+            lifecycle: args.lifecycle_timeout,
+            ..Default::default()
+        },
     };
     let state = paddock_server::build_state(config, rt).await?;
     let key_file = key_from_file.then(|| data_dir.join("api-key"));

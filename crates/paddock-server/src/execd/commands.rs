@@ -35,6 +35,12 @@ const PING_EVERY: Duration = Duration::from_secs(3);
 /// After a command exits, how long output still in the pipes is read. Background processes it
 /// started may hold the pipes open forever; they must not hold the stream.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// After a background command exits, how long output still in its pipes is read before they
+/// are closed: processes it left behind must not hold the server's descriptors for ever.
+const DRAIN_BACKGROUND_AFTER_EXIT: Duration = Duration::from_secs(1);
+/// Most commands running at once in one sandbox through this server. Each holds descriptors
+/// and a task in the server; a sandbox must not be able to take all of them from the others.
+pub const MAX_RUNNING_PER_SANDBOX: usize = 128;
 /// Events buffered between the command and a slow client before the command is slowed down.
 const STREAM_BUFFER: usize = 64;
 const SIGKILL: i32 = 9;
@@ -184,6 +190,12 @@ impl Commands {
         lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().names = Some(names);
     }
 
+    fn running(&self, sandbox: &SandboxId) -> usize {
+        lock(&self.sandboxes)
+            .get(sandbox.as_str())
+            .map_or(0, |s| s.commands.values().filter(|c| lock(&c.status).running).count())
+    }
+
     async fn start(
         &self,
         state: &AppState,
@@ -192,6 +204,15 @@ impl Commands {
         content: String,
         background: bool,
     ) -> ApiResult<Started> {
+        if self.running(sandbox) >= MAX_RUNNING_PER_SANDBOX {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TOO_MANY_COMMANDS",
+                format!(
+                    "sandbox {sandbox} already runs {MAX_RUNNING_PER_SANDBOX} commands started through the API: wait for some to end or interrupt them (DELETE /command?id=…)"
+                ),
+            ));
+        }
         let Process { stdin: _, stdout, stderr, control: execution } = state.rt.exec(sandbox, request).await?;
         let (signals, signal_rx) = mpsc::unbounded_channel();
         let command = Arc::new(Command {
@@ -263,9 +284,10 @@ fn describe_failure(o: &ExecOutcome) -> Option<String> {
     }
 }
 
-/// Reads a background command's output into its log until both pipes close.
+/// Reads a background command's output into its log until both pipes close, or shortly after
+/// the command ends.
 async fn collect_log(started: Started) {
-    let Started { command, stdout, stderr, done: _ } = started;
+    let Started { command, stdout, stderr, done } = started;
     let log_into = |mut pipe: ByteReader, command: Arc<Command>| async move {
         let mut buf = vec![0u8; 16 << 10];
         while let Ok(n @ 1..) = pipe.read(&mut buf).await {
@@ -274,7 +296,13 @@ async fn collect_log(started: Started) {
             }
         }
     };
-    tokio::join!(log_into(stdout, command.clone()), log_into(stderr, command));
+    let both = async { tokio::join!(log_into(stdout, command.clone()), log_into(stderr, command)) };
+    tokio::pin!(both);
+    tokio::select! {
+        _ = &mut both => return,
+        _ = done => {}
+    }
+    let _ = tokio::time::timeout(DRAIN_BACKGROUND_AFTER_EXIT, both).await;
 }
 
 #[derive(Deserialize)]

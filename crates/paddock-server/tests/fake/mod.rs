@@ -3,6 +3,9 @@
 //! processes of the test's own user; `/workspace` and `/tmp` map into that directory. It
 //! reports no pause support, like the Kubernetes runtime, so the server's handling of what a
 //! runtime cannot do is tested too. Never use it for anything but tests.
+#![allow(dead_code)]
+
+pub mod server;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,9 @@ pub struct FakeRuntime {
     root: tempfile::TempDir,
     sandboxes: Mutex<HashMap<SandboxId, SandboxInfo>>,
     threads: Mutex<HashMap<String, SandboxId>>,
+    /// Sandboxes whose file operations never answer, as a sandbox with SIGSTOPped file
+    /// workers would.
+    hung: Mutex<Vec<SandboxId>>,
 }
 
 fn now_ms() -> u64 {
@@ -46,6 +52,19 @@ impl FakeRuntime {
             root: tempfile::tempdir().unwrap(),
             sandboxes: Mutex::new(HashMap::new()),
             threads: Mutex::new(HashMap::new()),
+            hung: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// From now on, file operations in `id` never answer.
+    pub fn hang_files(&self, id: &str) {
+        self.hung.lock().unwrap().push(SandboxId::parse(id).unwrap());
+    }
+
+    async fn maybe_hang(&self, id: &SandboxId) {
+        let hung = self.hung.lock().unwrap().contains(id);
+        if hung {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -219,6 +238,7 @@ impl Runtime for FakeRuntime {
         })
     }
     async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
+        self.maybe_hang(id).await;
         match op {
             FileOp::Stat { path } => {
                 let host = self.host_path(id, &path)?;
@@ -261,6 +281,7 @@ impl Runtime for FakeRuntime {
         }
     }
     async fn read_file(&self, id: &SandboxId, path: &str) -> Result<ByteReader, RuntimeError> {
+        self.maybe_hang(id).await;
         let host = self.host_path(id, path)?;
         if host.is_dir() {
             return Err(RuntimeError::File { kind: FileErrorKind::IsADirectory, message: path.into() });

@@ -1,0 +1,249 @@
+//! Deadlines on every runtime call the server makes. A sandbox can stall its own side of a
+//! call (a SIGSTOPped file worker, a server inside it that never answers, a cluster that never
+//! schedules a Pod); that must cost the caller a `TIMEOUT` error, never a request that hangs
+//! forever and holds a connection and its memory.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use paddock_core::naming::ThreadId;
+use paddock_core::runtime::{
+    ByteReader, Capabilities, Duplex, ExecRequest, Execution, FileOp, FileReply, Process, Runtime, RuntimeError,
+    SandboxId, SandboxInfo, SandboxMetrics,
+};
+use paddock_core::spec::SandboxSpec;
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// How long runtime calls may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// A quick call: get, list, file operations, starting a command, signals, connects, metrics.
+    pub call: Duration,
+    /// Create, acquire, release, destroy: these may wait for a Pod to start or stop.
+    pub lifecycle: Duration,
+    /// A file's bytes that stop moving for this long end the transfer.
+    pub stream_idle: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            call: Duration::from_secs(60),
+            lifecycle: Duration::from_secs(600),
+            stream_idle: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A runtime whose every call has a deadline.
+pub struct Deadlined {
+    inner: Arc<dyn Runtime>,
+    d: Deadlines,
+}
+
+impl Deadlined {
+    pub fn new(inner: Arc<dyn Runtime>, d: Deadlines) -> Self {
+        Self { inner, d }
+    }
+}
+
+async fn within<T>(
+    limit: Duration,
+    what: impl FnOnce() -> String,
+    fut: impl Future<Output = Result<T, RuntimeError>>,
+) -> Result<T, RuntimeError> {
+    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+        Err(RuntimeError::Timeout(format!(
+            "{} did not finish within {}s: the sandbox may be hung or overloaded; try again, or delete it",
+            what(),
+            limit.as_secs_f64()
+        )))
+    })
+}
+
+/// A control whose signals have a deadline; waiting for the command to end has none.
+struct DeadlinedExecution {
+    inner: Box<dyn Execution>,
+    call: Duration,
+}
+
+#[async_trait::async_trait]
+impl Execution for DeadlinedExecution {
+    fn pid(&self) -> Option<u32> {
+        self.inner.pid()
+    }
+    async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
+        within(self.call, || format!("sending signal {signal} to a command"), self.inner.signal(signal)).await
+    }
+    async fn wait(&mut self) -> Result<paddock_core::runtime::ExecOutcome, RuntimeError> {
+        self.inner.wait().await
+    }
+}
+
+/// A reader that fails when it waits longer than `idle` for bytes. Time counts only while a
+/// read is pending, so a slow consumer never trips it.
+pub struct IdleReader<R> {
+    inner: R,
+    idle: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    what: String,
+}
+
+impl<R> IdleReader<R> {
+    pub fn new(inner: R, idle: Duration, what: String) -> Self {
+        Self { inner, idle, timer: None, what }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for IdleReader<R> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.timer = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{} stalled: no bytes for {}s", this.what, idle.as_secs_f64()),
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+/// A reader that records when it last produced bytes, for a watchdog on a transfer the
+/// reader itself cannot see stall (the sandbox stops taking what it is given).
+struct ProgressReader {
+    inner: ByteReader,
+    last: Arc<AtomicU64>,
+    t0: Instant,
+}
+
+impl AsyncRead for ProgressReader {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_ready() {
+            self.last.store(self.t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for Deadlined {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        within(self.d.lifecycle, || "creating a sandbox".to_owned(), self.inner.create(spec)).await
+    }
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
+        within(self.d.call, || format!("reading sandbox {id}"), self.inner.get(id)).await
+    }
+    async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        within(self.d.call, || "listing sandboxes".to_owned(), self.inner.list()).await
+    }
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError> {
+        let mut p = within(self.d.call, || format!("starting a command in {id}"), self.inner.exec(id, request)).await?;
+        p.control = Box::new(DeadlinedExecution { inner: p.control, call: self.d.call });
+        Ok(p)
+    }
+    async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
+        within(self.d.call, || format!("a file operation in {id}"), self.inner.file(id, op)).await
+    }
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<ByteReader, RuntimeError> {
+        let r = within(self.d.call, || format!("opening {path} in {id}"), self.inner.read_file(id, path)).await?;
+        Ok(Box::new(IdleReader::new(r, self.d.stream_idle, format!("reading {path} in {id}"))))
+    }
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        mode: Option<u32>,
+        data: ByteReader,
+    ) -> Result<(), RuntimeError> {
+        let (last, t0) = (Arc::new(AtomicU64::new(0)), Instant::now());
+        let data = Box::new(ProgressReader { inner: data, last: last.clone(), t0 });
+        let write = self.inner.write_file(id, path, mode, data);
+        tokio::pin!(write);
+        let mut tick = tokio::time::interval(Duration::from_secs(1).min(self.d.stream_idle));
+        loop {
+            tokio::select! {
+                r = &mut write => return r,
+                _ = tick.tick() => {
+                    let idle = t0.elapsed().saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+                    if idle >= self.d.stream_idle {
+                        return Err(RuntimeError::Timeout(format!(
+                            "writing {path} in {id} stalled: no progress for {}s; the sandbox may be hung, or the upload stopped",
+                            self.d.stream_idle.as_secs_f64()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<Box<dyn Duplex>, RuntimeError> {
+        within(self.d.call, || format!("connecting to port {port} in {id}"), self.inner.connect(id, port)).await
+    }
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
+        within(self.d.call, || format!("measuring {id}"), self.inner.metrics(id)).await
+    }
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        within(self.d.call, || format!("pausing {id}"), self.inner.pause(id)).await
+    }
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        within(self.d.call, || format!("resuming {id}"), self.inner.resume(id)).await
+    }
+    async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
+        within(self.d.call, || format!("renewing {id}"), self.inner.renew(id, ttl)).await
+    }
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        within(self.d.lifecycle, || format!("destroying {id}"), self.inner.destroy(id)).await
+    }
+    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        within(self.d.lifecycle, || format!("acquiring thread {thread}"), self.inner.acquire(thread, spec)).await
+    }
+    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        within(self.d.lifecycle, || format!("releasing thread {thread}"), self.inner.release(thread)).await
+    }
+    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        within(
+            self.d.lifecycle,
+            || format!("destroying the workspace of {thread}"),
+            self.inner.destroy_workspace(thread),
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_reader_fails_only_while_waiting() {
+        let (mut tx, rx) = tokio::io::duplex(16);
+        let mut r = IdleReader::new(rx, Duration::from_secs(5), "a test stream".into());
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        tx.write_all(b"ab").await.unwrap();
+        let mut buf = [0u8; 2];
+        r.read_exact(&mut buf).await.unwrap();
+        // Not polled for a long time: no timeout is pending then.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        tx.write_all(b"c").await.unwrap();
+        assert_eq!(r.read(&mut buf).await.unwrap(), 1);
+        let e = r.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("a test stream stalled"), "{e}");
+    }
+}

@@ -1,0 +1,79 @@
+//! A server on a `FakeRuntime`, driven in-process through its router.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use paddock_server::ServerConfig;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::FakeRuntime;
+
+const KEY: &str = "test-key";
+
+pub struct Server {
+    app: Router,
+    pub rt: Arc<FakeRuntime>,
+    _data: tempfile::TempDir,
+}
+
+impl Server {
+    pub async fn new() -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data.path().to_path_buf(),
+            api_key: Some(KEY.into()),
+            default_timeout: Duration::from_secs(3600),
+            max_timeout: Duration::from_secs(7200),
+            max_upload_bytes: 1 << 20,
+            deadlines: paddock_server::deadline::Deadlines {
+                call: Duration::from_secs(2),
+                lifecycle: Duration::from_secs(10),
+                stream_idle: Duration::from_secs(2),
+            },
+        };
+        let rt = Arc::new(FakeRuntime::new());
+        let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
+        Self { app: paddock_server::app(state), rt, _data: data }
+    }
+
+    pub async fn raw(&self, method: &str, uri: &str, content_type: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("open-sandbox-api-key", KEY)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let res = self.app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
+    }
+
+    pub async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
+        let (status, out) = self.raw(method, uri, "application/json", bytes).await;
+        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
+    }
+
+    pub async fn create(&self) -> String {
+        let (status, body) = self.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    pub fn execd(id: &str, path: &str) -> String {
+        format!("/v1/sandboxes/{id}/proxy/44772{path}")
+    }
+}
+
+/// Every error is `{code, message}` with a non-empty message.
+pub fn assert_error(body: &Value, code: &str) {
+    assert_eq!(body["code"], code, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+}
