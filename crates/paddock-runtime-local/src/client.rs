@@ -194,7 +194,8 @@ impl LocalRuntime {
 
     /// Removes what a sandbox whose supervisor died left behind.
     async fn clean_dead(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        let (id, dir) = (id.clone(), self.dd.sandbox(id));
+        let record = self.read_record(id).ok();
+        let (id, dir, dd) = (id.clone(), self.dd.sandbox(id), self.dd.clone());
         blocking(move || {
             if let Ok(layout) = CgroupLayout::detect() {
                 let cg = layout.existing(CGROUP_PARENT, id.as_str());
@@ -203,7 +204,11 @@ impl LocalRuntime {
                 cg.remove(Duration::from_secs(5))
                     .map_err(|e| RuntimeError::System(format!("removing the cgroup of {id}: {e}")))?;
             }
-            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))
+            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))?;
+            if let Some(record) = record {
+                crate::supervisor::release_scratch_identity(&dd, &record);
+            }
+            Ok(())
         })
         .await
     }
@@ -292,11 +297,16 @@ impl LocalRuntime {
         let dir = self.dd.workspace(name);
         fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
         fs::write(dir.join("thread.json"), protocol::encode(thread)).map_err(sys_err("writing thread.json"))?;
+        let ids = crate::identity::of_workspace(&self.dd, name, &spec.user, true)?;
+        // Only root and the workspace's own group may pass: other host users never reach its
+        // files, even ones a sandbox made world-readable or set-id.
+        chown(&dir, None, Some(ids.gid)).map_err(sys_err(format!("chown {}", dir.display())))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o710)).map_err(sys_err("chmod workspace"))?;
         if let Some(bytes) = wanted {
-            return crate::wsimage::create(&image, bytes, spec.user.host_uid(), spec.user.host_gid());
+            return crate::wsimage::create(&image, bytes, ids.uid, ids.gid);
         }
         fs::create_dir(&files).map_err(sys_err(format!("creating {}", files.display())))?;
-        chown(&files, Some(spec.user.host_uid()), Some(spec.user.host_gid())).map_err(sys_err("chown workspace"))?;
+        chown(&files, Some(ids.uid), Some(ids.gid)).map_err(sys_err("chown workspace"))?;
         fs::set_permissions(&files, fs::Permissions::from_mode(0o755)).map_err(sys_err("chmod workspace"))
     }
 
@@ -564,7 +574,19 @@ impl Runtime for LocalRuntime {
                 return Err(RuntimeError::NotFound(format!("thread {thread} has no workspace")));
             }
             self.release_locked(&name).await?;
-            blocking(move || fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))).await
+            let dd = self.dd.clone();
+            blocking(move || {
+                let ids = fs::read(dd.workspace_identity(&name))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<crate::identity::HostIds>(&b).ok());
+                fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))?;
+                // Its files are gone with it: the identity can serve another sandbox.
+                if let Some(ids) = ids {
+                    crate::identity::release(&dd, &ids);
+                }
+                Ok(())
+            })
+            .await
         })
         .await
     }

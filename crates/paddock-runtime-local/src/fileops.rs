@@ -43,6 +43,13 @@ fn io_err(op: &str, path: &Path, e: io::Error) -> RuntimeError {
     file_err(kind, format!("{op} {}: {e}", path.display()))
 }
 
+/// Set-uid and set-gid bits are never set through the file API: a set-id file in a sandbox
+/// is one more way for its host identity to be borrowed, and no sandbox task needs one made
+/// from outside.
+fn without_set_id(mode: u32) -> u32 {
+    mode & 0o1777
+}
+
 /// Runs one operation; `data` is the pipe file contents flow through for read and write.
 pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeError> {
     let op = match call {
@@ -76,7 +83,7 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
                 .write(true)
                 .create(true)
                 .truncate(true)
-                .mode(mode.unwrap_or(0o644))
+                .mode(without_set_id(mode.unwrap_or(0o644)))
                 .custom_flags(o_nonblock())
                 .open(&p)
                 .map_err(|e| io_err("write", &p, e))?;
@@ -84,7 +91,8 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
             let mut source = File::from(data.ok_or_else(|| missing_data("write"))?);
             io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
             if let Some(mode) = mode {
-                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(without_set_id(*mode)))
+                    .map_err(|e| io_err("chmod", &p, e))?;
             }
             return stat(&p);
         }
@@ -109,7 +117,8 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
             let p = resolve(path)?;
             fs::create_dir_all(&p).map_err(|e| io_err("mkdir", &p, e))?;
             if let Some(mode) = mode {
-                fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(without_set_id(*mode)))
+                    .map_err(|e| io_err("chmod", &p, e))?;
             }
             stat(&p)
         }
@@ -136,7 +145,8 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
         }
         FileOp::Chmod { path, mode } => {
             let p = resolve(path)?;
-            fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).map_err(|e| io_err("chmod", &p, e))?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(without_set_id(*mode)))
+                .map_err(|e| io_err("chmod", &p, e))?;
             stat(&p)
         }
     }

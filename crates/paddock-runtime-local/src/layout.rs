@@ -9,6 +9,8 @@
 //! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
+//! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
+//! <data>/ids/<slot>                   a host identity in use, and by whom (see `identity`)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -77,6 +79,13 @@ impl DataDir {
     /// The ext4 image of a size-capped persistent workspace (instead of `files/`).
     pub fn workspace_image(&self, name: &str) -> PathBuf {
         self.workspace(name).join("files.img")
+    }
+    pub fn workspace_identity(&self, name: &str) -> PathBuf {
+        self.workspace(name).join("identity")
+    }
+    /// Host identities in use, one file per slot.
+    pub fn ids(&self) -> PathBuf {
+        self.root.join("ids")
     }
     pub fn workspace_lock(&self, name: &str) -> PathBuf {
         self.workspaces().join(format!("{name}.lock"))

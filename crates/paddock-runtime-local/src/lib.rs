@@ -7,6 +7,7 @@
 
 mod client;
 mod fileops;
+pub mod identity;
 pub mod image;
 mod init;
 pub mod layout;

@@ -145,6 +145,9 @@ pub struct Record {
     pub supervisor_pid: u32,
     /// The sandbox init's pid on the host.
     pub init_pid: u32,
+    /// The host identity the sandbox runs as (absent in records of earlier versions).
+    #[serde(default)]
+    pub host_ids: Option<crate::identity::HostIds>,
 }
 
 /// The supervisor's first line on stdout: ready, or why not.

@@ -17,6 +17,7 @@ use paddock_core::naming::resource_name;
 use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo};
 use paddock_core::spec::{SandboxSpec, command_env};
 
+use crate::identity::{self, HostIds};
 use crate::image::RootSource;
 use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
 use paddock_sys::fdpass;
@@ -116,12 +117,38 @@ impl Supervisor {
         }
     }
 
+    /// Picks the host identity (the workspace's, or a fresh one given back on failure), then
+    /// starts the sandbox as it.
     fn start_in_cgroup(
         dd: DataDir,
         id: SandboxId,
         spec: SandboxSpec,
         cgroup: SandboxCgroup,
     ) -> Result<Self, RuntimeError> {
+        let ids = match &spec.workspace {
+            Some(w) => identity::of_workspace(&dd, &resource_name(&w.thread, w.naming), &spec.user, false)?,
+            None => identity::allocate(&dd, id.as_str())?,
+        };
+        let scratch = spec.workspace.is_none();
+        let started = Self::start_as(dd.clone(), id, spec, cgroup, ids);
+        if started.is_err() && scratch {
+            identity::release(&dd, &ids);
+        }
+        started
+    }
+
+    fn start_as(
+        dd: DataDir,
+        id: SandboxId,
+        spec: SandboxSpec,
+        cgroup: SandboxCgroup,
+        ids: HostIds,
+    ) -> Result<Self, RuntimeError> {
+        // Only root and the sandbox's own group may pass: other host users never reach its
+        // files, even ones it made world-readable or set-id.
+        let own_dir = dd.sandbox(&id);
+        chown(&own_dir, None, Some(ids.gid)).map_err(|e| io(&own_dir, e))?;
+        fs::set_permissions(&own_dir, fs::Permissions::from_mode(0o710)).map_err(|e| io(&own_dir, e))?;
         let (workspace_dir, workspace) = match &spec.workspace {
             Some(w) => {
                 let name = resource_name(&w.thread, w.naming);
@@ -144,7 +171,7 @@ impl Supervisor {
             None => match spec.resources.workspace_bytes {
                 Some(bytes) => {
                     let image = dd.scratch_image(&id);
-                    crate::wsimage::create(&image, bytes, spec.user.host_uid(), spec.user.host_gid())?;
+                    crate::wsimage::create(&image, bytes, ids.uid, ids.gid)?;
                     let at = dd.workspace_mount(&id);
                     crate::wsimage::mount_private(&image, &at)?;
                     (at, None)
@@ -152,7 +179,7 @@ impl Supervisor {
                 None => {
                     let dir = dd.scratch_workspace(&id);
                     fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-                    chown(&dir, Some(spec.user.host_uid()), Some(spec.user.host_gid())).map_err(|e| io(&dir, e))?;
+                    chown(&dir, Some(ids.uid), Some(ids.gid)).map_err(|e| io(&dir, e))?;
                     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
                     (dir, None)
                 }
@@ -196,7 +223,7 @@ impl Supervisor {
         let (status_r, status_w) = pipe()?;
         let (uid, gid) = (spec.user.uid, spec.user.gid);
 
-        let host = (spec.user.host_uid(), spec.user.host_gid());
+        let host = (ids.uid, ids.gid);
         // The new user namespace is owned by the sandbox's host identity, not by root.
         let forked =
             sp::clone_into_new_namespaces_owned_by(host.0, host.1).map_err(sys("creating the sandbox namespaces"))?;
@@ -257,7 +284,7 @@ impl Supervisor {
             workspace,
             failure: None,
         };
-        let record = Record { info, supervisor_pid: std::process::id(), init_pid };
+        let record = Record { info, supervisor_pid: std::process::id(), init_pid, host_ids: Some(ids) };
         write_record(&dd, &record)?;
         Ok(Self { dd, id, record, cgroup, init_pid, init_pidfd, control, listener, signals, expires })
     }
@@ -438,7 +465,9 @@ impl Supervisor {
             eprintln!("removing the sandbox cgroup: {e}");
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
-        let _ = fs::remove_dir_all(self.dd.sandbox(&self.id));
+        if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
+            release_scratch_identity(&self.dd, &self.record);
+        }
     }
 
     /// The init ended on its own: record the sandbox as failed, keep its workspace.
@@ -497,6 +526,14 @@ fn send(conn: &OwnedFd, reply: &Reply) {
 }
 
 /// Writes the record atomically, so a reader never sees half of it.
+/// Gives back the identity of a sandbox without a persistent workspace; call only once its
+/// processes and files are gone.
+pub fn release_scratch_identity(dd: &DataDir, record: &Record) {
+    if let (None, Some(ids)) = (&record.info.spec.workspace, &record.host_ids) {
+        identity::release(dd, ids);
+    }
+}
+
 pub fn write_record(dd: &DataDir, record: &Record) -> Result<(), RuntimeError> {
     let path = dd.record(&record.info.id);
     let tmp = path.with_extension("json.tmp");

@@ -22,14 +22,39 @@ const SANDBOX_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as libc::c_ulong;
 
+/// The number of threads of this process, from `/proc/self/stat`.
+fn thread_count() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(17))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| SysError::Other(format!("cannot read the thread count from /proc/self/stat: {stat:?}")))
+}
+
+/// Fails unless the calling process has exactly one thread. Forking a multi-threaded process
+/// copies locks other threads may hold (the allocator's, for one) into a child that can never
+/// release them; checking first is what makes the forks below sound to call from safe code.
+/// No thread can appear between the check and the fork: only this one could start it.
+fn ensure_single_threaded(what: &str) -> Result<()> {
+    match thread_count()? {
+        1 => Ok(()),
+        n => Err(SysError::Other(format!(
+            "{what} needs a single-threaded process, and this one has {n} threads: call it before any thread or async runtime starts"
+        ))),
+    }
+}
+
 /// Forks the calling process into new user, mount, pid, network, ipc and uts namespaces.
 ///
-/// The caller must be single-threaded: the child continues on a copy of this thread only.
+/// Fails unless the caller is single-threaded: the child continues on a copy of this thread
+/// only.
 pub fn clone_into_new_namespaces() -> Result<Forked> {
+    ensure_single_threaded("cloning into new namespaces")?;
     let flags = SANDBOX_NAMESPACES | libc::SIGCHLD as libc::c_ulong;
     // SAFETY: a raw clone with a null stack behaves like fork(2): the child gets a copy-on-write
-    // image of this process and resumes here. The supervisor that calls this is single-threaded
-    // (documented precondition), so no lock can be held by another thread in the copy.
+    // image of this process and resumes here. The process was just checked to be
+    // single-threaded, so no lock can be held by another thread in the copy.
     let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     match ret {
         -1 => Err(SysError::call("clone into new namespaces", std::io::Error::last_os_error())),
@@ -43,7 +68,7 @@ pub fn clone_into_new_namespaces() -> Result<Forked> {
 /// parent switches back right after). Per-user kernel limits of everything in the sandbox
 /// (inotify instances, for one) are then charged to that unprivileged identity, not to root.
 ///
-/// The caller must be single-threaded and root.
+/// Fails unless the caller is single-threaded and root.
 pub fn clone_into_new_namespaces_owned_by(uid: u32, gid: u32) -> Result<Forked> {
     use rustix::process::{Gid, Uid};
     use rustix::thread as t;
@@ -66,10 +91,11 @@ pub fn clone_into_new_namespaces_owned_by(uid: u32, gid: u32) -> Result<Forked> 
 
 /// Plain fork, for the in-sandbox init's short-lived file workers.
 ///
-/// The caller must be single-threaded.
+/// Fails unless the caller is single-threaded.
 pub fn fork() -> Result<Forked> {
-    // SAFETY: fork in a single-threaded process (documented precondition) is sound; the child
-    // only runs code of this process that the parent could also run.
+    ensure_single_threaded("fork")?;
+    // SAFETY: fork in a process just checked to be single-threaded is sound; the child only
+    // runs code of this process that the parent could also run.
     let ret = unsafe { libc::fork() };
     match ret {
         -1 => Err(SysError::call("fork", std::io::Error::last_os_error())),
@@ -198,4 +224,20 @@ pub fn unshare_mount_namespace() -> Result<()> {
         rustix::mount::MountPropagationFlags::REC | rustix::mount::MountPropagationFlags::PRIVATE,
     )
     .map_err(|e| SysError::call("make mounts private", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forking_a_multi_threaded_process_is_refused_not_attempted() {
+        // The test harness runs tests on threads of its own: this process has several.
+        let _other = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+        assert!(thread_count().unwrap() >= 2);
+        let e = fork().unwrap_err();
+        assert!(e.to_string().contains("single-threaded"), "{e}");
+        let e = clone_into_new_namespaces().unwrap_err();
+        assert!(e.to_string().contains("threads"), "{e}");
+    }
 }

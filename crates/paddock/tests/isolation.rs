@@ -348,3 +348,104 @@ async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
     hog.signal(9).await.unwrap();
     hog.wait().await.unwrap();
 }
+
+/// The host uid a sandbox's own uid maps to, from its `/proc/self/uid_map`.
+async fn host_uid_of(env: &Env, id: &paddock_core::runtime::SandboxId) -> u32 {
+    let out = sh(&env.rt, id, "cat /proc/self/uid_map").await;
+    let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!((fields.len(), fields.first().copied()), (3, Some("1000")), "one uid is mapped: {}", out.stdout);
+    fields[1].parse().unwrap()
+}
+
+#[tokio::test]
+async fn every_sandbox_has_a_host_identity_of_its_own_so_per_user_limits_are_not_shared() {
+    use paddock_runtime_local::identity::{BASE, SLOTS};
+    let env = Env::new();
+    let (hog_id, other) = (env.confined(spec()).await, env.confined(spec()).await);
+    let (a, b) = (host_uid_of(&env, &hog_id).await, host_uid_of(&env, &other).await);
+    assert_ne!(a, b, "two sandboxes share host uid {a}");
+    for uid in [a, b] {
+        assert!((BASE..BASE + SLOTS).contains(&uid), "host uid {uid} is outside Paddock's range");
+    }
+    // One sandbox holds every inotify instance the kernel allows its user...
+    let script = "import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile True:\n    fd = libc.inotify_init1(0)\n    if fd < 0: break\n    held.append(fd)\nprint(len(held), flush=True)\ntime.sleep(30)\n";
+    let req = ExecRequest {
+        argv: vec!["python3".into(), "-c".into(), script.into()],
+        timeout_ms: Some(20_000),
+        ..Default::default()
+    };
+    let process = env.rt.exec(&hog_id, req).await.unwrap();
+    let mut hog = process.control;
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(process.stdout), &mut line).await.unwrap();
+    let held: u32 = line.trim().parse().unwrap_or(0);
+    assert!(held > 0, "the hog could open no inotify instance at all");
+    // ... and another sandbox still has its own.
+    let probe = "import ctypes\nfd = ctypes.CDLL(None).inotify_init1(0)\nprint('ok' if fd >= 0 else 'exhausted')";
+    let out = exec(
+        &env.rt,
+        &other,
+        ExecRequest { argv: vec!["python3".into(), "-c".into(), probe.into()], ..Default::default() },
+        None,
+    )
+    .await;
+    assert_eq!(out.stdout, "ok\n", "the other sandbox lost inotify to the hog ({held} held): {}", out.stderr);
+    hog.signal(9).await.unwrap();
+    hog.wait().await.unwrap();
+
+    // The identity is recorded while the sandbox lives, and given back when it is destroyed.
+    let claimed = |uid: u32| env.data().join("ids").join((uid - BASE).to_string());
+    assert!(claimed(a).is_file(), "the identity of a live sandbox is not recorded");
+    env.rt.destroy(&hog_id).await.unwrap();
+    assert!(!claimed(a).exists(), "a destroyed sandbox's identity was not given back");
+    bystander_ok(&env, &other).await;
+}
+
+#[tokio::test]
+async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_bits() {
+    use paddock_core::naming::ThreadId;
+    use paddock_core::runtime::{FileOp, FileReply};
+    let env = Env::new();
+    let thread = ThreadId::new("identity-thread").unwrap();
+    let ws = env.rt.acquire(&thread, spec()).await.unwrap();
+    common::assert_confined(&env.rt, &ws.id).await;
+    let scratch = env.confined(spec()).await;
+    let first = host_uid_of(&env, &ws.id).await;
+    // Files the sandboxes make world-readable, and a set-uid copy of a shell.
+    for id in [&ws.id, &scratch] {
+        let out = sh(&env.rt, id, "echo secret > /workspace/s && chmod 644 /workspace/s && chmod 755 /workspace && cp /bin/sh /workspace/suid && chmod 4755 /workspace/suid && stat -c %a /workspace/suid").await;
+        assert_eq!(out.stdout, "4755\n", "{}", out.stderr);
+    }
+    let name = ws.workspace.as_ref().unwrap().name.clone();
+    let targets = [
+        env.data().join("workspaces").join(&name).join("files/s"),
+        env.data().join("workspaces").join(&name).join("files/suid"),
+        env.data().join("sandboxes").join(scratch.as_str()).join("workspace/s"),
+    ];
+    for target in &targets {
+        assert!(target.exists(), "{} should exist for root", target.display());
+        // As an ordinary host user (nobody), the files are out of reach.
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+            .arg(target)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "host user nobody read {}", target.display());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{out:?}");
+    }
+    // The file API never sets set-id bits.
+    env.rt.file(&ws.id, FileOp::Chmod { path: "/workspace/s".into(), mode: 0o6755 }).await.unwrap();
+    match env.rt.file(&ws.id, FileOp::Stat { path: "/workspace/s".into() }).await.unwrap() {
+        FileReply::Stat(s) => assert_eq!(s.mode & 0o7777, 0o755, "set-id bits set through the API"),
+        other => panic!("{other:?}"),
+    }
+    // A workspace keeps its identity across sandboxes, so its files stay its own.
+    env.rt.release(&thread).await.unwrap();
+    let again = env.rt.acquire(&thread, spec()).await.unwrap();
+    common::assert_confined(&env.rt, &again.id).await;
+    assert_eq!(host_uid_of(&env, &again.id).await, first, "the workspace changed identity");
+    assert_eq!(sh(&env.rt, &again.id, "cat /workspace/s").await.stdout, "secret\n");
+    env.rt.destroy_workspace(&thread).await.unwrap();
+    let slot = (first - paddock_runtime_local::identity::BASE).to_string();
+    assert!(!env.data().join("ids").join(slot).exists(), "a destroyed workspace's identity was not given back");
+}
