@@ -8,6 +8,7 @@ pub mod execd;
 pub mod lifecycle;
 pub mod metrics;
 mod proxy;
+pub mod secrets;
 pub mod state;
 pub mod store;
 mod time_fmt;
@@ -48,6 +49,8 @@ pub enum ServeError {
     Store { path: String, cause: sqlx::Error },
     #[error("cannot listen on {addr} ({cause}): choose another --listen address or stop what uses it")]
     Listen { addr: std::net::SocketAddr, cause: std::io::Error },
+    #[error(transparent)]
+    Secret(#[from] secrets::SecretError),
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
@@ -56,6 +59,8 @@ pub enum ServeError {
 pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
     config.validate()?;
     let path = config.data_dir.join("server.db");
+    secrets::prepare_database_file(&path)?;
+    let token_key = Arc::new(secrets::TokenKey::load_or_create(&config.data_dir)?);
     let store = store::Store::open(&path)
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
@@ -66,6 +71,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         commands: Arc::new(execd::Commands::default()),
         metrics: Arc::new(metrics::Metrics::default()),
         draining: Arc::new(AtomicBool::new(false)),
+        token_key,
     };
     lifecycle::reconcile(&state).await;
     Ok(state)
@@ -158,16 +164,17 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     if api_key_ok(&state, &req).is_ok() {
         return next.run(req).await;
     }
-    let id = sandbox_id_of(req.uri().path());
-    let token = req.headers().get(SANDBOX_TOKEN_HEADER).map(|v| v.as_bytes().to_vec());
-    match (id, token) {
-        (Some(id), Some(token)) => match state.store.get(&id).await {
-            Ok(Some(row)) if constant_time_eq(&token, row.token.as_bytes()) => next.run(req).await,
-            _ => {
-                ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
-            }
-        },
-        _ => match api_key_ok(&state, &req) {
+    // A token is checked against the id in the path, so it never opens another sandbox.
+    let token_ok = match (sandbox_id_of(req.uri().path()), req.headers().get(SANDBOX_TOKEN_HEADER)) {
+        (Some(id), Some(token)) => Some(state.token_key.verify(&id, token.as_bytes())),
+        _ => None,
+    };
+    match token_ok {
+        Some(true) => next.run(req).await,
+        Some(false) => {
+            ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
+        }
+        None => match api_key_ok(&state, &req) {
             Err(e) => e.into_response(),
             Ok(()) => next.run(req).await,
         },

@@ -15,6 +15,7 @@ struct Server {
     child: Child,
     port: u16,
     agent: ureq::Agent,
+    key: String,
 }
 
 fn free_port() -> u16 {
@@ -23,30 +24,32 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start(data: &std::path::Path, extra: &[&str]) -> Server {
+        Self::launch(data, &[&["--api-key", KEY], extra].concat(), &[])
+    }
+
+    /// Starts `paddock serve` with exactly these arguments (after `--listen`) and environment;
+    /// the key it then uses is the one given, or the one the server stored.
+    fn launch(data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         common::require_root();
         let port = free_port();
         let child = Command::new(common::EXE)
-            .args([
-                "--data-dir",
-                data.to_str().unwrap(),
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--api-key",
-                KEY,
-            ])
-            .args(extra)
+            .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .envs(env.iter().copied())
             .env("PADDOCK_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let s = Server { child, port, agent };
+        let mut s = Server { child, port, agent, key: KEY.to_owned() };
         let deadline = Instant::now() + Duration::from_secs(20);
         while s.agent.get(&s.url("/health")).call().is_err() {
             assert!(Instant::now() < deadline, "the server did not come up");
             std::thread::sleep(Duration::from_millis(50));
+        }
+        if !args.contains(&"--api-key") {
+            s.key = std::fs::read_to_string(data.join("api-key")).unwrap_or_default().trim().to_owned();
         }
         s
     }
@@ -71,7 +74,7 @@ impl Server {
     }
 
     fn api(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        self.call(method, path, body, &[("OPEN-SANDBOX-API-KEY", KEY)])
+        self.call(method, path, body, &[("OPEN-SANDBOX-API-KEY", &self.key)])
     }
 
     fn create(&self) -> String {
@@ -86,7 +89,7 @@ impl Server {
         let req = ureq::http::Request::builder()
             .method("POST")
             .uri(self.url(&format!("/v1/sandboxes/{id}/proxy/44772/command")))
-            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("OPEN-SANDBOX-API-KEY", &self.key)
             .header("content-type", "application/json")
             .body(json!({"command": command, "background": background}).to_string())
             .unwrap();
@@ -236,6 +239,62 @@ fn a_sandbox_token_opens_only_its_own_sandbox() {
     assert!(ep.get("headers").is_none() || ep["headers"].as_object().unwrap().is_empty(), "{ep}");
     let (status, policy) = s.api("GET", &format!("/v1/sandboxes/{a}/proxy/18080/policy"), None);
     assert_eq!((status, policy["policy"]["defaultAction"].as_str()), (200, Some("deny")), "{policy}");
+}
+
+#[test]
+fn data_files_are_private_and_tokens_are_not_stored() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = data_dir();
+    // No --api-key: the server creates and stores one.
+    let mut s = Server::launch(dir.path(), &[], &[]);
+    assert!(!s.key.is_empty(), "the server stored no API key");
+    let a = s.create();
+    let b = s.create();
+    let token_of = |s: &Server, id: &str| {
+        let (status, ep) = s.api("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None);
+        assert_eq!(status, 200, "{ep}");
+        let (name, token) = ep["headers"].as_object().unwrap().iter().next().unwrap();
+        (name.clone(), token.as_str().unwrap().to_owned())
+    };
+    let (name, token) = token_of(&s, &a);
+    let ping = |s: &Server, id: &str, token: &str| {
+        s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/ping"), None, &[(name.as_str(), token)]).0
+    };
+    assert_eq!((ping(&s, &a, &token), ping(&s, &b, &token)), (200, 401), "the token opens exactly its sandbox");
+    assert_eq!(s.run(&a, "echo written", false).0, ["written"]);
+    let files = |dir: &std::path::Path| {
+        let mut names: Vec<(String, u32)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_file())
+            .map(|e| (e.file_name().into_string().unwrap(), e.metadata().unwrap().permissions().mode() & 0o777))
+            .collect();
+        names.sort();
+        names
+    };
+    let listed = files(dir.path());
+    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    for expected in ["api-key", "server.db", "server.db-shm", "server.db-wal", "token-key"] {
+        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+    }
+    for (name, mode) in &listed {
+        assert_eq!(*mode, 0o600, "{name} is {mode:o}, not 0600");
+    }
+    // Neither the database nor its log holds the token, in any encoding.
+    for f in ["server.db", "server.db-wal", "server.db-shm"] {
+        let bytes = std::fs::read(dir.path().join(f)).unwrap();
+        assert!(!bytes.windows(token.len()).any(|w| w == token.as_bytes()), "{f} holds the token in clear");
+        let raw =
+            (0..token.len()).step_by(2).map(|i| u8::from_str_radix(&token[i..i + 2], 16).unwrap()).collect::<Vec<_>>();
+        assert!(!bytes.windows(raw.len()).any(|w| w == raw.as_slice()), "{f} holds the token's bytes");
+    }
+    // The token is derived from a key that survives a restart, so it keeps working after one.
+    s.kill9();
+    let s = Server::launch(dir.path(), &[], &[]);
+    assert_eq!((ping(&s, &a, &token), ping(&s, &b, &token)), (200, 401));
+    assert_eq!(token_of(&s, &a).1, token, "the endpoints API gives out the same token");
+    assert_ne!(token_of(&s, &b).1, token);
+    assert_eq!(ping(&s, &b, &token_of(&s, &b).1), 200);
 }
 
 #[test]
