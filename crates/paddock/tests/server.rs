@@ -297,6 +297,88 @@ fn data_files_are_private_and_tokens_are_not_stored() {
     assert_eq!(ping(&s, &b, &token_of(&s, &b).1), 200);
 }
 
+/// Starts `paddock serve` with stderr captured and returns what it printed up to "serving on".
+fn startup_messages(data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Child, u16, String) {
+    common::require_root();
+    let port = free_port();
+    let mut child = Command::new(common::EXE)
+        .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_remove("PADDOCK_API_KEY")
+        .envs(env.iter().copied())
+        .env("PADDOCK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut printed = String::new();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("serving on") {
+            break;
+        }
+    }
+    // Keep draining so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, port, printed)
+}
+
+#[test]
+fn the_api_key_comes_from_a_file_or_the_environment_and_the_flag_warns() {
+    let dir = data_dir();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let status = |port: u16, key: &str| {
+        let req = ureq::http::Request::builder()
+            .uri(format!("http://127.0.0.1:{port}/v1/sandboxes"))
+            .header("OPEN-SANDBOX-API-KEY", key)
+            .body(())
+            .unwrap();
+        agent.run(req).unwrap().status().as_u16()
+    };
+    let stop = |mut child: Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+
+    // --api-key works but says it is visible to every local user.
+    let (child, port, printed) = startup_messages(dir.path(), &["--api-key", KEY], &[]);
+    assert!(printed.contains("warning: --api-key") && printed.contains("--api-key-file"), "{printed}");
+    assert_eq!(status(port, KEY), 200);
+    stop(child);
+
+    // A key file: not in the process list, no warning.
+    let file_key = "key-from-a-file-42";
+    let key_file = tempfile::Builder::new().prefix("pdkey").tempfile_in("/tmp").unwrap();
+    std::fs::write(key_file.path(), format!("{file_key}\n")).unwrap();
+    std::fs::set_permissions(key_file.path(), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (child, port, printed) =
+        startup_messages(dir.path(), &["--api-key-file", key_file.path().to_str().unwrap()], &[]);
+    assert!(!printed.contains("warning"), "{printed}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
+    assert!(!cmdline.windows(file_key.len()).any(|w| w == file_key.as_bytes()), "the key is in the process list");
+    assert_eq!((status(port, file_key), status(port, KEY)), (200, 401));
+    stop(child);
+
+    // PADDOCK_API_KEY: no warning either.
+    let (child, port, printed) = startup_messages(dir.path(), &[], &[("PADDOCK_API_KEY", "key-from-env-7")]);
+    assert!(!printed.contains("warning"), "{printed}");
+    assert_eq!((status(port, "key-from-env-7"), status(port, KEY)), (200, 401));
+    stop(child);
+
+    // An empty key file is refused with a message that says what to do.
+    std::fs::write(key_file.path(), "\n").unwrap();
+    let out = Command::new(common::EXE)
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
+        .args(["--api-key-file", key_file.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is empty: put the key on its first line"));
+}
+
 #[test]
 fn workspaces_over_http_persist_across_release() {
     let dir = data_dir();
