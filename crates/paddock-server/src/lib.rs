@@ -190,6 +190,10 @@ fn sandbox_id_of(path: &str) -> Option<String> {
 /// Serves until SIGTERM or SIGINT, then drains: no new sandboxes, running requests finish
 /// (for at most `drain`), sandboxes keep running.
 /// `ready` is called with the bound address once the server accepts connections.
+///
+/// Connections are served by hyper directly (not `axum::serve`) for what a server facing slow
+/// or hostile clients needs: a deadline on request headers, which hyper also applies while a
+/// keep-alive connection waits for its next request, and a cap on connections served at once.
 pub async fn serve(
     state: AppState,
     drain: Duration,
@@ -197,32 +201,63 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let addr = state.config.listen;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|cause| ServeError::Listen { addr, cause })?;
-    ready(listener.local_addr().unwrap_or(addr));
+    let bound = listener.local_addr().unwrap_or(addr);
+    ready(bound);
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();
-    let began = Arc::new(tokio::sync::Notify::new());
-    let began_tx = began.clone();
-    let shutdown = async move {
+    let slots = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
+    let service = hyper_util::service::TowerToHyperService::new(app(state));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
-        draining.store(true, Ordering::SeqCst);
-        began_tx.notify_one();
-        tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
     };
-    // Streamed events are small writes; without TCP_NODELAY each one after the first waits for
-    // the client's delayed ACK (about 40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first, then accept: at the cap, new connections wait in the kernel's backlog
+        // instead of costing a descriptor and a task each.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was accepted: pause
+                    // rather than spin, and keep serving the connections already open.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Streamed events are small writes; without TCP_NODELAY each one after the first waits
+        // for the client's delayed ACK (about 40 ms).
         let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown);
-    tokio::select! {
-        r = server.into_future() => r.map_err(ServeError::Serve),
-        // A long stream must not hold the process forever once a drain began.
-        _ = async { began.notified().await; tokio::time::sleep(drain).await } => Ok(()),
+        let conn = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+            drop(slot);
+        });
     }
+    drop(listener);
+    draining.store(true, Ordering::SeqCst);
+    tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
+    // A long stream must not hold the process forever once a drain began.
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => {}
+    }
+    Ok(())
 }
 
 /// A JSON body whose rejection is a `{code, message}` 400 instead of axum's plain text.

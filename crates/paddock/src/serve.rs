@@ -37,6 +37,13 @@ pub struct ServeArgs {
     /// Largest file upload accepted.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     max_upload: u64,
+    /// Close a connection that takes longer than this to send a request's headers, or that sits
+    /// idle this long between requests.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// Connections served at once; further ones wait until one closes.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     /// How long running requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -115,6 +122,8 @@ pub async fn run(rt: LocalRuntime, data_dir: &Path, args: ServeArgs) -> Result<u
         default_timeout: args.default_timeout,
         max_timeout: args.max_timeout,
         max_upload_bytes: args.max_upload,
+        header_timeout: args.header_timeout,
+        max_connections: args.max_connections,
     };
     let state = paddock_server::build_state(config, Arc::new(rt)).await?;
     let key_file = key_from_file.then(|| data_dir.join("api-key"));

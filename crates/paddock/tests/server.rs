@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -515,4 +516,57 @@ fn the_proxy_reaches_a_server_inside_the_sandbox() {
     let (status, _) =
         s.call("GET", &format!("/v1/sandboxes/{id}/proxy/8000/"), None, &[(name.as_str(), token.as_str().unwrap())]);
     assert_eq!(status, 200);
+}
+
+/// Reads until the server closes the connection; returns what it sent and how long that took.
+fn read_until_closed(conn: &mut TcpStream) -> (String, Duration) {
+    let started = Instant::now();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the server kept the connection open: {e} after {:?}", started.elapsed()),
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), started.elapsed())
+}
+
+#[test]
+fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--header-timeout", "2s", "--max-connections", "16"]);
+    let connect = || TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+
+    // Half a request line, then nothing: closed once the header deadline passes.
+    let mut slow = connect();
+    slow.write_all(b"GET /hea").unwrap();
+    let (_, waited) = read_until_closed(&mut slow);
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "closed after {waited:?}");
+
+    // A keep-alive connection that sits idle after a request is closed the same way.
+    let mut idle = connect();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let (answer, waited) = read_until_closed(&mut idle);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "closed after {waited:?}");
+
+    // Twice as many silent connections as the cap: a normal request still gets through, once the
+    // deadline has closed the ones ahead of it.
+    let hogs: Vec<TcpStream> = (0..32)
+        .map(|_| {
+            let mut c = connect();
+            c.write_all(b"POST /v1/sandboxes HTTP/1.1\r\n").unwrap();
+            c
+        })
+        .collect();
+    let started = Instant::now();
+    let (status, _) = s.api("GET", "/v1/sandboxes", None);
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < Duration::from_secs(15), "a normal request waited {:?}", started.elapsed());
+    drop(hogs);
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }
