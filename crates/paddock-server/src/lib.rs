@@ -35,6 +35,9 @@ use state::AppState;
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
 /// Header carrying a sandbox's own token, given out with its endpoints.
 pub const SANDBOX_TOKEN_HEADER: &str = "x-paddock-sandbox-token";
+/// Largest body a JSON route reads (a create may carry up to 1 MiB of environment); only file
+/// uploads accept more, up to `--max-upload`.
+pub const JSON_BODY_LIMIT: usize = 2 << 20;
 /// The execd port the SDK resolves right after create.
 pub const EXECD_PORT: u16 = 44772;
 /// The egress sidecar port the SDK resolves right after create.
@@ -104,7 +107,8 @@ pub fn app(state: AppState) -> Router {
         .merge(api)
         .merge(sandbox)
         .fallback(any(|| async { ApiError::not_found("no such route: see /v1/openapi.json for the API") }))
-        .layer(DefaultBodyLimit::max(2 << 20))
+        .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
+        .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeId))
@@ -121,6 +125,26 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     r
+}
+
+/// axum's body-limit rejection is plain text; every API error is `{code, message}`.
+async fn too_large_as_json(req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && response.extensions().get::<ErrorCode>().is_none() {
+        return json_too_large().into_response();
+    }
+    response
+}
+
+fn json_too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "PAYLOAD_TOO_LARGE",
+        format!(
+            "the request body is larger than {} MiB, the limit of JSON requests: send less (files go through /files/upload)",
+            JSON_BODY_LIMIT >> 20
+        ),
+    )
 }
 
 async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -274,12 +298,10 @@ where
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(rejection) => {
-                let status = rejection.status();
-                let message = rejection.body_text();
-                if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    return Err(ApiError::new(status, "PAYLOAD_TOO_LARGE", message));
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    return Err(json_too_large());
                 }
-                Err(ApiError::bad_request(format!("invalid JSON body: {message}")))
+                Err(ApiError::bad_request(format!("invalid JSON body: {}", rejection.body_text())))
             }
         }
     }

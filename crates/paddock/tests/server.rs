@@ -570,3 +570,62 @@ fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
     drop(hogs);
     assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }
+
+/// Sends one request over a connection of its own, the body from a thread (the server may
+/// answer and close before it has read it all), and returns the status and JSON body.
+fn raw_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut writer = conn.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(&body);
+    });
+    let (answer, _) = read_until_closed(&mut conn);
+    let _ = sender.join();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(Value::String(answer.clone())))
+}
+
+#[test]
+fn json_routes_refuse_large_bodies_and_uploads_keep_their_limit() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let id = s.create();
+    let json = [("OPEN-SANDBOX-API-KEY", KEY), ("Content-Type", "application/json")];
+    // 10 MiB of JSON: refused with a {code, message} 413, on the lifecycle and the execd API.
+    let big = format!(r#"{{"image":{{"uri":"host"}},"env":{{"A":"{}"}}}}"#, "x".repeat(10 << 20)).into_bytes();
+    let (status, body) = raw_request(s.port, "POST", "/v1/sandboxes", &json, big);
+    assert_api_error(status, &body, 413, "limit of JSON requests");
+    assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
+    let big = format!(r#"{{"command":"echo {}"}}"#, "x".repeat(10 << 20)).into_bytes();
+    let (status, body) = raw_request(s.port, "POST", &format!("/v1/sandboxes/{id}/proxy/44772/command"), &json, big);
+    assert_api_error(status, &body, 413, "limit of JSON requests");
+    // Nothing was created, and the server is fine.
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).1["items"].as_array().unwrap().len(), 1);
+    assert_eq!(s.run(&id, "echo fine", false).0, ["fine"]);
+    // A create with 1 MiB of environment is still accepted.
+    let env = json!({"image": {"uri": "host"}, "timeout": 600, "env": {"BIG": "y".repeat(1 << 20)}});
+    let (status, created) = s.api("POST", "/v1/sandboxes", Some(&env));
+    assert!(status != 413, "a 1 MiB environment must fit the JSON limit: {status} {created}");
+    // Uploads still take more than the JSON limit (the default upload limit is 1 GiB).
+    let boundary = "paddockboundary43";
+    let mut upload = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{{\"path\":\"/workspace/big.bin\"}}\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
+    upload.extend(std::iter::repeat_n(b'z', 5 << 20));
+    upload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, body) = raw_request(
+        s.port,
+        "POST",
+        &format!("/v1/sandboxes/{id}/proxy/44772/files/upload"),
+        &[("OPEN-SANDBOX-API-KEY", KEY), ("Content-Type", &content_type)],
+        upload,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(s.run(&id, "stat -c %s /workspace/big.bin", false).0, [(5 << 20).to_string()]);
+}
