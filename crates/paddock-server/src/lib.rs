@@ -205,6 +205,98 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     }
 }
 
+/// Without an API key, anything that can make this host send a request could drive the server:
+/// a web page can, through DNS rebinding (its own name resolving to 127.0.0.1) or plain
+/// cross-origin requests. So with --insecure-no-auth a request must name this server by a
+/// loopback address and its port in Host, come from no web origin or a loopback one, and send
+/// JSON as `application/json`, which a page cannot do cross-origin without a CORS preflight
+/// (that this server never answers).
+async fn local_only(port: u16, req: Request, next: Next) -> Response {
+    match check_local(port, &req) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn check_local(port: u16, req: &Request) -> Result<(), ApiError> {
+    let header = |name| req.headers().get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let host = header(axum::http::header::HOST).or_else(|| req.uri().authority().map(|a| a.to_string()));
+    if !host.as_deref().is_some_and(|h| host_is_local(h, Some(port))) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN_HOST",
+            format!(
+                "without an API key this server answers only requests addressed to it by a loopback address (Host {host:?}): use http://127.0.0.1:{port}, or start it with an API key"
+            ),
+        ));
+    }
+    if let Some(origin) = header(axum::http::header::ORIGIN) {
+        let local = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|authority| host_is_local(authority, None));
+        if !local {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN_ORIGIN",
+                format!(
+                    "without an API key this server refuses requests from web pages of other origins ({origin}): call it from a program, or start it with an API key"
+                ),
+            ));
+        }
+    }
+    let has_body = req.headers().contains_key(axum::http::header::TRANSFER_ENCODING)
+        || header(axum::http::header::CONTENT_LENGTH).is_some_and(|n| n.trim() != "0");
+    let path = req.uri().path();
+    // Uploads are multipart, and the port proxy forwards whatever the sandbox's server takes.
+    let not_json =
+        path.ends_with("/files/upload") || proxied_port_of(path).is_some_and(|p| p != EXECD_PORT && p != EGRESS_PORT);
+    if has_body && !not_json {
+        let content_type = header(axum::http::header::CONTENT_TYPE).unwrap_or_default();
+        let media = content_type.split(';').next().unwrap_or_default().trim();
+        if !media.eq_ignore_ascii_case("application/json") {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UNSUPPORTED_MEDIA_TYPE",
+                format!("this route takes JSON, sent as Content-Type: application/json (got {content_type:?})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a Host (or an Origin's authority) names this machine's loopback: `localhost` or a
+/// loopback address, with `port` when one is required (a Host without a port means 80).
+fn host_is_local(authority: &str, port: Option<u16>) -> bool {
+    let (name, given) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) => (ip, rest.strip_prefix(':')),
+            None => return false,
+        },
+        None => match authority.rsplit_once(':') {
+            Some((name, p)) => (name, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let loopback =
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    let port_ok = match (port, given) {
+        (None, _) => true,
+        (Some(want), Some(p)) => p.parse::<u16>().ok() == Some(want),
+        (Some(want), None) => want == 80,
+    };
+    loopback && port_ok
+}
+
+/// `/v1/sandboxes/<id>/proxy/<port>/...` → `<port>`.
+fn proxied_port_of(path: &str) -> Option<u16> {
+    let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
+    let mut parts = rest.split('/');
+    parts.next()?;
+    (parts.next()? == "proxy").then_some(())?;
+    parts.next()?.parse().ok()
+}
+
 /// `/v1/sandboxes/<id>/...` or `/sandboxes/<id>/...` → `<id>`.
 fn sandbox_id_of(path: &str) -> Option<String> {
     let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
@@ -232,7 +324,13 @@ pub async fn serve(
     let slots = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
-    let service = hyper_util::service::TowerToHyperService::new(app(state));
+    let no_auth = state.config.api_key.is_none();
+    let mut router = app(state);
+    if no_auth {
+        let port = bound.port();
+        router = router.layer(middleware::from_fn(move |req: Request, next: Next| local_only(port, req, next)));
+    }
+    let service = hyper_util::service::TowerToHyperService::new(router);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -317,6 +415,30 @@ mod tests {
         assert_eq!(sandbox_id_of("/sandboxes/sbx-2/proxy/1").as_deref(), Some("sbx-2"));
         assert_eq!(sandbox_id_of("/v1/workspaces/x"), None);
         assert_eq!(sandbox_id_of("/sandboxes/"), None);
+    }
+
+    #[test]
+    fn only_loopback_hosts_with_our_port_are_local() {
+        for ok in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080", "127.1.2.3:8080"] {
+            assert!(host_is_local(ok, Some(8080)), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "127.0.0.1:9090",
+            "127.0.0.1",
+            "[::1]",
+            "[::1",
+            "10.0.0.1:8080",
+            "localhost.evil.example:8080",
+            "",
+        ] {
+            assert!(!host_is_local(bad, Some(8080)), "{bad}");
+        }
+        assert!(host_is_local("localhost", Some(80)));
+        assert!(host_is_local("localhost:3000", None) && !host_is_local("evil.example", None));
+        assert_eq!(proxied_port_of("/v1/sandboxes/sbx-1/proxy/8000/x"), Some(8000));
+        assert_eq!(proxied_port_of("/sandboxes/sbx-1/proxy/44772"), Some(44772));
+        assert_eq!(proxied_port_of("/v1/sandboxes/sbx-1/endpoints/8000"), None);
     }
 
     #[test]

@@ -575,7 +575,10 @@ fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
 /// answer and close before it has read it all), and returns the status and JSON body.
 fn raw_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n", body.len());
+    let mut head = format!("{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -628,4 +631,57 @@ fn json_routes_refuse_large_bodies_and_uploads_keep_their_limit() {
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(s.run(&id, "stat -c %s /workspace/big.bin", false).0, [(5 << 20).to_string()]);
+}
+
+#[test]
+fn without_auth_only_local_json_requests_are_served() {
+    let dir = data_dir();
+    let s = Server::launch(dir.path(), &["--insecure-no-auth"], &[]);
+    let port = s.port;
+    let here = format!("127.0.0.1:{port}");
+    let get = |headers: &[(&str, &str)]| raw_request(port, "GET", "/v1/sandboxes", headers, Vec::new());
+    assert_eq!(get(&[]).0, 200, "a local client needs no key");
+    for host in [here.as_str(), &format!("localhost:{port}"), &format!("[::1]:{port}")] {
+        assert_eq!(get(&[("Host", host)]).0, 200, "Host {host}");
+    }
+    // DNS rebinding: a page's own name resolved to 127.0.0.1 still says that name in Host.
+    for host in [format!("rebind.example:{port}"), format!("127.0.0.1:{}", port.wrapping_add(1)), "127.0.0.1".into()] {
+        let (status, body) = get(&[("Host", &host)]);
+        assert_api_error(status, &body, 403, "loopback address");
+        assert_eq!(body["code"], "FORBIDDEN_HOST");
+    }
+    // A page of another origin, even one sent to the right Host.
+    for origin in ["http://evil.example", "null", "https://127.0.0.1.evil.example"] {
+        let (status, body) = get(&[("Host", &here), ("Origin", origin)]);
+        assert_api_error(status, &body, 403, "other origins");
+        assert_eq!(body["code"], "FORBIDDEN_ORIGIN");
+    }
+    assert_eq!(get(&[("Origin", "http://localhost:3000")]).0, 200, "a local origin is fine");
+    // A form or a text/plain fetch (no CORS preflight) cannot send JSON to a JSON route.
+    let create = br#"{"image":{"uri":"host"},"timeout":600}"#.to_vec();
+    for content_type in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
+        let headers: Vec<(&str, &str)> = content_type.map(|c| ("Content-Type", c)).into_iter().collect();
+        let (status, body) = raw_request(port, "POST", "/v1/sandboxes", &headers, create.clone());
+        assert_api_error(status, &body, 415, "application/json");
+    }
+    let (status, body) = raw_request(
+        port,
+        "POST",
+        "/v1/sandboxes",
+        &[("Host", &format!("rebind.example:{port}")), ("Content-Type", "application/json")],
+        create.clone(),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(get(&[]).1["items"].as_array().unwrap().is_empty(), "a refused request created a sandbox");
+    // The same request, sent properly, works; so do execd calls with JSON, and not without.
+    let (status, created) =
+        raw_request(port, "POST", "/v1/sandboxes", &[("Content-Type", "application/json; charset=utf-8")], create);
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let command = br#"{"command":"echo hi"}"#.to_vec();
+    let path = format!("/v1/sandboxes/{id}/proxy/44772/command");
+    let (status, body) = raw_request(port, "POST", &path, &[("Content-Type", "text/plain")], command.clone());
+    assert_api_error(status, &body, 415, "application/json");
+    let (status, _) = raw_request(port, "POST", &path, &[("Content-Type", "application/json")], command);
+    assert_eq!(status, 200);
 }
