@@ -5,6 +5,7 @@
 pub mod config;
 pub mod error;
 pub mod execd;
+pub mod health;
 pub mod lifecycle;
 pub mod metrics;
 mod proxy;
@@ -61,6 +62,10 @@ pub enum ServeError {
 /// Builds the whole application around a runtime.
 pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
     config.validate()?;
+    let (before, after) = health::raise_descriptor_limit();
+    if before != after {
+        tracing::info!(?before, ?after, "raised the open-file limit to the hard limit");
+    }
     let path = config.data_dir.join("server.db");
     secrets::prepare_database_file(&path)?;
     let token_key = Arc::new(secrets::TokenKey::load_or_create(&config.data_dir)?);
@@ -100,7 +105,7 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
     Router::new()
-        .route("/health", get(|| async { axum::Json(serde_json::json!({"status": "healthy"})) }))
+        .route("/health", get(health::health))
         .route("/version", get(|| async { axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/metrics", get(metrics_text))
         .nest("/v1", api.clone().merge(sandbox.clone()))

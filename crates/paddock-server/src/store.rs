@@ -79,6 +79,11 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// Whether the database answers a trivial query.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1").execute(&self.pool).await.map(drop)
+    }
+
     pub async fn insert(&self, r: &SandboxRow) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, created_at_ms, expires_at_ms, updated_at_ms)

@@ -685,3 +685,58 @@ fn without_auth_only_local_json_requests_are_served() {
     let (status, _) = raw_request(port, "POST", &path, &[("Content-Type", "application/json")], command);
     assert_eq!(status, 200);
 }
+
+#[test]
+fn the_descriptor_limit_is_raised_and_health_reports_exhaustion() {
+    common::require_root();
+    let dir = data_dir();
+    let port = free_port();
+    // Started with a soft limit of 64 under a hard limit of 256, as a shell would leave it.
+    let child = Command::new("sh")
+        .args(["-c", r#"ulimit -Sn 64 && ulimit -Hn 256 && exec "$0" "$@""#, common::EXE])
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("PADDOCK_API_KEY", KEY)
+        .env("PADDOCK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let s = Server { child, port, agent, key: KEY.to_owned() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.agent.get(&s.url("/health")).call().is_err() {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.child.id())).unwrap();
+    let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert_eq!(nofile.split_whitespace().collect::<Vec<_>>()[3..5], ["256", "256"], "{nofile}");
+
+    let (status, health) = s.call("GET", "/health", None, &[]);
+    assert_eq!((status, health["status"].as_str()), (200, Some("healthy")), "{health}");
+    assert_eq!((health["descriptors"]["limit"].as_u64(), health["database"]["ok"].as_bool()), (Some(256), Some(true)));
+    // Idle connections until the server holds over 90% of its descriptors, leaving room for
+    // the health request itself.
+    let open = health["descriptors"]["open"].as_u64().unwrap();
+    let hogs: Vec<TcpStream> = (open..234).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        let (status, health) = s.call("GET", "/health", None, &[]);
+        if status == 503 {
+            break health;
+        }
+        assert!(Instant::now() < deadline, "/health stayed healthy with {} idle connections: {health}", hogs.len());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(health["status"], "unhealthy");
+    let problem = health["problems"][0].as_str().unwrap_or_default();
+    assert!(problem.contains("of its 256 file descriptors"), "{health}");
+    // Once the connections close, it recovers.
+    drop(hogs);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.call("GET", "/health", None, &[]).0 != 200 {
+        assert!(Instant::now() < deadline, "/health did not recover");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
+}
