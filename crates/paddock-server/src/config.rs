@@ -92,4 +92,14 @@ mod tests {
         c.listen = "0.0.0.0:8080".parse().unwrap();
         assert!(matches!(c.validate(), Err(ConfigError::NoAuthOffLoopback(_))));
     }
+
+    #[test]
+    fn connection_limits_are_positive() {
+        let mut c = config();
+        c.header_timeout = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::ConnectionLimits));
+        let mut c = config();
+        c.max_connections = 0;
+        assert_eq!(c.validate(), Err(ConfigError::ConnectionLimits));
+    }
 }

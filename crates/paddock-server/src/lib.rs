@@ -55,8 +55,6 @@ pub enum ServeError {
     Listen { addr: std::net::SocketAddr, cause: std::io::Error },
     #[error(transparent)]
     Secret(#[from] secrets::SecretError),
-    #[error("serving: {0}")]
-    Serve(std::io::Error),
 }
 
 /// Builds the whole application around a runtime.
@@ -132,10 +130,15 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
     r
 }
 
-/// axum's body-limit rejection is plain text; every API error is `{code, message}`.
+/// axum's body-limit rejection is plain text; every API error is `{code, message}`. Answers of
+/// a sandbox's own server, forwarded by the port proxy, pass untouched.
 async fn too_large_as_json(req: Request, next: Next) -> Response {
+    let forwarded = proxied_port_of(req.uri().path()).is_some_and(|p| p != EXECD_PORT && p != EGRESS_PORT);
     let response = next.run(req).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && response.extensions().get::<ErrorCode>().is_none() {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && response.extensions().get::<ErrorCode>().is_none()
+        && !forwarded
+    {
         return json_too_large().into_response();
     }
     response
