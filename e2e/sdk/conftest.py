@@ -102,13 +102,14 @@ class PaddockServer:
         env.setdefault("RUST_LOG", "info")
         env.setdefault("NO_COLOR", "1")
         env.setdefault("RUST_BACKTRACE", "1")
+        # In the environment, not on the command line, where every local user could read it.
+        env["PADDOCK_API_KEY"] = self.api_key
         self.proc = subprocess.Popen(
             [
                 str(PADDOCK_BIN),
                 "serve",
                 "--listen", self.domain,
                 "--data-dir", str(self.data_dir),
-                "--api-key", self.api_key,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -96,10 +96,21 @@ fn sys(context: &str) -> impl Fn(paddock_sys::SysError) -> RuntimeError + '_ {
     move |e| RuntimeError::System(format!("{context}: {e}"))
 }
 
+/// Open files per process in a sandbox (soft, hard): what build tools and language servers
+/// expect, far below what could strain the host's file table.
+pub const SANDBOX_NOFILE: (u64, u64) = (4096, 16384);
+
 impl Supervisor {
     fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec) -> Result<Self, RuntimeError> {
         spec.validate()?;
         let _ = rustix::process::setsid();
+        // The sandbox's own descriptor limit, whatever its starter had (a server raises its
+        // own to the hard limit): every process of the sandbox inherits it from here.
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit { current: Some(SANDBOX_NOFILE.0), maximum: Some(SANDBOX_NOFILE.1) },
+        )
+        .map_err(|e| RuntimeError::System(format!("setting the sandbox's descriptor limit: {e}")))?;
         let layout = CgroupLayout::detect().map_err(sys("reading the cgroup layout"))?;
         let limits = Limits {
             memory_bytes: spec.resources.memory_bytes,

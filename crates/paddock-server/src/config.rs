@@ -19,6 +19,11 @@ pub struct ServerConfig {
     pub max_upload_bytes: u64,
     /// How long runtime calls may take before the request fails with `TIMEOUT`.
     pub deadlines: crate::deadline::Deadlines,
+    /// How long a connection may take to send a request's headers, counted from when the server
+    /// starts waiting for them: it bounds slow senders and idle keep-alive connections alike.
+    pub header_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -31,6 +36,8 @@ pub enum ConfigError {
         "serving without an API key is only allowed on a loopback address, not {0}: set --api-key or listen on 127.0.0.1"
     )]
     NoAuthOffLoopback(SocketAddr),
+    #[error("--header-timeout and --max-connections must be more than zero")]
+    ConnectionLimits,
 }
 
 impl ServerConfig {
@@ -38,6 +45,9 @@ impl ServerConfig {
         let (default, max) = (self.default_timeout.as_secs(), self.max_timeout.as_secs());
         if default < 60 || default > max {
             return Err(ConfigError::Timeouts { default, max });
+        }
+        if self.header_timeout.is_zero() || self.max_connections == 0 {
+            return Err(ConfigError::ConnectionLimits);
         }
         if self.api_key.is_none() && !self.listen.ip().is_loopback() {
             return Err(ConfigError::NoAuthOffLoopback(self.listen));
@@ -59,6 +69,8 @@ mod tests {
             max_timeout: Duration::from_secs(28800),
             max_upload_bytes: 1 << 30,
             deadlines: Default::default(),
+            header_timeout: Duration::from_secs(30),
+            max_connections: 1024,
         }
     }
 
@@ -82,5 +94,15 @@ mod tests {
         c.validate().unwrap();
         c.listen = "0.0.0.0:8080".parse().unwrap();
         assert!(matches!(c.validate(), Err(ConfigError::NoAuthOffLoopback(_))));
+    }
+
+    #[test]
+    fn connection_limits_are_positive() {
+        let mut c = config();
+        c.header_timeout = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::ConnectionLimits));
+        let mut c = config();
+        c.max_connections = 0;
+        assert_eq!(c.validate(), Err(ConfigError::ConnectionLimits));
     }
 }

@@ -6,9 +6,11 @@ pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod execd;
+pub mod health;
 pub mod lifecycle;
 pub mod metrics;
 mod proxy;
+pub mod secrets;
 pub mod state;
 pub mod store;
 mod time_fmt;
@@ -35,6 +37,9 @@ use state::AppState;
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
 /// Header carrying a sandbox's own token, given out with its endpoints.
 pub const SANDBOX_TOKEN_HEADER: &str = "x-paddock-sandbox-token";
+/// Largest body a JSON route reads (a create may carry up to 1 MiB of environment); only file
+/// uploads accept more, up to `--max-upload`.
+pub const JSON_BODY_LIMIT: usize = 2 << 20;
 /// The execd port the SDK resolves right after create.
 pub const EXECD_PORT: u16 = 44772;
 /// The egress sidecar port the SDK resolves right after create.
@@ -49,14 +54,20 @@ pub enum ServeError {
     Store { path: String, cause: sqlx::Error },
     #[error("cannot listen on {addr} ({cause}): choose another --listen address or stop what uses it")]
     Listen { addr: std::net::SocketAddr, cause: std::io::Error },
-    #[error("serving: {0}")]
-    Serve(std::io::Error),
+    #[error(transparent)]
+    Secret(#[from] secrets::SecretError),
 }
 
 /// Builds the whole application around a runtime.
 pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
     config.validate()?;
+    let (before, after) = health::raise_descriptor_limit();
+    if before != after {
+        tracing::info!(?before, ?after, "raised the open-file limit to the hard limit");
+    }
     let path = config.data_dir.join("server.db");
+    secrets::prepare_database_file(&path)?;
+    let token_key = Arc::new(secrets::TokenKey::load_or_create(&config.data_dir)?);
     let store = store::Store::open(&path)
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
@@ -67,6 +78,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         commands: Arc::new(execd::Commands::default()),
         metrics: Arc::new(metrics::Metrics::default()),
         draining: Arc::new(AtomicBool::new(false)),
+        token_key,
     };
     lifecycle::reconcile(&state).await;
     Ok(state)
@@ -92,14 +104,15 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
     Router::new()
-        .route("/health", get(|| async { axum::Json(serde_json::json!({"status": "healthy"})) }))
+        .route("/health", get(health::health))
         .route("/version", get(|| async { axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/metrics", get(metrics_text))
         .nest("/v1", api.clone().merge(sandbox.clone()))
         .merge(api)
         .merge(sandbox)
         .fallback(any(|| async { ApiError::not_found("no such route: see /v1/openapi.json for the API") }))
-        .layer(DefaultBodyLimit::max(2 << 20))
+        .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
+        .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeId))
@@ -116,6 +129,31 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     r
+}
+
+/// axum's body-limit rejection is plain text; every API error is `{code, message}`. Answers of
+/// a sandbox's own server, forwarded by the port proxy, pass untouched.
+async fn too_large_as_json(req: Request, next: Next) -> Response {
+    let forwarded = proxied_port_of(req.uri().path()).is_some_and(|p| p != EXECD_PORT && p != EGRESS_PORT);
+    let response = next.run(req).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && response.extensions().get::<ErrorCode>().is_none()
+        && !forwarded
+    {
+        return json_too_large().into_response();
+    }
+    response
+}
+
+fn json_too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "PAYLOAD_TOO_LARGE",
+        format!(
+            "the request body is larger than {} MiB, the limit of JSON requests: send less (files go through /files/upload)",
+            JSON_BODY_LIMIT >> 20
+        ),
+    )
 }
 
 async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -159,20 +197,113 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     if api_key_ok(&state, &req).is_ok() {
         return next.run(req).await;
     }
-    let id = sandbox_id_of(req.uri().path());
-    let token = req.headers().get(SANDBOX_TOKEN_HEADER).map(|v| v.as_bytes().to_vec());
-    match (id, token) {
-        (Some(id), Some(token)) => match state.store.get(&id).await {
-            Ok(Some(row)) if constant_time_eq(&token, row.token.as_bytes()) => next.run(req).await,
-            _ => {
-                ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
-            }
-        },
-        _ => match api_key_ok(&state, &req) {
+    // A token is checked against the id in the path, so it never opens another sandbox.
+    let token_ok = match (sandbox_id_of(req.uri().path()), req.headers().get(SANDBOX_TOKEN_HEADER)) {
+        (Some(id), Some(token)) => Some(state.token_key.verify(&id, token.as_bytes())),
+        _ => None,
+    };
+    match token_ok {
+        Some(true) => next.run(req).await,
+        Some(false) => {
+            ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
+        }
+        None => match api_key_ok(&state, &req) {
             Err(e) => e.into_response(),
             Ok(()) => next.run(req).await,
         },
     }
+}
+
+/// Without an API key, anything that can make this host send a request could drive the server:
+/// a web page can, through DNS rebinding (its own name resolving to 127.0.0.1) or plain
+/// cross-origin requests. So with --insecure-no-auth a request must name this server by a
+/// loopback address and its port in Host, come from no web origin or a loopback one, and send
+/// JSON as `application/json`, which a page cannot do cross-origin without a CORS preflight
+/// (that this server never answers).
+async fn local_only(port: u16, req: Request, next: Next) -> Response {
+    match check_local(port, &req) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn check_local(port: u16, req: &Request) -> Result<(), ApiError> {
+    let header = |name| req.headers().get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let host = header(axum::http::header::HOST).or_else(|| req.uri().authority().map(|a| a.to_string()));
+    if !host.as_deref().is_some_and(|h| host_is_local(h, Some(port))) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN_HOST",
+            format!(
+                "without an API key this server answers only requests addressed to it by a loopback address (Host {host:?}): use http://127.0.0.1:{port}, or start it with an API key"
+            ),
+        ));
+    }
+    if let Some(origin) = header(axum::http::header::ORIGIN) {
+        let local = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|authority| host_is_local(authority, None));
+        if !local {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN_ORIGIN",
+                format!(
+                    "without an API key this server refuses requests from web pages of other origins ({origin}): call it from a program, or start it with an API key"
+                ),
+            ));
+        }
+    }
+    let has_body = req.headers().contains_key(axum::http::header::TRANSFER_ENCODING)
+        || header(axum::http::header::CONTENT_LENGTH).is_some_and(|n| n.trim() != "0");
+    let path = req.uri().path();
+    // Uploads are multipart, and the port proxy forwards whatever the sandbox's server takes.
+    let not_json =
+        path.ends_with("/files/upload") || proxied_port_of(path).is_some_and(|p| p != EXECD_PORT && p != EGRESS_PORT);
+    if has_body && !not_json {
+        let content_type = header(axum::http::header::CONTENT_TYPE).unwrap_or_default();
+        let media = content_type.split(';').next().unwrap_or_default().trim();
+        if !media.eq_ignore_ascii_case("application/json") {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UNSUPPORTED_MEDIA_TYPE",
+                format!("this route takes JSON, sent as Content-Type: application/json (got {content_type:?})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a Host (or an Origin's authority) names this machine's loopback: `localhost` or a
+/// loopback address, with `port` when one is required (a Host without a port means 80).
+fn host_is_local(authority: &str, port: Option<u16>) -> bool {
+    let (name, given) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) => (ip, rest.strip_prefix(':')),
+            None => return false,
+        },
+        None => match authority.rsplit_once(':') {
+            Some((name, p)) => (name, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let loopback =
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    let port_ok = match (port, given) {
+        (None, _) => true,
+        (Some(want), Some(p)) => p.parse::<u16>().ok() == Some(want),
+        (Some(want), None) => want == 80,
+    };
+    loopback && port_ok
+}
+
+/// `/v1/sandboxes/<id>/proxy/<port>/...` → `<port>`.
+fn proxied_port_of(path: &str) -> Option<u16> {
+    let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
+    let mut parts = rest.split('/');
+    parts.next()?;
+    (parts.next()? == "proxy").then_some(())?;
+    parts.next()?.parse().ok()
 }
 
 /// `/v1/sandboxes/<id>/...` or `/sandboxes/<id>/...` → `<id>`.
@@ -184,6 +315,10 @@ fn sandbox_id_of(path: &str) -> Option<String> {
 /// Serves until SIGTERM or SIGINT, then drains: no new sandboxes, running requests finish
 /// (for at most `drain`), sandboxes keep running.
 /// `ready` is called with the bound address once the server accepts connections.
+///
+/// Connections are served by hyper directly (not `axum::serve`) for what a server facing slow
+/// or hostile clients needs: a deadline on request headers, which hyper also applies while a
+/// keep-alive connection waits for its next request, and a cap on connections served at once.
 pub async fn serve(
     state: AppState,
     drain: Duration,
@@ -191,32 +326,69 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let addr = state.config.listen;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|cause| ServeError::Listen { addr, cause })?;
-    ready(listener.local_addr().unwrap_or(addr));
+    let bound = listener.local_addr().unwrap_or(addr);
+    ready(bound);
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();
-    let began = Arc::new(tokio::sync::Notify::new());
-    let began_tx = began.clone();
-    let shutdown = async move {
+    let slots = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
+    let no_auth = state.config.api_key.is_none();
+    let mut router = app(state);
+    if no_auth {
+        let port = bound.port();
+        router = router.layer(middleware::from_fn(move |req: Request, next: Next| local_only(port, req, next)));
+    }
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
-        draining.store(true, Ordering::SeqCst);
-        began_tx.notify_one();
-        tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
     };
-    // Streamed events are small writes; without TCP_NODELAY each one after the first waits for
-    // the client's delayed ACK (about 40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first, then accept: at the cap, new connections wait in the kernel's backlog
+        // instead of costing a descriptor and a task each.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was accepted: pause
+                    // rather than spin, and keep serving the connections already open.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Streamed events are small writes; without TCP_NODELAY each one after the first waits
+        // for the client's delayed ACK (about 40 ms).
         let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app(state)).with_graceful_shutdown(shutdown);
-    tokio::select! {
-        r = server.into_future() => r.map_err(ServeError::Serve),
-        // A long stream must not hold the process forever once a drain began.
-        _ = async { began.notified().await; tokio::time::sleep(drain).await } => Ok(()),
+        let conn = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+            drop(slot);
+        });
     }
+    drop(listener);
+    draining.store(true, Ordering::SeqCst);
+    tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
+    // A long stream must not hold the process forever once a drain began.
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => {}
+    }
+    Ok(())
 }
 
 /// A JSON body whose rejection is a `{code, message}` 400 instead of axum's plain text.
@@ -233,12 +405,10 @@ where
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(rejection) => {
-                let status = rejection.status();
-                let message = rejection.body_text();
-                if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    return Err(ApiError::new(status, "PAYLOAD_TOO_LARGE", message));
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    return Err(json_too_large());
                 }
-                Err(ApiError::bad_request(format!("invalid JSON body: {message}")))
+                Err(ApiError::bad_request(format!("invalid JSON body: {}", rejection.body_text())))
             }
         }
     }
@@ -254,6 +424,30 @@ mod tests {
         assert_eq!(sandbox_id_of("/sandboxes/sbx-2/proxy/1").as_deref(), Some("sbx-2"));
         assert_eq!(sandbox_id_of("/v1/workspaces/x"), None);
         assert_eq!(sandbox_id_of("/sandboxes/"), None);
+    }
+
+    #[test]
+    fn only_loopback_hosts_with_our_port_are_local() {
+        for ok in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080", "127.1.2.3:8080"] {
+            assert!(host_is_local(ok, Some(8080)), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "127.0.0.1:9090",
+            "127.0.0.1",
+            "[::1]",
+            "[::1",
+            "10.0.0.1:8080",
+            "localhost.evil.example:8080",
+            "",
+        ] {
+            assert!(!host_is_local(bad, Some(8080)), "{bad}");
+        }
+        assert!(host_is_local("localhost", Some(80)));
+        assert!(host_is_local("localhost:3000", None) && !host_is_local("evil.example", None));
+        assert_eq!(proxied_port_of("/v1/sandboxes/sbx-1/proxy/8000/x"), Some(8000));
+        assert_eq!(proxied_port_of("/sandboxes/sbx-1/proxy/44772"), Some(44772));
+        assert_eq!(proxied_port_of("/v1/sandboxes/sbx-1/endpoints/8000"), None);
     }
 
     #[test]

@@ -362,13 +362,6 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
     Ok(())
 }
 
-fn new_token() -> ApiResult<String> {
-    let mut b = [0u8; 24];
-    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
-        .map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
-    Ok(hex::encode(b))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Handlers
 
@@ -414,7 +407,6 @@ async fn record(
         entrypoint: planned.entrypoint.clone(),
         metadata: planned.spec.labels.clone(),
         extensions,
-        token: new_token()?,
         created_at_ms: info.created_unix_ms as i64,
         expires_at_ms: Some(info.created_unix_ms as i64 + planned.timeout_secs as i64 * 1000),
         updated_at_ms: now,
@@ -631,7 +623,7 @@ async fn endpoint(
     let body = if proxy {
         json!({ "endpoint": endpoint })
     } else {
-        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: row.token } })
+        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: state.token_key.token(&row.id) } })
     };
     Ok(axum::Json(body).into_response())
 }

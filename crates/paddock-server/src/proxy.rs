@@ -11,23 +11,39 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
+use tower::{Layer, ServiceExt};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::{API_KEY_HEADER, SANDBOX_TOKEN_HEADER};
 
 pub fn router(max_upload: u64) -> Router<AppState> {
-    let execd = crate::execd::router().layer(DefaultBodyLimit::max(usize::try_from(max_upload).unwrap_or(usize::MAX)));
+    let max_upload = usize::try_from(max_upload).unwrap_or(usize::MAX);
+    let execd = crate::execd::router()
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| upload_limit(max_upload, req, next)));
     Router::new()
         .nest("/sandboxes/{id}/proxy/44772", execd)
         .nest("/sandboxes/{id}/proxy/18080", egress_router())
         .route("/sandboxes/{id}/proxy/{port}", any(forward))
         .route("/sandboxes/{id}/proxy/{port}/", any(forward))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(forward))
+}
+
+/// Only file uploads stream up to the upload limit. Every other execd route takes a JSON body
+/// (or none) that is read whole into memory, so it keeps the small limit `app` sets: a few huge
+/// bodies to `/command` must not be able to exhaust the server's memory.
+async fn upload_limit(max_upload: usize, req: Request, next: Next) -> Response {
+    if req.uri().path().ends_with("/files/upload") {
+        let Ok(response) = DefaultBodyLimit::max(max_upload).layer(next).oneshot(req).await;
+        response
+    } else {
+        next.run(req).await
+    }
 }
 
 /// The egress policy API of a sandbox. Sandboxes have no egress at all for now, so the policy

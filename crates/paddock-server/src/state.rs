@@ -9,6 +9,7 @@ use crate::config::ServerConfig;
 use crate::error::{ApiError, ApiResult};
 use crate::execd::Commands;
 use crate::metrics::Metrics;
+use crate::secrets::TokenKey;
 use crate::store::{SandboxRow, Store};
 
 #[derive(Clone)]
@@ -21,6 +22,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Set on SIGTERM: no new sandboxes are created.
     pub draining: Arc<AtomicBool>,
+    /// Derives each sandbox's endpoint token; no token is stored.
+    pub token_key: Arc<TokenKey>,
 }
 
 impl AppState {

@@ -1,6 +1,7 @@
 //! The server's state in SQLite: one file in the data directory, created on first start, with
 //! migrations applied at open. The runtime owns the processes; this owns what the API adds
-//! (metadata, image, entrypoint, execd token, lifecycle state).
+//! (metadata, image, entrypoint, lifecycle state). No secret is stored here: sandbox tokens are
+//! derived (`secrets`), and the file is 0600.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,7 +20,6 @@ pub struct SandboxRow {
     pub entrypoint: Vec<String>,
     pub metadata: BTreeMap<String, String>,
     pub extensions: BTreeMap<String, String>,
-    pub token: String,
     pub created_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub updated_at_ms: i64,
@@ -44,7 +44,6 @@ fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
         entrypoint: json_col(row, "entrypoint"),
         metadata: json_col(row, "metadata"),
         extensions: json_col(row, "extensions"),
-        token: row.try_get("token")?,
         created_at_ms: row.try_get("created_at_ms")?,
         expires_at_ms: row.try_get("expires_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
@@ -66,14 +65,29 @@ impl Store {
             .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
             .busy_timeout(std::time::Duration::from_secs(5));
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let had_clear_tokens: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('sandboxes') WHERE name = 'token'")
+                .fetch_one(&pool)
+                .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
+        if had_clear_tokens > 0 {
+            // Dropping the column leaves the old tokens in freed pages (and in the log): rebuild
+            // the file and empty the log so no copy of it holds one.
+            sqlx::query("VACUUM").execute(&pool).await?;
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&pool).await?;
+        }
         Ok(Self { pool })
+    }
+
+    /// Whether the database answers a trivial query.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1").execute(&self.pool).await.map(drop)
     }
 
     pub async fn insert(&self, r: &SandboxRow) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, token, created_at_ms, expires_at_ms, updated_at_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, created_at_ms, expires_at_ms, updated_at_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.id)
         .bind(&r.state)
@@ -83,7 +97,6 @@ impl Store {
         .bind(serde_json::to_string(&r.entrypoint).unwrap_or_default())
         .bind(serde_json::to_string(&r.metadata).unwrap_or_default())
         .bind(serde_json::to_string(&r.extensions).unwrap_or_default())
-        .bind(&r.token)
         .bind(r.created_at_ms)
         .bind(r.expires_at_ms)
         .bind(r.updated_at_ms)
@@ -161,7 +174,6 @@ mod tests {
             entrypoint: vec!["tail".into(), "-f".into(), "/dev/null".into()],
             metadata: BTreeMap::from([("team".into(), "a".into())]),
             extensions: BTreeMap::new(),
-            token: "t".into(),
             created_at_ms: 1,
             expires_at_ms: Some(2),
             updated_at_ms: 1,
@@ -186,5 +198,39 @@ mod tests {
         assert!(store.get("sbx-a").await.unwrap().is_none());
         assert!(store.insert(&row("sbx-b")).await.is_ok());
         assert!(store.insert(&row("sbx-b")).await.is_err(), "ids are unique");
+    }
+
+    #[tokio::test]
+    async fn clear_tokens_of_an_older_database_are_gone_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let secret = "clear-token-0123456789abcdef";
+        {
+            // The database as the first version left it: only the first migration, a clear token.
+            let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+                .unwrap()
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal);
+            let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+            let mut old = sqlx::migrate!("./migrations");
+            old.migrations = std::borrow::Cow::Owned(old.migrations[..1].to_vec());
+            old.run(&pool).await.unwrap();
+            sqlx::query(
+                "INSERT INTO sandboxes VALUES ('sbx-old', 'Running', NULL, NULL, 'host', '[]', '{}', '{}', ?, 1, 2, 1)",
+            )
+            .bind(secret)
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        let contains =
+            |p: &Path| std::fs::read(p).is_ok_and(|b| b.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        assert!(contains(&path) || contains(&dir.path().join("state.db-wal")), "the old file held the token");
+        let store = Store::open(&path).await.unwrap();
+        assert_eq!(store.get("sbx-old").await.unwrap().unwrap().state, "Running", "old rows keep working");
+        for f in ["state.db", "state.db-wal", "state.db-shm"] {
+            assert!(!contains(&dir.path().join(f)), "{f} still holds a clear token");
+        }
     }
 }

@@ -79,7 +79,24 @@ const DENIED_SYSCALLS: &[i64] = &[
     libc::SYS_sysfs,
     libc::SYS__sysctl,
     libc::SYS_nfsservctl,
+    // Memory the kernel removes from its own direct map: a sandbox has nothing to hide from
+    // the host, and each such area is unmovable, unreclaimable memory outside the usual
+    // accounting, an easy way to pressure the host.
+    libc::SYS_memfd_secret,
+    // Per-process LDT segments: only 16-bit and Wine-style code needs them, and the LDT code
+    // has a history of privilege escalations (e.g. CVE-2015-5157, CVE-2017-17053).
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_modify_ldt,
 ];
+
+/// The `personality` values a sandbox may set; every other value is EPERM. Allowed: the query
+/// (0xffffffff changes nothing and returns the current persona, which libc and `uname -m`
+/// wrappers use), PER_LINUX (0) and PER_LINUX32 (8, what `linux32`/`setarch i686` sets to
+/// report a 32-bit machine). Denied are the flags that weaken the process's own hardening for
+/// whatever it execs next: ADDR_NO_RANDOMIZE turns ASLR off, READ_IMPLIES_EXEC makes every
+/// readable mapping executable (so injected data runs), and the rest are legacy emulation
+/// switches; nothing a sandboxed program needs depends on them.
+const ALLOWED_PERSONALITIES: &[u64] = &[0, 8, 0xffff_ffff];
 
 /// Socket families a sandbox never needs that carry a large, bug-prone kernel surface.
 const DENIED_SOCKET_FAMILIES: &[u64] =
@@ -103,7 +120,8 @@ const DENIED_IOCTLS: &[u64] = &[libc::TIOCSTI, libc::TIOCLINUX];
 
 /// The seccomp filters of a sandbox, compiled ahead of the clone so the child only installs them.
 pub struct SeccompProgram {
-    /// EPERM for the denied syscalls, namespace-creating clones and terminal injection.
+    /// EPERM for the denied syscalls, namespace-creating clones, terminal injection and
+    /// personality flags.
     deny: BpfProgram,
     /// ENOSYS for clone3: its flags live in memory that seccomp cannot inspect, and ENOSYS makes
     /// libc fall back to clone, whose flags the other filter checks.
@@ -147,6 +165,13 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
     };
     rules.insert(libc::SYS_ioctl, any_of(1, DENIED_IOCTLS)?);
     rules.insert(libc::SYS_socket, any_of(0, DENIED_SOCKET_FAMILIES)?);
+    // One rule whose conditions all hold (the value is none of the allowed ones). The kernel
+    // takes the argument as an unsigned int, so the low 32 bits are what counts.
+    let not_allowed = ALLOWED_PERSONALITIES
+        .iter()
+        .map(|v| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *v).map_err(seccomp_err))
+        .collect::<Result<Vec<_>>>()?;
+    rules.insert(libc::SYS_personality, vec![SeccompRule::new(not_allowed).map_err(seccomp_err)?]);
     let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
         .map_err(seccomp_err)?;
     let clone3 = SeccompFilter::new(

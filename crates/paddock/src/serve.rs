@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,12 +17,16 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// API key clients send in OPEN-SANDBOX-API-KEY. Without one, a key is created on first
-    /// start and kept in the data directory.
-    #[arg(long, env = "PADDOCK_API_KEY", hide_env_values = true)]
+    /// API key clients send in OPEN-SANDBOX-API-KEY. Every local user can read it in `ps`:
+    /// prefer --api-key-file or the PADDOCK_API_KEY environment variable. Without any of them,
+    /// a key is created on first start and kept in the data directory.
+    #[arg(long)]
     api_key: Option<String>,
-    /// Serve without any API key (loopback addresses only).
+    /// Read the API key from this file (its first line; keep the file 0600).
     #[arg(long, conflicts_with = "api_key")]
+    api_key_file: Option<PathBuf>,
+    /// Serve without any API key (loopback addresses only).
+    #[arg(long, conflicts_with_all = ["api_key", "api_key_file"])]
     insecure_no_auth: bool,
     /// Session length of sandboxes created without a timeout.
     #[arg(long, default_value = "3600s", value_parser = parse_duration)]
@@ -40,6 +44,13 @@ pub struct ServeArgs {
     /// How long creating, acquiring, releasing or destroying a sandbox may take.
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     lifecycle_timeout: Duration,
+    /// Close a connection that takes longer than this to send a request's headers, or that sits
+    /// idle this long between requests.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// Connections served at once; further ones wait until one closes.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     /// How long running requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -68,15 +79,43 @@ fn stored_key(data_dir: &Path) -> Result<(String, bool)> {
     Ok((key, true))
 }
 
+/// The API key in a file given with --api-key-file: its first line, without surrounding blanks.
+fn key_from(path: &Path) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the API key file {} given with --api-key-file", path.display()))?;
+    let key = text.lines().next().unwrap_or_default().trim();
+    anyhow::ensure!(!key.is_empty(), "the API key file {} is empty: put the key on its first line", path.display());
+    if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+        eprintln!("paddock: warning: the API key file {} is readable by other users: chmod 600 it", path.display());
+    }
+    Ok(key.to_owned())
+}
+
 pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Result<u8> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+    // Read here rather than by clap, so a key given on the command line is told apart from one
+    // in the environment (only the former is visible to other users).
+    let env_key = std::env::var("PADDOCK_API_KEY").ok().filter(|k| !k.is_empty());
     let (api_key, key_note, key_from_file) = if args.insecure_no_auth {
+        anyhow::ensure!(
+            env_key.is_none(),
+            "PADDOCK_API_KEY is set but --insecure-no-auth asks for no key: unset one of them"
+        );
         (None, "no API key (--insecure-no-auth)".to_owned(), false)
     } else if let Some(k) = args.api_key {
-        (Some(k), "the API key given with --api-key / PADDOCK_API_KEY".to_owned(), false)
+        eprintln!(
+            "paddock: warning: --api-key puts the key in the process list, where every local user can read it (ps); \
+             use --api-key-file PATH or the PADDOCK_API_KEY environment variable instead"
+        );
+        (Some(k), "the API key given with --api-key".to_owned(), false)
+    } else if let Some(path) = &args.api_key_file {
+        (Some(key_from(path)?), format!("the API key in {}", path.display()), false)
+    } else if let Some(k) = env_key {
+        (Some(k), "the API key given in PADDOCK_API_KEY".to_owned(), false)
     } else {
         let (k, created) = stored_key(data_dir)?;
         let path = data_dir.join("api-key");
@@ -95,6 +134,8 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
             lifecycle: args.lifecycle_timeout,
             ..Default::default()
         },
+        header_timeout: args.header_timeout,
+        max_connections: args.max_connections,
     };
     let state = paddock_server::build_state(config, rt).await?;
     let key_file = key_from_file.then(|| data_dir.join("api-key"));

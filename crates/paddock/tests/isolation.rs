@@ -449,3 +449,87 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     let slot = (first - paddock_runtime_local::identity::BASE).to_string();
     assert!(!env.data().join("ids").join(slot).exists(), "a destroyed workspace's identity was not given back");
 }
+
+/// Runs a python3 script in a confined sandbox that calls raw syscalls through ctypes and prints
+/// one `name result` line per call (`ok <value>` or the errno's name).
+const SYSCALL_PRELUDE: &str = r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(name, nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_ulong(a) for a in args])
+    print(name, ("ok %d" % r) if r >= 0 else errno.errorcode[ctypes.get_errno()])
+"#;
+
+async fn syscalls(env: &Env, id: &paddock_core::runtime::SandboxId, calls: &str) -> String {
+    let script = format!("{SYSCALL_PRELUDE}{calls}");
+    let out = exec(
+        &env.rt,
+        id,
+        ExecRequest { argv: vec!["python3".into(), "-c".into(), script], ..Default::default() },
+        None,
+    )
+    .await;
+    assert_eq!(out.code(), 0, "the syscall script failed: {}", out.stderr);
+    out.stdout
+}
+
+#[tokio::test]
+async fn memfd_secret_is_denied() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    // memfd_secret(0): EPERM from the filter, where the kernel would give a descriptor (or
+    // ENOSYS when secretmem is off); memfd_create, its harmless cousin, still works.
+    let out = syscalls(
+        &env,
+        &id,
+        "call('memfd_secret', 447, 0)\nimport os; os.memfd_create('x'); print('memfd_create ok')\n",
+    )
+    .await;
+    assert_eq!(out, "memfd_secret EPERM\nmemfd_create ok\n");
+    bystander_ok(&env, &bystander).await;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[tokio::test]
+async fn modify_ldt_is_denied() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    // modify_ldt(0 = read, NULL, 0) would return 0 (an empty LDT); writing an entry (1) is the
+    // dangerous part and fails the same way.
+    let out = syscalls(&env, &id, "call('read', 154, 0, 0, 0)\ncall('write', 154, 1, 0, 16)\n").await;
+    assert_eq!(out, "read EPERM\nwrite EPERM\n");
+    bystander_ok(&env, &bystander).await;
+}
+
+#[tokio::test]
+async fn personality_flags_are_denied_and_harmless_values_work() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    let out = syscalls(
+        &env,
+        &id,
+        "call('query', 135, 0xffffffff)
+call('read-implies-exec', 135, 0x0400000)
+call('addr-no-randomize', 135, 0x0040000)
+call('linux32-with-flag', 135, 8 | 0x0040000)
+call('high-bits', 135, 0x100000000 | 0x0400000)
+call('linux32', 135, 8)
+call('query-after-linux32', 135, 0xffffffff)
+call('linux', 135, 0)
+call('query-after-linux', 135, 0xffffffff)
+",
+    )
+    .await;
+    assert_eq!(
+        out,
+        "query ok 0\nread-implies-exec EPERM\naddr-no-randomize EPERM\nlinux32-with-flag EPERM\nhigh-bits EPERM\nlinux32 ok 0\nquery-after-linux32 ok 8\nlinux ok 8\nquery-after-linux ok 0\n"
+    );
+    // What people actually run: `setarch -R` (no ASLR) fails, `linux32` works.
+    let out = sh(&env.rt, &id, "setarch -R true 2>/dev/null && echo NO-ASLR; linux32 uname -m").await;
+    assert_eq!(out.stdout, "i686\n", "{}", out.stderr);
+    bystander_ok(&env, &bystander).await;
+}

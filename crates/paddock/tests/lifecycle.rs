@@ -311,3 +311,12 @@ fn user_name_1000() -> String {
         })
         .unwrap_or_else(|| "1000".to_owned())
 }
+
+#[tokio::test]
+async fn sandboxes_get_their_own_descriptor_limit_not_their_starters() {
+    // The server raises its own limit to the hard limit; a sandbox must not inherit that.
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    let (soft, hard) = paddock_runtime_local::supervisor::SANDBOX_NOFILE;
+    assert_eq!(sh(&env.rt, &id, "ulimit -Sn; ulimit -Hn").await.stdout, format!("{soft}\n{hard}\n"));
+}

@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ struct Server {
     child: Child,
     port: u16,
     agent: ureq::Agent,
+    key: String,
 }
 
 fn free_port() -> u16 {
@@ -23,30 +25,32 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start(data: &std::path::Path, extra: &[&str]) -> Server {
+        Self::launch(data, &[&["--api-key", KEY], extra].concat(), &[])
+    }
+
+    /// Starts `paddock serve` with exactly these arguments (after `--listen`) and environment;
+    /// the key it then uses is the one given, or the one the server stored.
+    fn launch(data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         common::require_root();
         let port = free_port();
         let child = Command::new(common::EXE)
-            .args([
-                "--data-dir",
-                data.to_str().unwrap(),
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--api-key",
-                KEY,
-            ])
-            .args(extra)
+            .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .envs(env.iter().copied())
             .env("PADDOCK_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let s = Server { child, port, agent };
+        let mut s = Server { child, port, agent, key: KEY.to_owned() };
         let deadline = Instant::now() + Duration::from_secs(20);
         while s.agent.get(&s.url("/health")).call().is_err() {
             assert!(Instant::now() < deadline, "the server did not come up");
             std::thread::sleep(Duration::from_millis(50));
+        }
+        if !args.contains(&"--api-key") {
+            s.key = std::fs::read_to_string(data.join("api-key")).unwrap_or_default().trim().to_owned();
         }
         s
     }
@@ -71,7 +75,7 @@ impl Server {
     }
 
     fn api(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        self.call(method, path, body, &[("OPEN-SANDBOX-API-KEY", KEY)])
+        self.call(method, path, body, &[("OPEN-SANDBOX-API-KEY", &self.key)])
     }
 
     fn create(&self) -> String {
@@ -86,7 +90,7 @@ impl Server {
         let req = ureq::http::Request::builder()
             .method("POST")
             .uri(self.url(&format!("/v1/sandboxes/{id}/proxy/44772/command")))
-            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("OPEN-SANDBOX-API-KEY", &self.key)
             .header("content-type", "application/json")
             .body(json!({"command": command, "background": background}).to_string())
             .unwrap();
@@ -239,6 +243,144 @@ fn a_sandbox_token_opens_only_its_own_sandbox() {
 }
 
 #[test]
+fn data_files_are_private_and_tokens_are_not_stored() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = data_dir();
+    // No --api-key: the server creates and stores one.
+    let mut s = Server::launch(dir.path(), &[], &[]);
+    assert!(!s.key.is_empty(), "the server stored no API key");
+    let a = s.create();
+    let b = s.create();
+    let token_of = |s: &Server, id: &str| {
+        let (status, ep) = s.api("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None);
+        assert_eq!(status, 200, "{ep}");
+        let (name, token) = ep["headers"].as_object().unwrap().iter().next().unwrap();
+        (name.clone(), token.as_str().unwrap().to_owned())
+    };
+    let (name, token) = token_of(&s, &a);
+    let ping = |s: &Server, id: &str, token: &str| {
+        s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/ping"), None, &[(name.as_str(), token)]).0
+    };
+    assert_eq!((ping(&s, &a, &token), ping(&s, &b, &token)), (200, 401), "the token opens exactly its sandbox");
+    assert_eq!(s.run(&a, "echo written", false).0, ["written"]);
+    let files = |dir: &std::path::Path| {
+        let mut names: Vec<(String, u32)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_file())
+            .map(|e| (e.file_name().into_string().unwrap(), e.metadata().unwrap().permissions().mode() & 0o777))
+            .collect();
+        names.sort();
+        names
+    };
+    let listed = files(dir.path());
+    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    for expected in ["api-key", "server.db", "server.db-shm", "server.db-wal", "token-key"] {
+        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+    }
+    for (name, mode) in &listed {
+        assert_eq!(*mode, 0o600, "{name} is {mode:o}, not 0600");
+    }
+    // Neither the database nor its log holds the token, in any encoding.
+    for f in ["server.db", "server.db-wal", "server.db-shm"] {
+        let bytes = std::fs::read(dir.path().join(f)).unwrap();
+        assert!(!bytes.windows(token.len()).any(|w| w == token.as_bytes()), "{f} holds the token in clear");
+        let raw =
+            (0..token.len()).step_by(2).map(|i| u8::from_str_radix(&token[i..i + 2], 16).unwrap()).collect::<Vec<_>>();
+        assert!(!bytes.windows(raw.len()).any(|w| w == raw.as_slice()), "{f} holds the token's bytes");
+    }
+    // The token is derived from a key that survives a restart, so it keeps working after one.
+    s.kill9();
+    let s = Server::launch(dir.path(), &[], &[]);
+    assert_eq!((ping(&s, &a, &token), ping(&s, &b, &token)), (200, 401));
+    assert_eq!(token_of(&s, &a).1, token, "the endpoints API gives out the same token");
+    assert_ne!(token_of(&s, &b).1, token);
+    assert_eq!(ping(&s, &b, &token_of(&s, &b).1), 200);
+}
+
+/// Starts `paddock serve` with stderr captured and returns what it printed up to "serving on".
+fn startup_messages(data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Child, u16, String) {
+    common::require_root();
+    let port = free_port();
+    let mut child = Command::new(common::EXE)
+        .args(["--data-dir", data.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_remove("PADDOCK_API_KEY")
+        .envs(env.iter().copied())
+        .env("PADDOCK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut printed = String::new();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("serving on") {
+            break;
+        }
+    }
+    // Keep draining so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, port, printed)
+}
+
+#[test]
+fn the_api_key_comes_from_a_file_or_the_environment_and_the_flag_warns() {
+    let dir = data_dir();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let status = |port: u16, key: &str| {
+        let req = ureq::http::Request::builder()
+            .uri(format!("http://127.0.0.1:{port}/v1/sandboxes"))
+            .header("OPEN-SANDBOX-API-KEY", key)
+            .body(())
+            .unwrap();
+        agent.run(req).unwrap().status().as_u16()
+    };
+    let stop = |mut child: Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+
+    // --api-key works but says it is visible to every local user.
+    let (child, port, printed) = startup_messages(dir.path(), &["--api-key", KEY], &[]);
+    assert!(printed.contains("warning: --api-key") && printed.contains("--api-key-file"), "{printed}");
+    assert_eq!(status(port, KEY), 200);
+    stop(child);
+
+    // A key file: not in the process list, no warning.
+    let file_key = "key-from-a-file-42";
+    let key_file = tempfile::Builder::new().prefix("pdkey").tempfile_in("/tmp").unwrap();
+    std::fs::write(key_file.path(), format!("{file_key}\n")).unwrap();
+    std::fs::set_permissions(key_file.path(), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (child, port, printed) =
+        startup_messages(dir.path(), &["--api-key-file", key_file.path().to_str().unwrap()], &[]);
+    assert!(!printed.contains("warning"), "{printed}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
+    assert!(!cmdline.windows(file_key.len()).any(|w| w == file_key.as_bytes()), "the key is in the process list");
+    assert_eq!((status(port, file_key), status(port, KEY)), (200, 401));
+    stop(child);
+
+    // PADDOCK_API_KEY: no warning either.
+    let (child, port, printed) = startup_messages(dir.path(), &[], &[("PADDOCK_API_KEY", "key-from-env-7")]);
+    assert!(!printed.contains("warning"), "{printed}");
+    assert_eq!((status(port, "key-from-env-7"), status(port, KEY)), (200, 401));
+    stop(child);
+
+    // An empty key file is refused with a message that says what to do.
+    std::fs::write(key_file.path(), "\n").unwrap();
+    let out = Command::new(common::EXE)
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
+        .args(["--api-key-file", key_file.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is empty: put the key on its first line"));
+}
+
+#[test]
 fn workspaces_over_http_persist_across_release() {
     let dir = data_dir();
     let s = Server::start(dir.path(), &[]);
@@ -374,4 +516,227 @@ fn the_proxy_reaches_a_server_inside_the_sandbox() {
     let (status, _) =
         s.call("GET", &format!("/v1/sandboxes/{id}/proxy/8000/"), None, &[(name.as_str(), token.as_str().unwrap())]);
     assert_eq!(status, 200);
+}
+
+/// Reads until the server closes the connection; returns what it sent and how long that took.
+fn read_until_closed(conn: &mut TcpStream) -> (String, Duration) {
+    let started = Instant::now();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the server kept the connection open: {e} after {:?}", started.elapsed()),
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), started.elapsed())
+}
+
+#[test]
+fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--header-timeout", "2s", "--max-connections", "16"]);
+    let connect = || TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+
+    // Half a request line, then nothing: closed once the header deadline passes.
+    let mut slow = connect();
+    slow.write_all(b"GET /hea").unwrap();
+    let (_, waited) = read_until_closed(&mut slow);
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "closed after {waited:?}");
+
+    // A keep-alive connection that sits idle after a request is closed the same way.
+    let mut idle = connect();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let (answer, waited) = read_until_closed(&mut idle);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10), "closed after {waited:?}");
+
+    // Twice as many silent connections as the cap: a normal request still gets through, once the
+    // deadline has closed the ones ahead of it.
+    let hogs: Vec<TcpStream> = (0..32)
+        .map(|_| {
+            let mut c = connect();
+            c.write_all(b"POST /v1/sandboxes HTTP/1.1\r\n").unwrap();
+            c
+        })
+        .collect();
+    let started = Instant::now();
+    let (status, _) = s.api("GET", "/v1/sandboxes", None);
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < Duration::from_secs(15), "a normal request waited {:?}", started.elapsed());
+    drop(hogs);
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
+}
+
+/// Sends one request over a connection of its own, the body from a thread (the server may
+/// answer and close before it has read it all), and returns the status and JSON body.
+fn raw_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut writer = conn.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(&body);
+    });
+    let (answer, _) = read_until_closed(&mut conn);
+    let _ = sender.join();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(Value::String(answer.clone())))
+}
+
+#[test]
+fn json_routes_refuse_large_bodies_and_uploads_keep_their_limit() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let id = s.create();
+    let json = [("OPEN-SANDBOX-API-KEY", KEY), ("Content-Type", "application/json")];
+    // 10 MiB of JSON: refused with a {code, message} 413, on the lifecycle and the execd API.
+    let big = format!(r#"{{"image":{{"uri":"host"}},"env":{{"A":"{}"}}}}"#, "x".repeat(10 << 20)).into_bytes();
+    let (status, body) = raw_request(s.port, "POST", "/v1/sandboxes", &json, big);
+    assert_api_error(status, &body, 413, "limit of JSON requests");
+    assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
+    let big = format!(r#"{{"command":"echo {}"}}"#, "x".repeat(10 << 20)).into_bytes();
+    let (status, body) = raw_request(s.port, "POST", &format!("/v1/sandboxes/{id}/proxy/44772/command"), &json, big);
+    assert_api_error(status, &body, 413, "limit of JSON requests");
+    // Nothing was created, and the server is fine.
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).1["items"].as_array().unwrap().len(), 1);
+    assert_eq!(s.run(&id, "echo fine", false).0, ["fine"]);
+    // A create with 1 MiB of environment is still accepted.
+    let env = json!({"image": {"uri": "host"}, "timeout": 600, "env": {"BIG": "y".repeat(1 << 20)}});
+    let (status, created) = s.api("POST", "/v1/sandboxes", Some(&env));
+    assert!(status != 413, "a 1 MiB environment must fit the JSON limit: {status} {created}");
+    // Uploads still take more than the JSON limit (the default upload limit is 1 GiB).
+    let boundary = "paddockboundary43";
+    let mut upload = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{{\"path\":\"/workspace/big.bin\"}}\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
+    upload.extend(std::iter::repeat_n(b'z', 5 << 20));
+    upload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, body) = raw_request(
+        s.port,
+        "POST",
+        &format!("/v1/sandboxes/{id}/proxy/44772/files/upload"),
+        &[("OPEN-SANDBOX-API-KEY", KEY), ("Content-Type", &content_type)],
+        upload,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(s.run(&id, "stat -c %s /workspace/big.bin", false).0, [(5 << 20).to_string()]);
+}
+
+#[test]
+fn without_auth_only_local_json_requests_are_served() {
+    let dir = data_dir();
+    let s = Server::launch(dir.path(), &["--insecure-no-auth"], &[]);
+    let port = s.port;
+    let here = format!("127.0.0.1:{port}");
+    let get = |headers: &[(&str, &str)]| raw_request(port, "GET", "/v1/sandboxes", headers, Vec::new());
+    assert_eq!(get(&[]).0, 200, "a local client needs no key");
+    for host in [here.as_str(), &format!("localhost:{port}"), &format!("[::1]:{port}")] {
+        assert_eq!(get(&[("Host", host)]).0, 200, "Host {host}");
+    }
+    // DNS rebinding: a page's own name resolved to 127.0.0.1 still says that name in Host.
+    for host in [format!("rebind.example:{port}"), format!("127.0.0.1:{}", port.wrapping_add(1)), "127.0.0.1".into()] {
+        let (status, body) = get(&[("Host", &host)]);
+        assert_api_error(status, &body, 403, "loopback address");
+        assert_eq!(body["code"], "FORBIDDEN_HOST");
+    }
+    // A page of another origin, even one sent to the right Host.
+    for origin in ["http://evil.example", "null", "https://127.0.0.1.evil.example"] {
+        let (status, body) = get(&[("Host", &here), ("Origin", origin)]);
+        assert_api_error(status, &body, 403, "other origins");
+        assert_eq!(body["code"], "FORBIDDEN_ORIGIN");
+    }
+    assert_eq!(get(&[("Origin", "http://localhost:3000")]).0, 200, "a local origin is fine");
+    // A form or a text/plain fetch (no CORS preflight) cannot send JSON to a JSON route.
+    let create = br#"{"image":{"uri":"host"},"timeout":600}"#.to_vec();
+    for content_type in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
+        let headers: Vec<(&str, &str)> = content_type.map(|c| ("Content-Type", c)).into_iter().collect();
+        let (status, body) = raw_request(port, "POST", "/v1/sandboxes", &headers, create.clone());
+        assert_api_error(status, &body, 415, "application/json");
+    }
+    let (status, body) = raw_request(
+        port,
+        "POST",
+        "/v1/sandboxes",
+        &[("Host", &format!("rebind.example:{port}")), ("Content-Type", "application/json")],
+        create.clone(),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(get(&[]).1["items"].as_array().unwrap().is_empty(), "a refused request created a sandbox");
+    // The same request, sent properly, works; so do execd calls with JSON, and not without.
+    let (status, created) =
+        raw_request(port, "POST", "/v1/sandboxes", &[("Content-Type", "application/json; charset=utf-8")], create);
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let command = br#"{"command":"echo hi"}"#.to_vec();
+    let path = format!("/v1/sandboxes/{id}/proxy/44772/command");
+    let (status, body) = raw_request(port, "POST", &path, &[("Content-Type", "text/plain")], command.clone());
+    assert_api_error(status, &body, 415, "application/json");
+    let (status, _) = raw_request(port, "POST", &path, &[("Content-Type", "application/json")], command);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn the_descriptor_limit_is_raised_and_health_reports_exhaustion() {
+    common::require_root();
+    let dir = data_dir();
+    let port = free_port();
+    // Started with a soft limit of 64 under a hard limit of 256, as a shell would leave it.
+    let child = Command::new("sh")
+        .args(["-c", r#"ulimit -Sn 64 && ulimit -Hn 256 && exec "$0" "$@""#, common::EXE])
+        .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("PADDOCK_API_KEY", KEY)
+        .env("PADDOCK_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let s = Server { child, port, agent, key: KEY.to_owned() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.agent.get(&s.url("/health")).call().is_err() {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.child.id())).unwrap();
+    let nofile = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert_eq!(nofile.split_whitespace().collect::<Vec<_>>()[3..5], ["256", "256"], "{nofile}");
+
+    let (status, health) = s.call("GET", "/health", None, &[]);
+    assert_eq!((status, health["status"].as_str()), (200, Some("healthy")), "{health}");
+    assert_eq!((health["descriptors"]["limit"].as_u64(), health["database"]["ok"].as_bool()), (Some(256), Some(true)));
+    // Idle connections until the server holds over 90% of its descriptors, leaving room for
+    // the health request itself.
+    let open = health["descriptors"]["open"].as_u64().unwrap();
+    let hogs: Vec<TcpStream> = (open..234).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        let (status, health) = s.call("GET", "/health", None, &[]);
+        if status == 503 {
+            break health;
+        }
+        assert!(Instant::now() < deadline, "/health stayed healthy with {} idle connections: {health}", hogs.len());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(health["status"], "unhealthy");
+    let problem = health["problems"][0].as_str().unwrap_or_default();
+    assert!(problem.contains("of its 256 file descriptors"), "{health}");
+    // Once the connections close, it recovers.
+    drop(hogs);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.call("GET", "/health", None, &[]).0 != 200 {
+        assert!(Instant::now() < deadline, "/health did not recover");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }

@@ -31,6 +31,8 @@ impl Server {
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(7200),
             max_upload_bytes: 1 << 20,
+            header_timeout: Duration::from_secs(30),
+            max_connections: 64,
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),
