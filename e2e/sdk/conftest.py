@@ -38,7 +38,11 @@ from opensandbox.sync.manager import SandboxManagerSync
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PADDOCK_BIN = Path(os.environ.get("PADDOCK_BIN") or REPO_ROOT / "target" / "debug" / "paddock")
-IMAGE = "host"
+# The image sandboxes run: the host's root on the local runtime; an image the cluster has on
+# Kubernetes (PADDOCK_E2E_IMAGE=paddock.local/sandbox:1, see dev/k8s).
+IMAGE = os.environ.get("PADDOCK_E2E_IMAGE", "host")
+# Extra `paddock serve` arguments, e.g. "--runtime kubernetes --namespace paddock-e2e".
+SERVE_ARGS = os.environ.get("PADDOCK_E2E_SERVE_ARGS", "").split()
 MODES = ("direct", "proxy")
 START_TIMEOUT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -110,6 +114,7 @@ class PaddockServer:
                 "serve",
                 "--listen", self.domain,
                 "--data-dir", str(self.data_dir),
+                *SERVE_ARGS,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -234,6 +239,20 @@ class PaddockServer:
 
 
 # ---------------------------------------------------------------- helpers for tests
+
+
+def capabilities(server: "PaddockServer") -> dict:
+    """What the runtime behind `server` supports (GET /v1/capabilities)."""
+    req = urllib.request.Request(server.base_url + "/v1/capabilities", headers={"OPEN-SANDBOX-API-KEY": server.api_key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def require(server: "PaddockServer", capability: str) -> None:
+    """Skips the test when the runtime says it cannot do `capability`: asked, not listed."""
+    caps = capabilities(server)
+    if not caps.get(capability):
+        pytest.skip(f"the {caps.get('runtime')} runtime does not support {capability}")
 
 
 def wait_until(pred, timeout: float, what: str, interval: float = 0.1):

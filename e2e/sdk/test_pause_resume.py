@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import run_ok, wait_until
+from conftest import capabilities, require, run_ok, wait_until
 from opensandbox import SandboxSync
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.execd import RunCommandOpts
@@ -30,7 +30,8 @@ def _state(sb: SandboxSync) -> str:
     return sb.get_info().status.state
 
 
-def test_pause_stops_everything_and_resume_keeps_memory(make_sandbox, conn):
+def test_pause_stops_everything_and_resume_keeps_memory(make_sandbox, conn, server):
+    require(server, "pause")
     sb = make_sandbox()
     loop = sb.commands.run(LOOP, opts=RunCommandOpts(background=True))
     assert loop.id
@@ -69,7 +70,8 @@ def test_pause_stops_everything_and_resume_keeps_memory(make_sandbox, conn):
         resumed.close()
 
 
-def test_paused_sandbox_is_listed_paused_and_can_be_killed(make_sandbox, conn):
+def test_paused_sandbox_is_listed_paused_and_can_be_killed(make_sandbox, conn, server):
+    require(server, "pause")
     sb = make_sandbox()
     sb.pause()
     wait_until(lambda: _state(sb) == "Paused", 10, "state Paused")
@@ -86,3 +88,16 @@ def test_paused_sandbox_is_listed_paused_and_can_be_killed(make_sandbox, conn):
     with pytest.raises(SandboxApiException) as ei:
         sb.get_info()
     assert ei.value.status_code == 404
+
+
+def test_pause_on_a_runtime_that_cannot_is_a_clear_error(make_sandbox, server):
+    caps = capabilities(server)
+    if caps.get("pause"):
+        pytest.skip(f"the {caps.get('runtime')} runtime can pause")
+    sb = make_sandbox()
+    with pytest.raises(SandboxApiException) as refused:
+        sb.pause()
+    text = str(refused.value)
+    assert "NOT_SUPPORTED" in text or "cannot pause" in text, text
+    # Nothing changed: the sandbox still runs commands.
+    assert run_ok(sb, "echo still-running") == ["still-running"]
