@@ -28,12 +28,16 @@ pub const PID_DIR: &str = "/tmp/.paddock-exec";
 /// shell gives a background job `/dev/null` as stdin, hence the detour through fd 3. `setsid`
 /// succeeds without forking because a background job never leads a process group, so the pid
 /// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
-/// exit 127 for a missing program like a shell does.
+/// exit 127 for a missing program like a shell does. A command killed while the container's
+/// OOM-kill counter moved leaves a `TOKEN.oom` marker for `OOM_SCRIPT`.
 pub const WRAPPER: &str = r#"t=$1 d=$2; shift 2
 if ! cd "$d" 2>/dev/null; then
   printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$1" "$d" >&2; exit 127
 fi
 mkdir -p /tmp/.paddock-exec 2>/dev/null
+oom() { n=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
+  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; done <"$f"; done; }
+oom; o=$n
 exec 3<&0
 setsid env -i "$@" <&3 3<&- &
 p=$!
@@ -41,7 +45,13 @@ exec 3<&-
 echo "$p" >"/tmp/.paddock-exec/$t" 2>/dev/null
 wait "$p"; c=$?
 rm -f "/tmp/.paddock-exec/$t"
+if [ "$c" = 137 ]; then oom; [ "$n" = "$o" ] || : >"/tmp/.paddock-exec/$t.oom"; fi
 exit "$c""#;
+
+/// `sh -c OOM paddock-oom TOKEN`: prints `oom` (once) when the command was OOM-killed.
+pub const OOM_SCRIPT: &str = r#"f="/tmp/.paddock-exec/$1.oom"
+[ -e "$f" ] && rm -f "$f" && echo oom
+true"#;
 
 /// `sh -c SIGNAL paddock-signal TOKEN SIGNUM`: exits 3 when the command has not recorded its
 /// session yet (or has ended), else signals the whole session's process group.
@@ -229,12 +239,11 @@ async fn pump_stdin<W: AsyncWrite + Unpin>(mut from: DuplexStream, mut to: W) {
 
 /// The control of a user command.
 pub struct KubeExecution {
-    pub pods: Api<Pod>,
-    pub pod: String,
-    pub token: String,
-    pub done: Option<oneshot::Receiver<Result<i32, RuntimeError>>>,
-    pub deadline: Option<tokio::time::Instant>,
-    pub outcome: Option<ExecOutcome>,
+    pods: Api<Pod>,
+    pod: String,
+    token: String,
+    done: Option<oneshot::Receiver<Ended>>,
+    outcome: Option<ExecOutcome>,
 }
 
 /// Sends `signal` to a command's session. Returns false while the wrapper has not recorded
@@ -250,6 +259,67 @@ async fn send_signal(pods: &Api<Pod>, pod: &str, token: &str, signal: i32) -> Re
             "signalling a command in Pod {pod}: {}",
             String::from_utf8_lossy(&stderr).trim()
         ))),
+    }
+}
+
+/// Waits for the command, killing its whole session at `deadline`. Runs as its own task so
+/// the deadline holds whether or not anyone waits.
+async fn watch(
+    pods: Api<Pod>,
+    pod: String,
+    token: String,
+    mut done: oneshot::Receiver<Result<i32, RuntimeError>>,
+    deadline: Option<tokio::time::Instant>,
+    tx: oneshot::Sender<Ended>,
+) {
+    let vanished = || RuntimeError::System(format!("the exec in Pod {pod} vanished"));
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = &mut done => {
+            let r = r.unwrap_or_else(|_| Err(vanished()));
+            let oom = matches!(r, Ok(137)) && oom_killed(&pods, &pod, &token).await;
+            let _ = tx.send((r, false, oom));
+        }
+        _ = sleep => {
+            // Retried: the wrapper may not have recorded the session yet.
+            for _ in 0..50 {
+                match send_signal(&pods, &pod, &token, 9).await {
+                    Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Ok(true) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, pod, "killing a command at its deadline");
+                        break;
+                    }
+                }
+            }
+            let r = done.await.unwrap_or_else(|_| Err(vanished()));
+            let _ = tx.send((r, true, false));
+        }
+    }
+}
+
+/// How a command ended: its exit code, whether its deadline killed it, whether it was
+/// OOM-killed.
+type Ended = (Result<i32, RuntimeError>, bool, bool);
+
+async fn oom_killed(pods: &Api<Pod>, pod: &str, token: &str) -> bool {
+    let argv = vec!["sh".into(), "-c".into(), OOM_SCRIPT.into(), "paddock-oom".into(), token.into()];
+    match start(pods, pod, argv, false).await {
+        Ok(r) => matches!(collect(r, None).await, Ok((0, out, _)) if out.starts_with(b"oom")),
+        Err(_) => false,
+    }
+}
+
+fn finish(r: Result<Ended, oneshot::error::RecvError>) -> Result<ExecOutcome, RuntimeError> {
+    match r {
+        Ok((_, true, _)) => Ok(outcome(124, true)),
+        Ok((code, false, oom)) => Ok(ExecOutcome { oom_killed: oom, ..outcome(code?, false) }),
+        Err(_) => Err(RuntimeError::System("the command's watcher vanished".into())),
     }
 }
 
@@ -270,10 +340,10 @@ impl Execution for KubeExecution {
                 return Ok(());
             }
             if let Some(done) = &mut self.done
-                && let Ok(Ok(r)) = tokio::time::timeout(Duration::from_millis(100), done).await
+                && let Ok(r) = tokio::time::timeout(Duration::from_millis(100), done).await
             {
                 self.done = None;
-                self.outcome = Some(outcome(r?, false));
+                self.outcome = Some(finish(r)?);
                 return Ok(());
             }
         }
@@ -287,30 +357,8 @@ impl Execution for KubeExecution {
         let Some(done) = &mut self.done else {
             return Err(RuntimeError::InvalidArgument("the command's outcome was already taken".into()));
         };
-        let result = match self.deadline {
-            None => done.await,
-            Some(deadline) => match tokio::time::timeout_at(deadline, &mut *done).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // Kill the whole session; its exec then ends and reports the kill.
-                    // Retried: the wrapper may not have recorded the session yet.
-                    for _ in 0..20 {
-                        match send_signal(&self.pods, &self.pod, &self.token, 9).await {
-                            Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
-                            _ => break,
-                        }
-                    }
-                    let _ = done.await;
-                    self.done = None;
-                    let o = outcome(124, true);
-                    self.outcome = Some(o);
-                    return Ok(o);
-                }
-            },
-        };
+        let o = finish(done.await)?;
         self.done = None;
-        let code = result.map_err(|_| RuntimeError::System(format!("the exec in Pod {} vanished", self.pod)))??;
-        let o = outcome(code, false);
         self.outcome = Some(o);
         Ok(o)
     }
@@ -335,7 +383,10 @@ pub async fn collect(
     let mut err = Vec::new();
     let (fed, _, _) = tokio::join!(feed, stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
     let code = done.await.map_err(|_| RuntimeError::System("an exec vanished".into()))??;
-    fed.map_err(|e| RuntimeError::from_io("sending data into the sandbox", &e))?;
+    // A command that failed early stops reading its input: its own error says more.
+    if code == 0 {
+        fed.map_err(|e| RuntimeError::from_io("sending data into the sandbox", &e))?;
+    }
     Ok((code, out, err))
 }
 
@@ -350,7 +401,9 @@ pub async fn process(
 ) -> Result<Process, RuntimeError> {
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let running = start(&pods, pod, argv, stdin).await?;
-    let control = KubeExecution { pods, pod: pod.to_owned(), token, done: Some(running.done), deadline, outcome: None };
+    let (tx, done) = oneshot::channel();
+    tokio::spawn(watch(pods.clone(), pod.to_owned(), token.clone(), running.done, deadline, tx));
+    let control = KubeExecution { pods, pod: pod.to_owned(), token, done: Some(done), outcome: None };
     Ok(Process {
         stdin: running.stdin.map(|s| Box::new(s) as paddock_core::runtime::ByteWriter),
         stdout: Box::new(running.stdout),
