@@ -53,6 +53,11 @@ pub struct KubeConfig {
     pub cpu_request_millicpus: Option<u32>,
     /// How often `spawn_reaper` looks for expired sandboxes.
     pub reap_interval: Duration,
+    /// Adds a root init container (image `default_image`, only `CAP_CHOWN`) that gives a
+    /// workspace PVC's root directory to the sandbox user. Needed where the provisioner
+    /// ignores `fsGroup`, as hostPath does (its volumes are root-owned 0750); not allowed
+    /// under the `restricted` Pod Security Standard.
+    pub chown_workspace: bool,
 }
 
 impl Default for KubeConfig {
@@ -69,6 +74,7 @@ impl Default for KubeConfig {
             ready_timeout: Duration::from_secs(120),
             cpu_request_millicpus: None,
             reap_interval: Duration::from_secs(30),
+            chown_workspace: false,
         }
     }
 }
@@ -182,6 +188,7 @@ impl KubeRuntime {
             runtime_class: self.config.runtime_class.clone(),
             host_users_false: self.config.host_users_false,
             cpu_request_millicpus: self.config.cpu_request_millicpus,
+            chown_image: self.config.chown_workspace.then(|| self.config.default_image.clone()),
         }
     }
 

@@ -74,6 +74,9 @@ pub struct Shape {
     pub runtime_class: Option<String>,
     pub host_users_false: bool,
     pub cpu_request_millicpus: Option<u32>,
+    /// An operator-trusted image whose root init container hands a fresh workspace volume to
+    /// the sandbox user, for provisioners that ignore `fsGroup` (hostPath).
+    pub chown_image: Option<String>,
 }
 
 /// Labels shared by a thread's Pod, PVC and NetworkPolicy.
@@ -190,6 +193,29 @@ pub fn pod(
             workspace_volume,
         ],
     });
+    if let (Some(image), Some(_)) = (&shape.chown_image, &names.pvc) {
+        let owner = format!("{}:{}", spec.user.uid, spec.user.gid);
+        pod_spec["initContainers"] = json!([{
+            "name": "workspace-owner",
+            "image": image,
+            "imagePullPolicy": shape.image_pull_policy,
+            "command": ["sh", "-c", r#"[ "$(stat -c %u:%g /workspace)" = "$1" ] || chown "$1" /workspace"#, "chown", owner],
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "16777216"},
+                "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
+            },
+            // Root only for this one chown: no other capability, no escalation.
+            "securityContext": {
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "runAsNonRoot": false,
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+            },
+            "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+        }]);
+    }
     if shape.host_users_false {
         pod_spec["hostUsers"] = json!(false);
     }
@@ -366,6 +392,7 @@ mod tests {
             runtime_class: None,
             host_users_false: false,
             cpu_request_millicpus: None,
+            chown_image: None,
         }
     }
 
@@ -467,6 +494,17 @@ mod tests {
         assert_eq!(p["metadata"]["labels"][THREAD_HASH_LABEL], h);
         assert_eq!(p["metadata"]["annotations"][THREAD_ANNOTATION], "Thread_ABC");
         assert_eq!(p["metadata"]["annotations"][WORKSPACE_ANNOTATION], format!("paddock-vol-{h}"));
+        assert!(p["spec"].get("initContainers").is_none());
+        let chown = Shape { chown_image: Some("trusted:1".into()), ..shape() };
+        let p = to_json(&pod(&chown, &id(), &names, &spec, 1, None).unwrap());
+        let init = &p["spec"]["initContainers"][0];
+        assert_eq!(init["image"], "trusted:1");
+        assert_eq!(init["command"][4], "1000:1000");
+        assert_eq!(init["securityContext"]["capabilities"], json!({"drop": ["ALL"], "add": ["CHOWN"]}));
+        assert_eq!(init["volumeMounts"], json!([{"name": "workspace", "mountPath": "/workspace"}]));
+        let no_ws = SandboxSpec::default();
+        let p = to_json(&pod(&chown, &id(), &sandbox_names(&id(), &no_ws), &no_ws, 1, None).unwrap());
+        assert!(p["spec"].get("initContainers").is_none(), "an emptyDir needs no chown");
     }
 
     #[test]

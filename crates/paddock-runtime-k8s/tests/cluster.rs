@@ -44,6 +44,8 @@ fn config(namespace: &str) -> KubeConfig {
         image_pull_policy: "Never".into(),
         // Two cores shared by every test Pod.
         cpu_request_millicpus: Some(10),
+        // The dev cluster's hostPath volumes are root-owned 0750.
+        chown_workspace: true,
         ready_timeout: Duration::from_secs(90),
         ..KubeConfig::default()
     }
