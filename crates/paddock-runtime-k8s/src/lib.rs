@@ -3,6 +3,11 @@
 //! Commands and file operations are `pods/exec` calls into the keeper; `connect` is
 //! `pods/portforward`. The cluster's objects are the only state: labels and annotations carry
 //! each sandbox's id, spec and expiry, so several servers can share a namespace.
+//!
+//! The server's Role in the namespace needs: `pods` create get list delete patch;
+//! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
+//! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list. Sandbox
+//! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
 pub mod exec;
 pub mod files;
@@ -148,6 +153,18 @@ impl KubeRuntime {
 
     pub fn config(&self) -> &KubeConfig {
         &self.config
+    }
+
+    /// Checks that the API answers and the namespace can be used; says what to fix if not.
+    pub async fn preflight(&self) -> Result<String, RuntimeError> {
+        let ns = &self.config.namespace;
+        let lp = ListParams::default().labels(objects::SANDBOX_LABEL).limit(1);
+        match self.pods.list(&lp).await {
+            Ok(_) => Ok(format!("Kubernetes reachable; sandbox Pods can be listed in namespace {ns:?}")),
+            Err(e) => {
+                Err(api_error(&format!("listing Pods in namespace {ns:?} (does it exist? may this server use it?)"), e))
+            }
+        }
     }
 
     /// Deletes expired sandboxes every `reap_interval`. Several servers may run one each: a

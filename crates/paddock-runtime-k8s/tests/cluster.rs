@@ -413,3 +413,24 @@ async fn cluster_expired_sandboxes_are_reaped() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_oom_kill_is_reported() {
+    if !enabled("cluster_oom_kill_is_reported") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let mut spec = small_spec();
+        spec.resources.memory_bytes = 48 << 20;
+        let sbx = rt.create(spec).await.unwrap();
+        let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
+        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
+        let o = sh(&rt, &sbx.id, "echo still here").await;
+        assert_eq!(o.stdout, "still here\n");
+        let o = sh(&rt, &sbx.id, "kill -9 $$").await;
+        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
+        rt.destroy(&sbx.id).await.unwrap();
+    })
+    .await;
+}
