@@ -1,0 +1,518 @@
+//! Commands in the keeper Pod over `pods/exec` (WebSocket, channel protocol v5).
+//!
+//! Every user command runs under a small `sh` wrapper that starts it in a new session (so a
+//! signal reaches everything it started) with exactly the requested environment, and records
+//! the session id under `/tmp` so a second exec can signal it. kube's own pipes do not signal
+//! EOF when their writer is dropped, so the streams handed out are tokio duplex pipes pumped
+//! by a task that owns the connection.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::Api;
+use kube::api::{AttachParams, AttachedProcess};
+use paddock_core::runtime::{ExecOutcome, Execution, Process, RuntimeError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::sync::oneshot;
+
+use crate::objects::CONTAINER;
+
+/// Where the wrapper records the session of each running command.
+pub const PID_DIR: &str = "/tmp/.paddock-exec";
+
+/// `sh -c WRAPPER paddock-exec TOKEN CWD NAME=VALUE... -- PROGRAM ARGS...`
+///
+/// The command runs in the background so the wrapper learns its pid (`$!`); a non-interactive
+/// shell gives a background job `/dev/null` as stdin, hence the detour through fd 3. `setsid`
+/// succeeds without forking because a background job never leads a process group, so the pid
+/// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
+/// exit 127 for a missing program like a shell does. A command killed while the container's
+/// OOM-kill counter moved leaves a `TOKEN.oom` marker for `OOM_SCRIPT`.
+pub const WRAPPER: &str = r#"t=$1 d=$2; shift 2
+if ! cd "$d" 2>/dev/null; then
+  printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$1" "$d" >&2; exit 127
+fi
+mkdir -p /tmp/.paddock-exec 2>/dev/null
+oom() { n=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
+  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; done <"$f"; done; }
+oom; o=$n
+exec 3<&0
+setsid env -i "$@" <&3 3<&- &
+p=$!
+exec 3<&-
+echo "$p" >"/tmp/.paddock-exec/$t" 2>/dev/null
+wait "$p"; c=$?
+rm -f "/tmp/.paddock-exec/$t"
+if [ "$c" = 137 ]; then oom; [ "$n" = "$o" ] || : >"/tmp/.paddock-exec/$t.oom"; fi
+exit "$c""#;
+
+/// `sh -c OOM paddock-oom TOKEN`: prints `oom` (once) when the command was OOM-killed.
+pub const OOM_SCRIPT: &str = r#"f="/tmp/.paddock-exec/$1.oom"
+[ -e "$f" ] && rm -f "$f" && echo oom
+true"#;
+
+/// `sh -c SIGNAL paddock-signal TOKEN SIGNUM`: exits 3 when the command has not recorded its
+/// session yet (or has ended), else signals the whole session's process group.
+pub const SIGNAL_SCRIPT: &str = r#"f="/tmp/.paddock-exec/$1"
+[ -s "$f" ] || exit 3
+read p <"$f" || exit 3
+kill -s "$2" "-$p" 2>/dev/null || kill -s "$2" "$p""#;
+
+/// The argv of a user command under the wrapper. `env -i` treats leading `NAME=VALUE` words as
+/// variables, so the program is never confused with one: names are validated shell names.
+pub fn wrapper_argv(token: &str, cwd: &str, env: &BTreeMap<String, String>, argv: &[String]) -> Vec<String> {
+    let mut out = vec!["sh".into(), "-c".into(), WRAPPER.into(), "paddock-exec".into(), token.into(), cwd.into()];
+    out.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// Resolves an exec working directory: relative paths start at `/workspace`.
+pub fn resolve_cwd(cwd: Option<&str>) -> Result<String, RuntimeError> {
+    match cwd {
+        None | Some("") => Ok("/workspace".into()),
+        Some(c) if c.contains('\0') => {
+            Err(RuntimeError::InvalidArgument(format!("working directory {c:?} contains a NUL byte")))
+        }
+        Some(c) if c.starts_with('/') => Ok(c.into()),
+        Some(c) => Ok(format!("/workspace/{c}")),
+    }
+}
+
+/// The exit code an exec's final Status reports; `Err` when the exec itself failed.
+pub fn exit_code(status: &Status) -> Result<i32, String> {
+    if status.status.as_deref() == Some("Success") {
+        return Ok(0);
+    }
+    if status.reason.as_deref() == Some("NonZeroExitCode")
+        && let Some(code) = status
+            .details
+            .as_ref()
+            .and_then(|d| d.causes.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.reason.as_deref() == Some("ExitCode"))
+            .and_then(|c| c.message.as_deref())
+            .and_then(|m| m.trim().parse::<i32>().ok())
+    {
+        return Ok(code);
+    }
+    Err(status.message.clone().unwrap_or_else(|| "the exec ended without an exit code".into()))
+}
+
+/// How a wrapper's exit code reads: a shell reports death by signal `n` as `128 + n`.
+pub fn outcome(code: i32, timed_out: bool) -> ExecOutcome {
+    if timed_out {
+        return ExecOutcome { exit_code: 124, signal: Some(9), timed_out: true, oom_killed: false };
+    }
+    let signal = (129..=192).contains(&code).then_some(code - 128);
+    ExecOutcome { exit_code: code, signal, timed_out: false, oom_killed: false }
+}
+
+const PIPE: usize = 64 << 10;
+
+/// One exec: caller-side pipe ends and the exit code once the connection ends.
+pub struct Running {
+    pub stdin: Option<DuplexStream>,
+    pub stdout: DuplexStream,
+    pub stderr: DuplexStream,
+    pub done: oneshot::Receiver<Result<i32, RuntimeError>>,
+}
+
+/// Maps a failed exec request; the pod name is in every message so the user can look.
+pub fn exec_error(pod: &str, e: kube::Error) -> RuntimeError {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => {
+            RuntimeError::NotFound(format!("the sandbox's Pod {pod} no longer exists: {}", s.message))
+        }
+        kube::Error::Api(s) if s.code == 400 || s.code == 409 => {
+            RuntimeError::Unavailable(format!("the sandbox's Pod {pod} cannot run commands: {}", s.message))
+        }
+        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(code))
+            if code.as_u16() == 404 =>
+        {
+            RuntimeError::NotFound(format!("the sandbox's Pod {pod} no longer exists"))
+        }
+        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(code))
+            if code.as_u16() == 400 =>
+        {
+            RuntimeError::Unavailable(format!(
+                "the sandbox's Pod {pod} cannot run commands (HTTP 400: it is not running; see `kubectl describe pod {pod}`)"
+            ))
+        }
+        other => RuntimeError::System(format!("exec in Pod {pod}: {other}")),
+    }
+}
+
+/// Starts `argv` in the keeper container.
+pub async fn start(pods: &Api<Pod>, pod: &str, argv: Vec<String>, stdin: bool) -> Result<Running, RuntimeError> {
+    let params = AttachParams::default()
+        .container(CONTAINER)
+        .stdin(stdin)
+        .stdout(true)
+        .stderr(true)
+        .max_stdin_buf_size(PIPE)
+        .max_stdout_buf_size(PIPE)
+        .max_stderr_buf_size(PIPE);
+    let mut attached = pods.exec(pod, argv, &params).await.map_err(|e| exec_error(pod, e))?;
+    let (out_user, out_pump) = tokio::io::duplex(PIPE);
+    let (err_user, err_pump) = tokio::io::duplex(PIPE);
+    let out_task = tokio::spawn(pump(attached.stdout(), out_pump));
+    let err_task = tokio::spawn(pump(attached.stderr(), err_pump));
+    let (stdin_user, in_task) = match attached.stdin() {
+        Some(kube_in) => {
+            let (user, pump_end) = tokio::io::duplex(PIPE);
+            (Some(user), Some(tokio::spawn(pump_stdin(pump_end, kube_in))))
+        }
+        None => (None, None),
+    };
+    let (tx, done) = oneshot::channel();
+    let pod = pod.to_owned();
+    tokio::spawn(drive(attached, pod, out_task, err_task, in_task, tx));
+    Ok(Running { stdin: stdin_user, stdout: out_user, stderr: err_user, done })
+}
+
+/// Owns the connection (dropping kube's handle aborts it) until the command's status arrives.
+async fn drive(
+    mut attached: AttachedProcess,
+    pod: String,
+    out_task: tokio::task::JoinHandle<()>,
+    err_task: tokio::task::JoinHandle<()>,
+    in_task: Option<tokio::task::JoinHandle<()>>,
+    tx: oneshot::Sender<Result<i32, RuntimeError>>,
+) {
+    let status = match attached.take_status() {
+        Some(s) => s.await,
+        None => None,
+    };
+    if let Some(t) = &in_task {
+        t.abort();
+    }
+    let result = match status {
+        Some(status) => {
+            // kube shuts its output pipes after the status: the pumps finish by themselves.
+            let _ = out_task.await;
+            let _ = err_task.await;
+            exit_code(&status).map_err(|m| RuntimeError::System(format!("exec in Pod {pod}: {m}")))
+        }
+        None => {
+            // kube leaves its pipes open when the connection breaks: stop the pumps so the
+            // caller's streams end.
+            out_task.abort();
+            err_task.abort();
+            Err(RuntimeError::Unavailable(format!(
+                "the connection to the sandbox's Pod {pod} was lost before the command ended"
+            )))
+        }
+    };
+    let _ = attached.join().await;
+    let _ = tx.send(result);
+}
+
+/// Copies kube's output pipe to the caller's; once the caller stops reading, output is
+/// discarded so the command is never blocked on a reader that is gone.
+async fn pump<R: AsyncRead + Unpin>(from: Option<R>, mut to: DuplexStream) {
+    let Some(mut from) = from else { return };
+    let mut buf = vec![0u8; 32 << 10];
+    let mut open = true;
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if open && to.write_all(&buf[..n]).await.is_err() {
+                    open = false;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Copies the caller's input to kube's; end of input (the caller's end dropped or shut) is
+/// passed on as a stream close, which the command reads as EOF.
+async fn pump_stdin<W: AsyncWrite + Unpin>(mut from: DuplexStream, mut to: W) {
+    let _ = tokio::io::copy(&mut from, &mut to).await;
+    let _ = to.shutdown().await;
+}
+
+/// The control of a user command.
+pub struct KubeExecution {
+    pods: Api<Pod>,
+    pod: String,
+    token: String,
+    done: Option<oneshot::Receiver<Ended>>,
+    outcome: Option<ExecOutcome>,
+}
+
+/// Sends `signal` to a command's session. Returns false while the wrapper has not recorded
+/// it yet (or after the command ended).
+async fn send_signal(pods: &Api<Pod>, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
+    let argv =
+        vec!["sh".into(), "-c".into(), SIGNAL_SCRIPT.into(), "paddock-signal".into(), token.into(), signal.to_string()];
+    let (code, _, stderr) = collect(start(pods, pod, argv, false).await?, None).await?;
+    match code {
+        0 => Ok(true),
+        3 => Ok(false),
+        _ => Err(RuntimeError::System(format!(
+            "signalling a command in Pod {pod}: {}",
+            String::from_utf8_lossy(&stderr).trim()
+        ))),
+    }
+}
+
+/// Waits for the command, killing its whole session at `deadline`. Runs as its own task so
+/// the deadline holds whether or not anyone waits.
+async fn watch(
+    pods: Api<Pod>,
+    pod: String,
+    token: String,
+    mut done: oneshot::Receiver<Result<i32, RuntimeError>>,
+    deadline: Option<tokio::time::Instant>,
+    tx: oneshot::Sender<Ended>,
+) {
+    let vanished = || RuntimeError::System(format!("the exec in Pod {pod} vanished"));
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = &mut done => {
+            let r = r.unwrap_or_else(|_| Err(vanished()));
+            let oom = matches!(r, Ok(137)) && oom_killed(&pods, &pod, &token).await;
+            let _ = tx.send((r, false, oom));
+        }
+        _ = sleep => {
+            // Retried: the wrapper may not have recorded the session yet.
+            for _ in 0..50 {
+                match send_signal(&pods, &pod, &token, 9).await {
+                    Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Ok(true) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, pod, "killing a command at its deadline");
+                        break;
+                    }
+                }
+            }
+            let r = done.await.unwrap_or_else(|_| Err(vanished()));
+            let _ = tx.send((r, true, false));
+        }
+    }
+}
+
+/// How a command ended: its exit code, whether its deadline killed it, whether it was
+/// OOM-killed.
+type Ended = (Result<i32, RuntimeError>, bool, bool);
+
+async fn oom_killed(pods: &Api<Pod>, pod: &str, token: &str) -> bool {
+    let argv = vec!["sh".into(), "-c".into(), OOM_SCRIPT.into(), "paddock-oom".into(), token.into()];
+    match start(pods, pod, argv, false).await {
+        Ok(r) => matches!(collect(r, None).await, Ok((0, out, _)) if out.starts_with(b"oom")),
+        Err(_) => false,
+    }
+}
+
+fn finish(r: Result<Ended, oneshot::error::RecvError>) -> Result<ExecOutcome, RuntimeError> {
+    match r {
+        Ok((_, true, _)) => Ok(outcome(124, true)),
+        Ok((code, false, oom)) => Ok(ExecOutcome { oom_killed: oom, ..outcome(code?, false) }),
+        Err(_) => Err(RuntimeError::System("the command's watcher vanished".into())),
+    }
+}
+
+#[async_trait::async_trait]
+impl Execution for KubeExecution {
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+
+    async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
+        if !(1..=64).contains(&signal) {
+            return Err(RuntimeError::InvalidArgument(format!("{signal} is not a signal number (1 to 64)")));
+        }
+        // The wrapper records the session right after starting it: retry briefly while it
+        // has not, and stop once the command has ended (then there is nothing to signal).
+        for _ in 0..50 {
+            if self.outcome.is_some() || send_signal(&self.pods, &self.pod, &self.token, signal).await? {
+                return Ok(());
+            }
+            if let Some(done) = &mut self.done
+                && let Ok(r) = tokio::time::timeout(Duration::from_millis(100), done).await
+            {
+                self.done = None;
+                self.outcome = Some(finish(r)?);
+                return Ok(());
+            }
+        }
+        Err(RuntimeError::Timeout(format!("the command in Pod {} did not start within 5 s", self.pod)))
+    }
+
+    async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError> {
+        if let Some(o) = self.outcome {
+            return Ok(o);
+        }
+        let Some(done) = &mut self.done else {
+            return Err(RuntimeError::InvalidArgument("the command's outcome was already taken".into()));
+        };
+        let o = finish(done.await)?;
+        self.done = None;
+        self.outcome = Some(o);
+        Ok(o)
+    }
+}
+
+/// Runs an exec to the end, feeding it `input` and collecting both outputs.
+pub async fn collect(
+    running: Running,
+    input: Option<&mut (dyn AsyncRead + Send + Unpin)>,
+) -> Result<(i32, Vec<u8>, Vec<u8>), RuntimeError> {
+    let Running { stdin, mut stdout, mut stderr, done } = running;
+    let feed = async {
+        if let (Some(mut w), Some(r)) = (stdin, input) {
+            let copied = tokio::io::copy(r, &mut w).await;
+            let _ = w.shutdown().await;
+            copied.map(|_| ())
+        } else {
+            Ok(())
+        }
+    };
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let (fed, _, _) = tokio::join!(feed, stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+    let code = done.await.map_err(|_| RuntimeError::System("an exec vanished".into()))??;
+    // A command that failed early stops reading its input: its own error says more.
+    if code == 0 {
+        fed.map_err(|e| RuntimeError::from_io("sending data into the sandbox", &e))?;
+    }
+    Ok((code, out, err))
+}
+
+/// A user command as a `Process`.
+pub async fn process(
+    pods: Api<Pod>,
+    pod: &str,
+    argv: Vec<String>,
+    token: String,
+    stdin: bool,
+    timeout: Option<Duration>,
+) -> Result<Process, RuntimeError> {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let running = start(&pods, pod, argv, stdin).await?;
+    let (tx, done) = oneshot::channel();
+    tokio::spawn(watch(pods.clone(), pod.to_owned(), token.clone(), running.done, deadline, tx));
+    let control = KubeExecution { pods, pod: pod.to_owned(), token, done: Some(done), outcome: None };
+    Ok(Process {
+        stdin: running.stdin.map(|s| Box::new(s) as paddock_core::runtime::ByteWriter),
+        stdout: Box::new(running.stdout),
+        stderr: Box::new(running.stderr),
+        control: Box::new(control),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    use super::*;
+
+    fn status(json: serde_json::Value) -> Status {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn exit_codes_come_from_the_status() {
+        assert_eq!(exit_code(&status(serde_json::json!({"status": "Success"}))), Ok(0));
+        let failed = Status {
+            status: Some("Failure".into()),
+            reason: Some("NonZeroExitCode".into()),
+            message: Some(
+                "command terminated with non-zero exit code: error executing command [sh], exit code 3".into(),
+            ),
+            details: Some(StatusDetails {
+                causes: Some(vec![StatusCause {
+                    reason: Some("ExitCode".into()),
+                    message: Some("3".into()),
+                    field: None,
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(exit_code(&failed), Ok(3));
+        let broken = status(serde_json::json!({"status": "Failure", "reason": "InternalError", "message": "boom"}));
+        assert_eq!(exit_code(&broken), Err("boom".into()));
+    }
+
+    #[test]
+    fn outcomes_read_signals_and_timeouts() {
+        assert_eq!(outcome(0, false).signal, None);
+        assert_eq!(outcome(143, false).signal, Some(15));
+        assert_eq!(outcome(127, false).signal, None);
+        let t = outcome(137, true);
+        assert_eq!((t.exit_code, t.timed_out), (124, true));
+    }
+
+    #[test]
+    fn cwd_is_resolved_under_the_workspace() {
+        assert_eq!(resolve_cwd(None).unwrap(), "/workspace");
+        assert_eq!(resolve_cwd(Some("a b")).unwrap(), "/workspace/a b");
+        assert_eq!(resolve_cwd(Some("/tmp")).unwrap(), "/tmp");
+        assert!(resolve_cwd(Some("a\0")).is_err());
+    }
+
+    #[test]
+    fn wrapper_argv_passes_everything_as_words() {
+        let env = BTreeMap::from([("A".to_owned(), "x y".to_owned())]);
+        let argv = wrapper_argv("tok", "/workspace", &env, &["echo".into(), "$A'\"".into()]);
+        assert_eq!(&argv[..2], ["sh", "-c"]);
+        assert_eq!(&argv[3..], ["paddock-exec", "tok", "/workspace", "A=x y", "echo", "$A'\""]);
+    }
+
+    /// Runs the wrapper with the host's busybox, when there is one, to check the shell text.
+    #[test]
+    fn wrapper_runs_under_busybox() {
+        let Ok(bb) = which_busybox() else {
+            eprintln!("skipped: no busybox on this host");
+            return;
+        };
+        let env = BTreeMap::from([("GREETING".to_owned(), "hi there".to_owned())]);
+        let mut argv = wrapper_argv(
+            "unit-test",
+            "/",
+            &env,
+            &["sh".into(), "-c".into(), "echo \"$GREETING\"; echo \"$HOME\"; cat; exit 7".into()],
+        );
+        argv[0] = "sh".into();
+        let out = std::process::Command::new(&bb)
+            .args(&argv)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(b"from stdin\n")?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert_eq!(out.status.code(), Some(7));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi there\n\nfrom stdin\n");
+        let missing = wrapper_argv("unit-test-2", "/", &BTreeMap::new(), &["no-such-program-x".into()]);
+        let st = std::process::Command::new(&bb).args(&missing).stderr(std::process::Stdio::null()).status().unwrap();
+        assert_eq!(st.code(), Some(127));
+        let badcwd = wrapper_argv("unit-test-3", "/no/such/dir", &BTreeMap::new(), &["true".into()]);
+        let out = std::process::Command::new(&bb).args(&badcwd).output().unwrap();
+        assert_eq!(out.status.code(), Some(127));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("working directory /no/such/dir does not exist"));
+    }
+
+    fn which_busybox() -> Result<String, ()> {
+        ["/usr/bin/busybox", "/bin/busybox"]
+            .iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .map(|p| p.to_string())
+            .ok_or(())
+    }
+}

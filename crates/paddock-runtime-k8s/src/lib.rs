@@ -1,0 +1,897 @@
+//! Paddock's Kubernetes runtime, in Dawn's keeper model: per sandbox one keeper Pod that only
+//! sleeps, one deny-all NetworkPolicy, and per workspace one RWO PVC mounted at `/workspace`.
+//! Commands and file operations are `pods/exec` calls into the keeper; `connect` is
+//! `pods/portforward`. The cluster's objects are the only state: labels and annotations carry
+//! each sandbox's id, spec and expiry, so several servers can share a namespace.
+//!
+//! The server's Role in the namespace needs: `pods` create get list delete patch;
+//! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
+//! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list. Sandbox
+//! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
+
+pub mod exec;
+pub mod files;
+pub mod objects;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy as KubePolicy;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use paddock_core::naming::{NamingMode, ThreadId, sanitize_hashed};
+use paddock_core::runtime::{
+    ByteReader, Capabilities, Duplex, ExecRequest, FileOp, FileReply, Process, Runtime, RuntimeError, SandboxId,
+    SandboxInfo, SandboxMetrics,
+};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef, command_env};
+use tokio::io::AsyncReadExt;
+
+use crate::objects::{Names, PodPhase, Shape};
+
+/// How the runtime uses the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeConfig {
+    /// The namespace every object lives in; it must exist.
+    pub namespace: String,
+    /// The image of sandboxes whose spec names none. It needs a POSIX `sh` and busybox-level
+    /// tools (`cat stat ls mkdir rm mv chmod dirname env setsid kill sleep`).
+    pub default_image: String,
+    /// `IfNotPresent`, `Always` or `Never`.
+    pub image_pull_policy: String,
+    /// How thread ids become object names when a spec does not say; `DawnCompat` adopts
+    /// Dawn's PVCs.
+    pub naming: NamingMode,
+    /// A RuntimeClass (gVisor, Kata) for every sandbox Pod.
+    pub runtime_class: Option<String>,
+    /// Sets `hostUsers: false` (a user namespace per Pod; needs cluster support).
+    pub host_users_false: bool,
+    /// Size of a new workspace PVC when the spec gives none.
+    pub workspace_default_bytes: u64,
+    /// StorageClass of new workspace PVCs; `None` uses the cluster default.
+    pub storage_class: Option<String>,
+    /// How long a new Pod may take to be Running and Ready.
+    pub ready_timeout: Duration,
+    /// CPU request per Pod, at most its limit; `None` requests the limit (Guaranteed QoS).
+    pub cpu_request_millicpus: Option<u32>,
+    /// How often `spawn_reaper` looks for expired sandboxes.
+    pub reap_interval: Duration,
+    /// Adds a root init container (image `default_image`, only `CAP_CHOWN`) that gives a
+    /// workspace PVC's root directory to the sandbox user. Needed where the provisioner
+    /// ignores `fsGroup`, as hostPath does (its volumes are root-owned 0750); not allowed
+    /// under the `restricted` Pod Security Standard.
+    pub chown_workspace: bool,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "paddock".into(),
+            default_image: "paddock.local/sandbox:1".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            naming: NamingMode::Hashed,
+            runtime_class: None,
+            host_users_false: false,
+            workspace_default_bytes: 1 << 30,
+            storage_class: None,
+            ready_timeout: Duration::from_secs(120),
+            cpu_request_millicpus: None,
+            reap_interval: Duration::from_secs(30),
+            chown_workspace: false,
+        }
+    }
+}
+
+/// The Kubernetes runtime.
+pub struct KubeRuntime {
+    config: KubeConfig,
+    pods: Api<Pod>,
+    claims: Api<PersistentVolumeClaim>,
+    policies: Api<KubePolicy>,
+    events: Api<Event>,
+}
+
+const POLL: Duration = Duration::from_millis(250);
+/// How long a deleted Pod or PVC may take to disappear before we stop waiting.
+const GONE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn random<const N: usize>() -> Result<[u8; N], RuntimeError> {
+    let mut b = [0u8; N];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| RuntimeError::System(format!("reading random bytes: {e}")))?;
+    Ok(b)
+}
+
+/// Maps an API error; `what` says what was being done.
+fn api_error(what: &str, e: kube::Error) -> RuntimeError {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = format!("{what}: {}", s.message);
+            match s.code {
+                404 => RuntimeError::NotFound(msg),
+                409 => RuntimeError::Conflict(msg),
+                403 if s.message.contains("exceeded quota") => RuntimeError::Exhausted(msg),
+                403 => RuntimeError::System(format!("{msg} (check the server's RBAC role in the namespace)")),
+                400 | 422 => RuntimeError::InvalidArgument(msg),
+                429 | 503 | 504 => RuntimeError::Unavailable(msg),
+                _ => RuntimeError::System(msg),
+            }
+        }
+        other => RuntimeError::Unavailable(format!("{what}: the Kubernetes API is not reachable: {other}")),
+    }
+}
+
+fn is_code(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl KubeRuntime {
+    pub fn new(client: Client, config: KubeConfig) -> Self {
+        let ns = config.namespace.as_str();
+        Self {
+            pods: Api::namespaced(client.clone(), ns),
+            claims: Api::namespaced(client.clone(), ns),
+            policies: Api::namespaced(client.clone(), ns),
+            events: Api::namespaced(client, ns),
+            config,
+        }
+    }
+
+    /// Connects with the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
+    pub async fn from_default_kubeconfig(config: KubeConfig) -> Result<Self, RuntimeError> {
+        let client = Client::try_default().await.map_err(|e| {
+            RuntimeError::Unavailable(format!("no Kubernetes configuration found (in-cluster or KUBECONFIG): {e}"))
+        })?;
+        Ok(Self::new(client, config))
+    }
+
+    pub fn config(&self) -> &KubeConfig {
+        &self.config
+    }
+
+    /// Checks that the API answers and the namespace can be used; says what to fix if not.
+    pub async fn preflight(&self) -> Result<String, RuntimeError> {
+        let ns = &self.config.namespace;
+        let lp = ListParams::default().labels(objects::SANDBOX_LABEL).limit(1);
+        match self.pods.list(&lp).await {
+            Ok(_) => Ok(format!("Kubernetes reachable; sandbox Pods can be listed in namespace {ns:?}")),
+            Err(e) => {
+                Err(api_error(&format!("listing Pods in namespace {ns:?} (does it exist? may this server use it?)"), e))
+            }
+        }
+    }
+
+    /// Deletes expired sandboxes every `reap_interval`. Several servers may run one each: a
+    /// deletion is conditional on the Pod's uid, so a replacement Pod is never hit.
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(me.config.reap_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = me.reap_expired().await {
+                    tracing::warn!(error = %e, "reaping expired sandboxes");
+                }
+            }
+        })
+    }
+
+    /// Deletes every sandbox whose expiry has passed; returns how many.
+    pub async fn reap_expired(&self) -> Result<usize, RuntimeError> {
+        let now = now_ms();
+        let mut n = 0;
+        for pod in self.list_pods().await? {
+            if objects::expired(&pod, now) {
+                tracing::info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), "sandbox expired");
+                self.delete_sandbox_pod(&pod, false).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn shape(&self, image: &str) -> Shape {
+        Shape {
+            namespace: self.config.namespace.clone(),
+            image: image.to_owned(),
+            image_pull_policy: self.config.image_pull_policy.clone(),
+            runtime_class: self.config.runtime_class.clone(),
+            host_users_false: self.config.host_users_false,
+            cpu_request_millicpus: self.config.cpu_request_millicpus,
+            chown_image: self.config.chown_workspace.then(|| self.config.default_image.clone()),
+        }
+    }
+
+    /// Validates a spec and fills in what the runtime decides: the image.
+    fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
+        spec.validate()?;
+        // Exhaustive on purpose: a new network mode must be handled here before it compiles.
+        let NetworkPolicy::LoopbackOnly = spec.network;
+        if spec.image.is_none() {
+            spec.image = Some(self.config.default_image.clone());
+        }
+        Ok(spec)
+    }
+
+    async fn list_pods(&self) -> Result<Vec<Pod>, RuntimeError> {
+        let lp = ListParams::default().labels(objects::SANDBOX_LABEL);
+        Ok(self.pods.list(&lp).await.map_err(|e| api_error("listing sandbox Pods", e))?.items)
+    }
+
+    /// The Pod of a sandbox, found by its label (one LIST): names of a thread's Pods are
+    /// reused by later sandboxes, so a name alone does not identify a sandbox.
+    async fn find(&self, id: &SandboxId) -> Result<Pod, RuntimeError> {
+        let lp = ListParams::default().labels(&format!("{}={id}", objects::SANDBOX_LABEL));
+        let pods = self.pods.list(&lp).await.map_err(|e| api_error("looking up a sandbox", e))?;
+        pods.items.into_iter().find(|p| p.metadata.deletion_timestamp.is_none()).ok_or_else(|| {
+            RuntimeError::NotFound(format!(
+                "sandbox {id} does not exist (it was destroyed or expired; see `paddock ls`)"
+            ))
+        })
+    }
+
+    /// The name of a sandbox's Pod, which must be ready for commands.
+    async fn ready_pod(&self, id: &SandboxId) -> Result<String, RuntimeError> {
+        let pod = self.find(id).await?;
+        self.ready_pod_of(id, &pod)
+    }
+
+    async fn ensure_claim(
+        &self,
+        thread: &ThreadId,
+        naming: NamingMode,
+        name: &str,
+        spec: &SandboxSpec,
+    ) -> Result<(), RuntimeError> {
+        let bytes = spec.resources.workspace_bytes.unwrap_or(self.config.workspace_default_bytes);
+        let claim =
+            objects::pvc(&self.config.namespace, name, thread, naming, bytes, self.config.storage_class.as_deref())
+                .map_err(|e| RuntimeError::System(format!("building PVC {name}: {e}")))?;
+        match self.claims.create(&PostParams::default(), &claim).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 409) => {
+                // A claim being deleted would be re-bound with its old data, or vanish under
+                // the new Pod: wait for it to go, then make a fresh one.
+                let existing = self.claims.get_opt(name).await.map_err(|e| api_error("reading a workspace PVC", e))?;
+                if existing.is_some_and(|c| c.metadata.deletion_timestamp.is_some()) {
+                    self.wait_claim_gone(name).await?;
+                    return Box::pin(self.ensure_claim(thread, naming, name, spec)).await;
+                }
+                Ok(())
+            }
+            Err(e) => Err(api_error(&format!("creating workspace PVC {name}"), e)),
+        }
+    }
+
+    async fn ensure_policy(&self, id: &SandboxId, names: &Names, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let np = objects::network_policy(&self.config.namespace, id, names, spec)
+            .map_err(|e| RuntimeError::System(format!("building NetworkPolicy: {e}")))?;
+        match self.policies.create(&PostParams::default(), &np).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 409) => Ok(()),
+            Err(e) => Err(api_error(&format!("creating NetworkPolicy {}", names.network_policy), e)),
+        }
+    }
+
+    /// Deletes a Pod (only this very Pod: its uid is a precondition) and its NetworkPolicy,
+    /// then waits until the Pod is gone when asked. A thread's PVC is kept.
+    async fn delete_sandbox_pod(&self, pod: &Pod, wait: bool) -> Result<(), RuntimeError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let dp = DeleteParams {
+            grace_period_seconds: Some(1),
+            preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match self.pods.delete(&name, &dp).await {
+            Ok(_) => {}
+            // Gone already, or replaced by a new Pod of the same name (uid mismatch).
+            Err(e) if is_code(&e, 404) || is_code(&e, 409) => {}
+            Err(e) => return Err(api_error(&format!("deleting Pod {name}"), e)),
+        }
+        if let Some(np) = pod.metadata.annotations.as_ref().and_then(|a| a.get(objects::NETPOL_ANNOTATION)) {
+            self.delete_policy(np).await?;
+        }
+        if wait {
+            self.wait_pod_gone(&name, pod.metadata.uid.as_deref()).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_policy(&self, name: &str) -> Result<(), RuntimeError> {
+        match self.policies.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(api_error(&format!("deleting NetworkPolicy {name}"), e)),
+        }
+    }
+
+    /// Waits until no Pod `name` (with `uid`, when given) exists: a terminating Pod still
+    /// holds its name and its volume.
+    async fn wait_pod_gone(&self, name: &str, uid: Option<&str>) -> Result<(), RuntimeError> {
+        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+        loop {
+            match self.pods.get_opt(name).await.map_err(|e| api_error("reading a Pod", e))? {
+                None => return Ok(()),
+                Some(p) if uid.is_some() && p.metadata.uid.as_deref() != uid => return Ok(()),
+                Some(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(RuntimeError::Timeout(format!(
+                        "Pod {name} was deleted but still exists after {} s; check the node (`kubectl describe pod {name}`)",
+                        GONE_TIMEOUT.as_secs()
+                    )));
+                }
+                Some(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+
+    async fn wait_claim_gone(&self, name: &str) -> Result<(), RuntimeError> {
+        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+        loop {
+            match self.claims.get_opt(name).await.map_err(|e| api_error("reading a PVC", e))? {
+                None => return Ok(()),
+                Some(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(RuntimeError::Timeout(format!(
+                        "PVC {name} was deleted but still exists after {} s; a Pod may still use it (`kubectl describe pvc {name}`)",
+                        GONE_TIMEOUT.as_secs()
+                    )));
+                }
+                Some(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+
+    /// Waits for Pod `name` (with `uid`) to be Running and Ready. Failures say what to check.
+    async fn wait_ready(&self, name: &str, uid: Option<&str>) -> Result<Pod, RuntimeError> {
+        let deadline = tokio::time::Instant::now() + self.config.ready_timeout;
+        loop {
+            let pod = self.pods.get_opt(name).await.map_err(|e| api_error("reading a starting Pod", e))?;
+            let Some(pod) = pod.filter(|p| uid.is_none() || p.metadata.uid.as_deref() == uid) else {
+                return Err(RuntimeError::Unavailable(format!(
+                    "Pod {name} disappeared while starting (deleted by another request or server); try again"
+                )));
+            };
+            match objects::phase(&pod) {
+                PodPhase::Ready => return Ok(pod),
+                PodPhase::Gone(why) => {
+                    return Err(RuntimeError::Unavailable(format!(
+                        "Pod {name} stopped while starting: {why}; check `kubectl describe pod {name}` and the image's `sh`"
+                    )));
+                }
+                PodPhase::Starting(Some(why)) if !why.starts_with("ErrImagePull") => {
+                    return Err(self.diagnose(&pod, Some(why)).await);
+                }
+                PodPhase::Starting(_) if tokio::time::Instant::now() > deadline => {
+                    return Err(self.diagnose(&pod, None).await);
+                }
+                PodPhase::Starting(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+
+    /// Why a Pod is not ready, from its conditions, its claim and its recent events.
+    async fn diagnose(&self, pod: &Pod, stuck: Option<String>) -> RuntimeError {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let mut findings = Vec::new();
+        let mut exhausted = false;
+        if let Some(why) = &stuck {
+            findings.push(format!(
+                "the container cannot start ({why}); check the image name and that the node has it (imagePullPolicy {})",
+                self.config.image_pull_policy
+            ));
+        }
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten();
+        for c in conditions.filter(|c| c.type_ == "PodScheduled" && c.status == "False") {
+            let msg = c.message.clone().unwrap_or_default();
+            exhausted |= msg.contains("Insufficient");
+            findings.push(format!("not scheduled: {msg}; check node capacity, taints and the PVC's binding"));
+        }
+        if let Some(claim) = pod.metadata.annotations.as_ref().and_then(|a| a.get(objects::WORKSPACE_ANNOTATION))
+            && let Ok(Some(c)) = self.claims.get_opt(claim).await
+        {
+            let phase = c.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into());
+            if phase != "Bound" {
+                findings.push(format!(
+                    "workspace PVC {claim} is {phase}; check its StorageClass ({}) and provisioner",
+                    self.config.storage_class.as_deref().unwrap_or("cluster default")
+                ));
+            }
+        }
+        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        if let Ok(events) = self.events.list(&lp).await {
+            let mut warnings: Vec<_> =
+                events.items.into_iter().filter(|e| e.type_.as_deref() == Some("Warning")).collect();
+            warnings.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+            for e in warnings.iter().rev().take(3) {
+                findings.push(format!(
+                    "event {}: {}",
+                    e.reason.as_deref().unwrap_or("?"),
+                    e.message.as_deref().unwrap_or_default().trim()
+                ));
+            }
+        }
+        if findings.is_empty() {
+            findings.push("no condition or event explains it; check `kubectl describe pod` and the node".into());
+        }
+        let message = format!(
+            "Pod {name} was not ready within {} s: {}",
+            self.config.ready_timeout.as_secs(),
+            findings.join("; ")
+        );
+        if exhausted {
+            RuntimeError::Exhausted(message)
+        } else if stuck.is_some() {
+            RuntimeError::Unavailable(message.replacen("was not ready within", "cannot start; waited at most", 1))
+        } else {
+            RuntimeError::Timeout(message)
+        }
+    }
+
+    /// Creates the Pod (its policy first, so it never runs unprotected) and waits for it.
+    /// `Ok(None)` when a Pod of that name exists already.
+    async fn start_pod(&self, id: &SandboxId, names: &Names, spec: &SandboxSpec) -> Result<Option<Pod>, RuntimeError> {
+        self.ensure_policy(id, names, spec).await?;
+        let now = now_ms();
+        let expires = spec.timeout_secs.map(|t| now + t * 1000);
+        let image = spec.image.clone().unwrap_or_else(|| self.config.default_image.clone());
+        let pod = objects::pod(&self.shape(&image), id, names, spec, now, expires)
+            .map_err(|e| RuntimeError::System(format!("building Pod {}: {e}", names.pod)))?;
+        let created = match self.pods.create(&PostParams::default(), &pod).await {
+            Ok(p) => p,
+            Err(e) if is_code(&e, 409) => return Ok(None),
+            Err(e) => {
+                // A thread's policy stays for the next try; a one-off sandbox's goes with it.
+                if spec.workspace.is_none() {
+                    let _ = self.delete_policy(&names.network_policy).await;
+                }
+                return Err(api_error(&format!("creating Pod {}", names.pod), e));
+            }
+        };
+        match self.wait_ready(&names.pod, created.metadata.uid.as_deref()).await {
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                // Leave nothing half-made behind: the next create or acquire starts afresh.
+                if let Err(cleanup) = self.delete_sandbox_pod(&created, false).await {
+                    tracing::warn!(error = %cleanup, pod = names.pod, "cleaning up a Pod that did not start");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn info_of(pod: &Pod) -> Result<SandboxInfo, RuntimeError> {
+        objects::info(pod).ok_or_else(|| {
+            RuntimeError::System(format!(
+                "Pod {} has no readable sandbox labels/annotations",
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ))
+        })
+    }
+
+    /// Runs one of the runtime's own scripts and collects its output.
+    async fn script(
+        &self,
+        id: &SandboxId,
+        argv: Vec<String>,
+        input: Option<&mut (dyn tokio::io::AsyncRead + Send + Unpin)>,
+    ) -> Result<(i32, Vec<u8>, Vec<u8>), RuntimeError> {
+        let pod = self.ready_pod(id).await?;
+        let running = exec::start(&self.pods, &pod, argv, input.is_some()).await?;
+        exec::collect(running, input).await
+    }
+
+    /// Names of a thread's objects in every naming mode the thread may have been used with.
+    fn all_thread_names(thread: &ThreadId) -> Vec<Names> {
+        [NamingMode::Hashed, NamingMode::DawnCompat].iter().map(|m| objects::thread_names(thread, *m)).collect()
+    }
+
+    /// Deletes every keeper Pod and policy of a thread and waits until the Pods are gone.
+    async fn stop_thread(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            objects::THREAD_HASH_LABEL,
+            sanitize_hashed(thread.as_str())
+        ));
+        let mut pods = self.pods.list(&lp).await.map_err(|e| api_error("listing a thread's Pods", e))?.items;
+        for names in Self::all_thread_names(thread) {
+            if let Some(p) = self.pods.get_opt(&names.pod).await.map_err(|e| api_error("reading a Pod", e))?
+                && !pods.iter().any(|q| q.metadata.uid == p.metadata.uid)
+            {
+                pods.push(p);
+            }
+            self.delete_policy(&names.network_policy).await?;
+        }
+        for p in &pods {
+            self.delete_sandbox_pod(p, false).await?;
+        }
+        for p in &pods {
+            self.wait_pod_gone(p.metadata.name.as_deref().unwrap_or_default(), p.metadata.uid.as_deref()).await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for KubeRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            runtime: "kubernetes".into(),
+            pause: false,
+            persistent_workspaces: true,
+            run_as_other_user: false,
+            images: format!(
+                "container image references with a POSIX sh and busybox-level tools (default {}, pull policy {})",
+                self.config.default_image, self.config.image_pull_policy
+            ),
+            network: vec![NetworkPolicy::LoopbackOnly],
+            metrics: true,
+        }
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let spec = self.prepare(spec)?;
+        let id = SandboxId::from_random(random()?);
+        let names = objects::sandbox_names(&id, &spec);
+        if let (Some(w), Some(pvc)) = (&spec.workspace, &names.pvc) {
+            self.ensure_claim(&w.thread, w.naming, pvc, &spec).await?;
+        }
+        match self.start_pod(&id, &names, &spec).await? {
+            Some(pod) => Self::info_of(&pod),
+            None => Err(RuntimeError::Conflict(format!("Pod {} exists already; try again", names.pod))),
+        }
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
+        Self::info_of(&self.find(id).await?)
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        let mut out: Vec<SandboxInfo> = self
+            .list_pods()
+            .await?
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(objects::info)
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError> {
+        request.validate()?;
+        let pod = self.find(id).await?;
+        let info = Self::info_of(&pod)?;
+        let name = self.ready_pod_of(id, &pod)?;
+        let cwd = exec::resolve_cwd(request.cwd.as_deref())?;
+        let env = command_env(&info.spec.env, &request.env);
+        let token = format!("{}", u64::from_le_bytes(random()?));
+        let argv = exec::wrapper_argv(&token, &cwd, &env, &request.argv);
+        exec::process(
+            self.pods.clone(),
+            &name,
+            argv,
+            token,
+            request.stdin,
+            request.timeout_ms.map(Duration::from_millis),
+        )
+        .await
+    }
+
+    async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
+        let argv = files::op_argv(&op)?;
+        let (what, target) = match &op {
+            FileOp::List { path } => ("list", files::resolve(path)?),
+            FileOp::Stat { path } => ("stat", files::resolve(path)?),
+            FileOp::Mkdir { path, .. } => ("mkdir", files::resolve(path)?),
+            FileOp::Remove { path, .. } => ("remove", files::resolve(path)?),
+            FileOp::Move { from, to } => ("move", format!("{} to {}", files::resolve(from)?, files::resolve(to)?)),
+            FileOp::Chmod { path, .. } => ("chmod", files::resolve(path)?),
+        };
+        let (code, out, err) = self.script(id, argv, None).await?;
+        if code != 0 {
+            return Err(files::failure(&format!("{what} {target}"), &err));
+        }
+        let stat_of = |path: String| {
+            let line = String::from_utf8_lossy(&out);
+            files::parse_stat(&path, line.trim())
+                .map(FileReply::Stat)
+                .ok_or_else(|| RuntimeError::System(format!("{what} {target}: unreadable stat output {line:?}")))
+        };
+        match op {
+            FileOp::List { .. } => Ok(FileReply::List { entries: files::parse_list(&out) }),
+            FileOp::Remove { .. } => Ok(FileReply::Done),
+            FileOp::Move { to, .. } => stat_of(files::resolve(&to)?),
+            FileOp::Stat { path } | FileOp::Mkdir { path, .. } | FileOp::Chmod { path, .. } => {
+                stat_of(files::resolve(&path)?)
+            }
+        }
+    }
+
+    async fn read_file(&self, id: &SandboxId, path: &str) -> Result<ByteReader, RuntimeError> {
+        let argv = files::read_argv(path)?;
+        let what = format!("read {}", files::resolve(path)?);
+        let pod = self.ready_pod(id).await?;
+        let running = exec::start(&self.pods, &pod, argv, false).await?;
+        let exec::Running { mut stdout, mut stderr, done, .. } = running;
+        let errors = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = (&mut stderr).take(64 << 10).read_to_end(&mut buf).await;
+            buf
+        });
+        // The first bytes (or the end) tell whether `cat` opened the file: errors opening it
+        // are returned here, before any contents.
+        let mut head = vec![0u8; 32 << 10];
+        let n = stdout.read(&mut head).await.map_err(|e| RuntimeError::from_io(&what, &e))?;
+        head.truncate(n);
+        if n == 0 {
+            let code = done.await.map_err(|_| RuntimeError::System(format!("{what}: the exec vanished")))??;
+            let err = errors.await.unwrap_or_default();
+            if code != 0 {
+                return Err(files::failure(&what, &err));
+            }
+            return Ok(Box::new(std::io::Cursor::new(Vec::new())));
+        }
+        let outcome = Box::pin(async move {
+            let code = done.await.map_err(|_| std::io::Error::other("the exec vanished"))?;
+            let err = errors.await.unwrap_or_default();
+            match code {
+                Ok(0) => Ok(()),
+                Ok(_) => Err(std::io::Error::other(files::failure(&what, &err).to_string())),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            }
+        });
+        Ok(Box::new(files::FileReader { head: std::io::Cursor::new(head), rest: stdout, outcome: Some(outcome) }))
+    }
+
+    async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        mode: Option<u32>,
+        mut data: ByteReader,
+    ) -> Result<(), RuntimeError> {
+        let argv = files::write_argv(path, mode)?;
+        let what = format!("write {}", files::resolve(path)?);
+        let (code, _, err) = self.script(id, argv, Some(&mut data)).await?;
+        if code != 0 {
+            return Err(files::failure(&what, &err));
+        }
+        Ok(())
+    }
+
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<Box<dyn Duplex>, RuntimeError> {
+        if port == 0 {
+            return Err(RuntimeError::InvalidArgument(
+                "port 0 is not a port: give the port a server listens on".into(),
+            ));
+        }
+        let pod = self.ready_pod(id).await?;
+        let mut pf = self.pods.portforward(&pod, &[port]).await.map_err(|e| exec::exec_error(&pod, e))?;
+        let stream = pf
+            .take_stream(port)
+            .ok_or_else(|| RuntimeError::System(format!("port-forward to Pod {pod} gave no stream for port {port}")))?;
+        // The forwarder's task runs on its own until the stream closes; its error channel
+        // only reports what the stream shows anyway (a refused port closes it).
+        drop(pf);
+        Ok(Box::new(stream))
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
+        let (_, out, _) = self.script(id, vec!["sh".into(), "-c".into(), METRICS_SCRIPT.into()], None).await?;
+        let mut m = parse_metrics(&String::from_utf8_lossy(&out));
+        m.at_unix_ms = now_ms();
+        Ok(m)
+    }
+
+    async fn pause(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported(
+            "the kubernetes runtime cannot pause a sandbox (Pods cannot be frozen); release it instead and acquire it again later (the workspace is kept), or use the local runtime".into(),
+        ))
+    }
+
+    async fn resume(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported(
+            "the kubernetes runtime cannot pause or resume a sandbox; acquire the thread again instead".into(),
+        ))
+    }
+
+    async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
+        if ttl.is_zero() {
+            return Err(RuntimeError::InvalidArgument("a renewal must be positive".into()));
+        }
+        let pod = self.find(id).await?;
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let expires = now_ms() + ttl.as_millis() as u64;
+        let patch = serde_json::json!({
+            "metadata": {
+                // The uid guard keeps a renewal from landing on a replacement Pod.
+                "uid": pod.metadata.uid,
+                "annotations": {objects::EXPIRES_ANNOTATION: expires.to_string()},
+            }
+        });
+        let patched = self
+            .pods
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| api_error(&format!("renewing sandbox {id}"), e))?;
+        Self::info_of(&patched)
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let pod = self.find(id).await?;
+        self.delete_sandbox_pod(&pod, true).await
+    }
+
+    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let naming = spec.workspace.as_ref().filter(|w| &w.thread == thread).map_or(self.config.naming, |w| w.naming);
+        let mut spec = self.prepare(spec)?;
+        spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming });
+        let names = objects::thread_names(thread, naming);
+        let claim = names.pvc.clone().unwrap_or_default();
+        self.ensure_claim(thread, naming, &claim, &spec).await?;
+        // Dawn's state machine; every branch converges on one Pod of this deterministic name,
+        // however many servers acquire at once (the loser of a create gets 409 and waits).
+        for _ in 0..5 {
+            match self.pods.get_opt(&names.pod).await.map_err(|e| api_error("reading a thread's Pod", e))? {
+                None => {
+                    let id = SandboxId::from_random(random()?);
+                    if let Some(pod) = self.start_pod(&id, &names, &spec).await? {
+                        return Self::info_of(&pod);
+                    }
+                }
+                Some(pod) => {
+                    let ours = objects::info(&pod).is_some();
+                    match objects::phase(&pod) {
+                        PodPhase::Ready | PodPhase::Starting(None) if ours => {
+                            // A crash between policy and Pod would otherwise leave it unprotected.
+                            let id = Self::info_of(&pod)?.id;
+                            self.ensure_policy(&id, &names, &spec).await?;
+                            let ready = self.wait_ready(&names.pod, pod.metadata.uid.as_deref()).await?;
+                            return Self::info_of(&ready);
+                        }
+                        _ => {
+                            // Ended, stuck, or a keeper of another product (Dawn's own):
+                            // replace it; the workspace stays.
+                            self.delete_sandbox_pod(&pod, true).await?;
+                        }
+                    }
+                }
+            }
+        }
+        Err(RuntimeError::Conflict(format!(
+            "thread {thread}: its Pod {} kept changing under concurrent acquires; try again",
+            names.pod
+        )))
+    }
+
+    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.stop_thread(thread).await
+    }
+
+    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.stop_thread(thread).await?;
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            objects::THREAD_HASH_LABEL,
+            sanitize_hashed(thread.as_str())
+        ));
+        let mut claims: Vec<String> = self
+            .claims
+            .list(&lp)
+            .await
+            .map_err(|e| api_error("listing a thread's PVCs", e))?
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        claims.extend(Self::all_thread_names(thread).into_iter().filter_map(|n| n.pvc));
+        claims.sort();
+        claims.dedup();
+        for name in &claims {
+            match self.claims.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_code(&e, 404) => {}
+                Err(e) => return Err(api_error(&format!("deleting workspace PVC {name}"), e)),
+            }
+        }
+        // A PVC still terminating would be re-bound, old data and all, by the next acquire.
+        for name in &claims {
+            self.wait_claim_gone(name).await?;
+        }
+        Ok(())
+    }
+}
+
+impl KubeRuntime {
+    fn ready_pod_of(&self, id: &SandboxId, pod: &Pod) -> Result<String, RuntimeError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        match objects::phase(pod) {
+            PodPhase::Ready => Ok(name),
+            PodPhase::Starting(None) => Err(RuntimeError::Unavailable(format!(
+                "sandbox {id} is still starting (Pod {name}); try again in a moment"
+            ))),
+            PodPhase::Starting(Some(why)) | PodPhase::Gone(why) => Err(RuntimeError::Unavailable(format!(
+                "sandbox {id} cannot run commands: {why}; destroy it and create a new one"
+            ))),
+        }
+    }
+}
+
+/// Prints the container's own cgroup counters, v1 or v2, as `key value` lines; `read` is a
+/// shell builtin, so nothing but `sh` is needed.
+pub const METRICS_SCRIPT: &str = r#"r() { [ -r "$2" ] && read -r v <"$2" && echo "$1 $v"; }
+r mem1 /sys/fs/cgroup/memory/memory.usage_in_bytes
+r cpu1 /sys/fs/cgroup/cpuacct/cpuacct.usage
+r cpu1 /sys/fs/cgroup/cpu,cpuacct/cpuacct.usage
+r mem2 /sys/fs/cgroup/memory.current
+if [ -r /sys/fs/cgroup/cpu.stat ]; then
+  while read -r k v; do [ "$k" = usage_usec ] && echo "cpu2 $v"; done </sys/fs/cgroup/cpu.stat
+fi
+true"#;
+
+/// Reads `METRICS_SCRIPT`'s output; v1 counts CPU in ns, v2 in µs.
+pub fn parse_metrics(out: &str) -> SandboxMetrics {
+    let mut m = SandboxMetrics::default();
+    let values: BTreeMap<&str, u64> = out
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(k, v)| v.trim().parse().ok().map(|v| (k, v)))
+        .collect();
+    m.memory_used_bytes = values.get("mem2").or(values.get("mem1")).copied();
+    m.cpu_used_ns = values.get("cpu2").map(|us| us * 1000).or(values.get("cpu1").copied());
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_parse_v1_and_v2() {
+        let v1 = parse_metrics("mem1 1048576\ncpu1 123456789\n");
+        assert_eq!((v1.memory_used_bytes, v1.cpu_used_ns), (Some(1 << 20), Some(123_456_789)));
+        let v2 = parse_metrics("mem2 2048\ncpu2 10\n");
+        assert_eq!((v2.memory_used_bytes, v2.cpu_used_ns), (Some(2048), Some(10_000)));
+        let none = parse_metrics("");
+        assert_eq!((none.memory_used_bytes, none.cpu_used_ns), (None, None));
+    }
+
+    #[test]
+    fn api_errors_are_classified() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.into(),
+                ..kube::core::Status::failure(message, "x")
+            }))
+        };
+        assert_eq!(api_error("x", status(404, "gone")).code(), "NOT_FOUND");
+        assert_eq!(api_error("x", status(403, "exceeded quota: q")).code(), "RESOURCE_EXHAUSTED");
+        assert_eq!(api_error("x", status(422, "bad")).code(), "INVALID_ARGUMENT");
+        assert_eq!(api_error("x", status(409, "exists")).code(), "CONFLICT");
+    }
+
+    #[test]
+    fn capabilities_say_what_kubernetes_can_do() {
+        // Needs no cluster: the client is never used.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+            let client = Client::try_from(config).unwrap();
+            let k = KubeRuntime::new(client, KubeConfig::default());
+            let c = k.capabilities();
+            assert_eq!(c.runtime, "kubernetes");
+            assert!(!c.pause && c.persistent_workspaces && !c.run_as_other_user);
+            assert_eq!(c.network, vec![NetworkPolicy::LoopbackOnly]);
+            let id = SandboxId::parse("sbx-000000000001").unwrap();
+            assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
+            assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
+        });
+    }
+}

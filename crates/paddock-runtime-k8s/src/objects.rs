@@ -1,0 +1,598 @@
+//! The Kubernetes objects of a sandbox, built as pure values, and the way back from a Pod to a
+//! `SandboxInfo`. Labels and annotations are the only record of a sandbox: any server reading
+//! the namespace sees the same sandboxes.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use paddock_core::naming::{NamingMode, ThreadId, resource_name, sanitize_hashed};
+use paddock_core::runtime::{SandboxId, SandboxInfo, SandboxState, WorkspaceInfo};
+use paddock_core::spec::{SandboxSpec, command_env};
+use serde_json::{Value, json};
+
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const SANDBOX_LABEL: &str = "paddock.dev/sandbox";
+pub const THREAD_HASH_LABEL: &str = "paddock.dev/thread-hash";
+pub const DAWN_THREAD_LABEL: &str = "dawn.sh/thread";
+pub const SPEC_ANNOTATION: &str = "paddock.dev/spec";
+pub const CREATED_ANNOTATION: &str = "paddock.dev/created-at";
+pub const EXPIRES_ANNOTATION: &str = "paddock.dev/expires-at";
+pub const THREAD_ANNOTATION: &str = "paddock.dev/thread";
+pub const NETPOL_ANNOTATION: &str = "paddock.dev/network-policy";
+pub const WORKSPACE_ANNOTATION: &str = "paddock.dev/workspace";
+/// The keeper Pod's only container; every exec targets it.
+pub const CONTAINER: &str = "sandbox";
+
+/// Sleeps in short slices so TERM is answered at once instead of after the kubelet's grace
+/// period; needs nothing beyond a POSIX `sh` and `sleep`.
+pub const KEEPER_COMMAND: [&str; 3] = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"];
+
+/// Names of one sandbox's objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub pod: String,
+    pub network_policy: String,
+    /// The workspace PVC, when the sandbox has a persistent workspace.
+    pub pvc: Option<String>,
+}
+
+/// The deterministic names of a thread's keeper Pod, PVC and NetworkPolicy; Dawn's exact
+/// names in `DawnCompat` mode so its volumes are adopted.
+pub fn thread_names(thread: &ThreadId, mode: NamingMode) -> Names {
+    let s = resource_name(thread, mode);
+    match mode {
+        NamingMode::Hashed => Names {
+            pod: format!("paddock-{s}"),
+            network_policy: format!("paddock-net-{s}"),
+            pvc: Some(format!("paddock-vol-{s}")),
+        },
+        NamingMode::DawnCompat => Names {
+            pod: format!("dawn-sbx-{s}"),
+            network_policy: format!("dawn-sbx-net-{s}"),
+            pvc: Some(format!("dawn-sbx-vol-{s}")),
+        },
+    }
+}
+
+/// Names of a sandbox made by `create`: the Pod is named after the random id, a workspace (if
+/// any) keeps its thread's PVC name.
+pub fn sandbox_names(id: &SandboxId, spec: &SandboxSpec) -> Names {
+    Names {
+        pod: format!("paddock-{id}"),
+        network_policy: format!("paddock-net-{id}"),
+        pvc: spec.workspace.as_ref().and_then(|w| thread_names(&w.thread, w.naming).pvc),
+    }
+}
+
+/// Settings of the cluster side that shape every object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    pub namespace: String,
+    pub image: String,
+    pub image_pull_policy: String,
+    pub runtime_class: Option<String>,
+    pub host_users_false: bool,
+    pub cpu_request_millicpus: Option<u32>,
+    /// An operator-trusted image whose root init container hands a fresh workspace volume to
+    /// the sandbox user, for provisioners that ignore `fsGroup` (hostPath).
+    pub chown_image: Option<String>,
+}
+
+/// Labels shared by a thread's Pod, PVC and NetworkPolicy.
+pub fn thread_labels(thread: &ThreadId, mode: NamingMode) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([(THREAD_HASH_LABEL.to_owned(), sanitize_hashed(thread.as_str()))]);
+    match mode {
+        NamingMode::Hashed => {
+            labels.insert(MANAGED_BY.into(), "paddock".into());
+        }
+        NamingMode::DawnCompat => {
+            labels.insert(MANAGED_BY.into(), "dawn".into());
+            labels.insert(DAWN_THREAD_LABEL.into(), resource_name(thread, mode));
+        }
+    }
+    labels
+}
+
+fn pod_labels(id: &SandboxId, spec: &SandboxSpec) -> BTreeMap<String, String> {
+    let mut labels = match &spec.workspace {
+        Some(w) => thread_labels(&w.thread, w.naming),
+        None => BTreeMap::from([(MANAGED_BY.to_owned(), "paddock".to_owned())]),
+    };
+    labels.insert(SANDBOX_LABEL.into(), id.to_string());
+    labels
+}
+
+/// The Pod selector of a sandbox's NetworkPolicy. A thread's policy selects by thread, so it
+/// keeps covering the Pod when a later acquire replaces it under a new sandbox id.
+fn policy_selector(id: &SandboxId, spec: &SandboxSpec) -> BTreeMap<String, String> {
+    match &spec.workspace {
+        Some(w) => {
+            let (k, v) = match w.naming {
+                NamingMode::Hashed => (THREAD_HASH_LABEL, sanitize_hashed(w.thread.as_str())),
+                NamingMode::DawnCompat => (DAWN_THREAD_LABEL, resource_name(&w.thread, w.naming)),
+            };
+            BTreeMap::from([(k.to_owned(), v)])
+        }
+        None => BTreeMap::from([(SANDBOX_LABEL.to_owned(), id.to_string())]),
+    }
+}
+
+/// The keeper Pod: one non-root container that only sleeps; commands arrive over pods/exec.
+pub fn pod(
+    shape: &Shape,
+    id: &SandboxId,
+    names: &Names,
+    spec: &SandboxSpec,
+    created_unix_ms: u64,
+    expires_unix_ms: Option<u64>,
+) -> Result<Pod, serde_json::Error> {
+    let r = &spec.resources;
+    let env: Vec<Value> =
+        command_env(&spec.env, &BTreeMap::new()).into_iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let cpu_request = shape.cpu_request_millicpus.map_or(r.millicpus, |c| c.min(r.millicpus));
+    let workspace_volume = match &names.pvc {
+        Some(claim) => json!({"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}),
+        None => match r.workspace_bytes {
+            Some(b) => json!({"name": "workspace", "emptyDir": {"sizeLimit": b.to_string()}}),
+            None => json!({"name": "workspace", "emptyDir": {}}),
+        },
+    };
+    let mut annotations = BTreeMap::from([
+        (SPEC_ANNOTATION.to_owned(), serde_json::to_string(spec)?),
+        (CREATED_ANNOTATION.to_owned(), created_unix_ms.to_string()),
+        (NETPOL_ANNOTATION.to_owned(), names.network_policy.clone()),
+    ]);
+    if let Some(e) = expires_unix_ms {
+        annotations.insert(EXPIRES_ANNOTATION.into(), e.to_string());
+    }
+    if let Some(w) = &spec.workspace {
+        annotations.insert(THREAD_ANNOTATION.into(), w.thread.to_string());
+    }
+    if let Some(pvc) = &names.pvc {
+        annotations.insert(WORKSPACE_ANNOTATION.into(), pvc.clone());
+    }
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {
+            "runAsUser": spec.user.uid,
+            "runAsGroup": spec.user.gid,
+            "fsGroup": spec.user.gid,
+            // The kubelet chowns a fresh PVC once instead of on every mount.
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "runAsNonRoot": true,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": CONTAINER,
+            "image": shape.image,
+            "imagePullPolicy": shape.image_pull_policy,
+            "command": KEEPER_COMMAND,
+            "workingDir": "/workspace",
+            "env": env,
+            "resources": {
+                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()},
+                "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
+            },
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "capabilities": {"drop": ["ALL"]},
+            },
+            "volumeMounts": [
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "workspace", "mountPath": "/workspace"},
+            ],
+        }],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {"sizeLimit": r.tmp_bytes.to_string()}},
+            workspace_volume,
+        ],
+    });
+    if let (Some(image), Some(_)) = (&shape.chown_image, &names.pvc) {
+        let owner = format!("{}:{}", spec.user.uid, spec.user.gid);
+        pod_spec["initContainers"] = json!([{
+            "name": "workspace-owner",
+            "image": image,
+            "imagePullPolicy": shape.image_pull_policy,
+            "command": ["sh", "-c", r#"[ "$(stat -c %u:%g /workspace)" = "$1" ] || chown "$1" /workspace"#, "chown", owner],
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "16777216"},
+                "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
+            },
+            // Root only for this one chown: no other capability, no escalation.
+            "securityContext": {
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "runAsNonRoot": false,
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+            },
+            "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+        }]);
+    }
+    if shape.host_users_false {
+        pod_spec["hostUsers"] = json!(false);
+    }
+    if let Some(rc) = &shape.runtime_class {
+        pod_spec["runtimeClassName"] = json!(rc);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.pod,
+            "namespace": shape.namespace,
+            "labels": pod_labels(id, spec),
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }))
+}
+
+/// A thread's workspace: one RWO claim, created once and kept across sandboxes.
+pub fn pvc(
+    namespace: &str,
+    name: &str,
+    thread: &ThreadId,
+    mode: NamingMode,
+    bytes: u64,
+    storage_class: Option<&str>,
+) -> Result<PersistentVolumeClaim, serde_json::Error> {
+    let mut spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": bytes.to_string()}},
+    });
+    if let Some(sc) = storage_class {
+        spec["storageClassName"] = json!(sc);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": thread_labels(thread, mode),
+            "annotations": {THREAD_ANNOTATION: thread.as_str()},
+        },
+        "spec": spec,
+    }))
+}
+
+/// Denies all ingress and all egress (DNS included) of the sandbox's Pod: with both policy
+/// types listed and no rules, nothing is allowed.
+pub fn network_policy(
+    namespace: &str,
+    id: &SandboxId,
+    names: &Names,
+    spec: &SandboxSpec,
+) -> Result<NetworkPolicy, serde_json::Error> {
+    let labels = match &spec.workspace {
+        Some(w) => thread_labels(&w.thread, w.naming),
+        None => pod_labels(id, spec),
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": names.network_policy, "namespace": namespace, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": policy_selector(id, spec)},
+            "policyTypes": ["Ingress", "Egress"],
+        },
+    }))
+}
+
+/// Where a Pod is in its life, as far as a sandbox is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodPhase {
+    /// Running with its container ready: commands can be run.
+    Ready,
+    /// Scheduled or starting; `Some` says why it cannot start on its own (bad image, ...).
+    Starting(Option<String>),
+    /// Ended, unknown or being deleted: it will never serve again.
+    Gone(String),
+}
+
+/// Waiting reasons that do not clear up by waiting longer.
+const STUCK_REASONS: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+];
+
+pub fn phase(pod: &Pod) -> PodPhase {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodPhase::Gone("the Pod is being deleted".into());
+    }
+    let Some(status) = &pod.status else { return PodPhase::Starting(None) };
+    let container = status.container_statuses.iter().flatten().find(|c| c.name == CONTAINER);
+    match status.phase.as_deref() {
+        Some("Running") => {
+            if container.is_some_and(|c| c.ready) {
+                PodPhase::Ready
+            } else if let Some(t) = container.and_then(|c| c.state.as_ref()).and_then(|s| s.terminated.as_ref()) {
+                PodPhase::Gone(format!("the keeper container ended ({})", t.reason.as_deref().unwrap_or("exited")))
+            } else {
+                PodPhase::Starting(None)
+            }
+        }
+        Some("Pending") | None => {
+            let waiting = container.and_then(|c| c.state.as_ref()).and_then(|s| s.waiting.as_ref());
+            let stuck = waiting.filter(|w| w.reason.as_deref().is_some_and(|r| STUCK_REASONS.contains(&r)));
+            PodPhase::Starting(stuck.map(|w| {
+                format!("{}: {}", w.reason.as_deref().unwrap_or_default(), w.message.as_deref().unwrap_or("no details"))
+            }))
+        }
+        Some(other) => {
+            let why = status.reason.as_deref().or(status.message.as_deref());
+            let term = container
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.terminated.as_ref())
+                .and_then(|t| t.reason.as_deref());
+            PodPhase::Gone(match why.or(term) {
+                Some(r) => format!("the Pod is {other} ({r})"),
+                None => format!("the Pod is {other}"),
+            })
+        }
+    }
+}
+
+/// The sandbox a Pod carries, from its labels and annotations only.
+pub fn info(pod: &Pod) -> Option<SandboxInfo> {
+    let labels = pod.metadata.labels.as_ref()?;
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let id = SandboxId::parse(labels.get(SANDBOX_LABEL)?).ok()?;
+    let spec: SandboxSpec = serde_json::from_str(annotations.get(SPEC_ANNOTATION)?).ok()?;
+    let created_unix_ms = annotations.get(CREATED_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let expires_unix_ms = annotations.get(EXPIRES_ANNOTATION).and_then(|v| v.parse().ok());
+    let workspace = spec.workspace.as_ref().map(|w| WorkspaceInfo {
+        thread: w.thread.clone(),
+        name: annotations
+            .get(WORKSPACE_ANNOTATION)
+            .cloned()
+            .unwrap_or_else(|| thread_names(&w.thread, w.naming).pvc.unwrap_or_default()),
+    });
+    let (state, failure) = match phase(pod) {
+        PodPhase::Ready | PodPhase::Starting(None) => (SandboxState::Running, None),
+        PodPhase::Starting(Some(why)) | PodPhase::Gone(why) => (SandboxState::Failed, Some(why)),
+    };
+    Some(SandboxInfo { id, state, spec, created_unix_ms, expires_unix_ms, workspace, failure })
+}
+
+/// Whether a Pod's sandbox has outlived its expiry at `now`.
+pub fn expired(pod: &Pod, now_unix_ms: u64) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXPIRES_ANNOTATION))
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|e| e <= now_unix_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use paddock_core::spec::WorkspaceRef;
+
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            namespace: "ns".into(),
+            image: "paddock.local/sandbox:1".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            runtime_class: None,
+            host_users_false: false,
+            cpu_request_millicpus: None,
+            chown_image: None,
+        }
+    }
+
+    fn id() -> SandboxId {
+        SandboxId::parse("sbx-0123456789ab").unwrap()
+    }
+
+    fn thread_spec(raw: &str, naming: NamingMode) -> SandboxSpec {
+        SandboxSpec {
+            workspace: Some(WorkspaceRef { thread: ThreadId::new(raw).unwrap(), naming }),
+            ..Default::default()
+        }
+    }
+
+    fn to_json<T: serde::Serialize>(v: &T) -> Value {
+        serde_json::to_value(v).unwrap()
+    }
+
+    #[test]
+    fn keeper_pod_is_hardened() {
+        let mut spec = SandboxSpec::default();
+        spec.env.insert("A".into(), "1".into());
+        let names = sandbox_names(&id(), &spec);
+        assert_eq!(names.pod, "paddock-sbx-0123456789ab");
+        assert_eq!(names.pvc, None);
+        let p = to_json(&pod(&shape(), &id(), &names, &spec, 1000, Some(2000)).unwrap());
+        let s = &p["spec"];
+        assert_eq!(s["automountServiceAccountToken"], false);
+        assert_eq!(s["enableServiceLinks"], false);
+        assert_eq!(s["restartPolicy"], "Never");
+        assert!(s.get("hostUsers").is_none() && s.get("runtimeClassName").is_none());
+        assert_eq!(
+            s["securityContext"],
+            json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch",
+                   "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        let c = &s["containers"][0];
+        assert_eq!(c["name"], "sandbox");
+        assert_eq!(c["image"], "paddock.local/sandbox:1");
+        assert_eq!(c["command"], json!(KEEPER_COMMAND));
+        assert_eq!(
+            c["securityContext"],
+            json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true,
+                   "capabilities": {"drop": ["ALL"]}})
+        );
+        assert_eq!(
+            c["resources"],
+            json!({"requests": {"cpu": "1000m", "memory": "536870912"}, "limits": {"cpu": "1000m", "memory": "536870912"}})
+        );
+        assert_eq!(
+            c["env"],
+            json!([{"name": "A", "value": "1"}, {"name": "HOME", "value": "/workspace"},
+                   {"name": "PATH", "value": paddock_core::spec::DEFAULT_PATH}])
+        );
+        assert_eq!(
+            s["volumes"],
+            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "268435456"}}, {"name": "workspace", "emptyDir": {}}])
+        );
+        let m = &p["metadata"];
+        assert_eq!(m["labels"], json!({MANAGED_BY: "paddock", SANDBOX_LABEL: "sbx-0123456789ab"}));
+        assert_eq!(m["annotations"][CREATED_ANNOTATION], "1000");
+        assert_eq!(m["annotations"][EXPIRES_ANNOTATION], "2000");
+        assert_eq!(m["annotations"][NETPOL_ANNOTATION], "paddock-net-sbx-0123456789ab");
+        let back: SandboxSpec = serde_json::from_str(m["annotations"][SPEC_ANNOTATION].as_str().unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn optional_pod_settings() {
+        let shape = Shape {
+            runtime_class: Some("gvisor".into()),
+            host_users_false: true,
+            cpu_request_millicpus: Some(100),
+            ..shape()
+        };
+        let mut spec = SandboxSpec::default();
+        spec.resources.workspace_bytes = Some(64 << 20);
+        let p = to_json(&pod(&shape, &id(), &sandbox_names(&id(), &spec), &spec, 1, None).unwrap());
+        assert_eq!(p["spec"]["hostUsers"], false);
+        assert_eq!(p["spec"]["runtimeClassName"], "gvisor");
+        assert_eq!(p["spec"]["containers"][0]["resources"]["requests"]["cpu"], "100m");
+        assert_eq!(p["spec"]["volumes"][1], json!({"name": "workspace", "emptyDir": {"sizeLimit": "67108864"}}));
+        assert!(p["metadata"]["annotations"].get(EXPIRES_ANNOTATION).is_none());
+    }
+
+    #[test]
+    fn thread_pod_mounts_its_claim() {
+        let spec = thread_spec("Thread_ABC", NamingMode::Hashed);
+        let t = ThreadId::new("Thread_ABC").unwrap();
+        let names = thread_names(&t, NamingMode::Hashed);
+        let h = sanitize_hashed("Thread_ABC");
+        assert_eq!(names.pod, format!("paddock-{h}"));
+        assert_eq!(names.pvc.as_deref(), Some(format!("paddock-vol-{h}").as_str()));
+        let p = to_json(&pod(&shape(), &id(), &names, &spec, 1, None).unwrap());
+        assert_eq!(
+            p["spec"]["volumes"][1],
+            json!({"name": "workspace", "persistentVolumeClaim": {"claimName": format!("paddock-vol-{h}")}})
+        );
+        assert_eq!(p["metadata"]["labels"][THREAD_HASH_LABEL], h);
+        assert_eq!(p["metadata"]["annotations"][THREAD_ANNOTATION], "Thread_ABC");
+        assert_eq!(p["metadata"]["annotations"][WORKSPACE_ANNOTATION], format!("paddock-vol-{h}"));
+        assert!(p["spec"].get("initContainers").is_none());
+        let chown = Shape { chown_image: Some("trusted:1".into()), ..shape() };
+        let p = to_json(&pod(&chown, &id(), &names, &spec, 1, None).unwrap());
+        let init = &p["spec"]["initContainers"][0];
+        assert_eq!(init["image"], "trusted:1");
+        assert_eq!(init["command"][4], "1000:1000");
+        assert_eq!(init["securityContext"]["capabilities"], json!({"drop": ["ALL"], "add": ["CHOWN"]}));
+        assert_eq!(init["volumeMounts"], json!([{"name": "workspace", "mountPath": "/workspace"}]));
+        let no_ws = SandboxSpec::default();
+        let p = to_json(&pod(&chown, &id(), &sandbox_names(&id(), &no_ws), &no_ws, 1, None).unwrap());
+        assert!(p["spec"].get("initContainers").is_none(), "an emptyDir needs no chown");
+    }
+
+    #[test]
+    fn dawn_compat_names_and_labels() {
+        let t = ThreadId::new("Thread_ABC").unwrap();
+        let names = thread_names(&t, NamingMode::DawnCompat);
+        assert_eq!(
+            names,
+            Names {
+                pod: "dawn-sbx-thread-abc".into(),
+                network_policy: "dawn-sbx-net-thread-abc".into(),
+                pvc: Some("dawn-sbx-vol-thread-abc".into()),
+            }
+        );
+        let claim = to_json(&pvc("ns", "dawn-sbx-vol-thread-abc", &t, NamingMode::DawnCompat, 1 << 30, None).unwrap());
+        assert_eq!(claim["metadata"]["labels"][MANAGED_BY], "dawn");
+        assert_eq!(claim["metadata"]["labels"][DAWN_THREAD_LABEL], "thread-abc");
+        let spec = thread_spec("Thread_ABC", NamingMode::DawnCompat);
+        let np = to_json(&network_policy("ns", &id(), &names, &spec).unwrap());
+        assert_eq!(np["spec"]["podSelector"], json!({"matchLabels": {DAWN_THREAD_LABEL: "thread-abc"}}));
+        let p = to_json(&pod(&shape(), &id(), &names, &spec, 1, None).unwrap());
+        assert_eq!(p["metadata"]["labels"][MANAGED_BY], "dawn");
+        assert_eq!(p["metadata"]["labels"][DAWN_THREAD_LABEL], "thread-abc");
+        assert_eq!(p["metadata"]["labels"][SANDBOX_LABEL], "sbx-0123456789ab");
+    }
+
+    #[test]
+    fn claim_shape() {
+        let t = ThreadId::new("t1").unwrap();
+        let c = to_json(&pvc("ns", "paddock-vol-x", &t, NamingMode::Hashed, 1 << 30, Some("standard")).unwrap());
+        assert_eq!(
+            c["spec"],
+            json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1073741824"}},
+                   "storageClassName": "standard"})
+        );
+        assert_eq!(c["metadata"]["annotations"][THREAD_ANNOTATION], "t1");
+        assert_eq!(c["metadata"]["labels"][MANAGED_BY], "paddock");
+        let c = to_json(&pvc("ns", "x", &t, NamingMode::Hashed, 1, None).unwrap());
+        assert!(c["spec"].get("storageClassName").is_none());
+    }
+
+    #[test]
+    fn network_policy_denies_everything() {
+        let spec = SandboxSpec::default();
+        let np = to_json(&network_policy("ns", &id(), &sandbox_names(&id(), &spec), &spec).unwrap());
+        assert_eq!(
+            np["spec"],
+            json!({"podSelector": {"matchLabels": {SANDBOX_LABEL: "sbx-0123456789ab"}}, "policyTypes": ["Ingress", "Egress"]})
+        );
+        assert_eq!(np["metadata"]["name"], "paddock-net-sbx-0123456789ab");
+        let spec = thread_spec("t1", NamingMode::Hashed);
+        let np = to_json(&network_policy("ns", &id(), &sandbox_names(&id(), &spec), &spec).unwrap());
+        assert_eq!(np["spec"]["podSelector"]["matchLabels"], json!({THREAD_HASH_LABEL: sanitize_hashed("t1")}));
+    }
+
+    fn with_status(mut p: Pod, status: Value) -> Pod {
+        p.status = Some(serde_json::from_value(status).unwrap());
+        p
+    }
+
+    #[test]
+    fn pods_read_back_as_sandboxes() {
+        let spec = thread_spec("t1", NamingMode::Hashed);
+        let t = ThreadId::new("t1").unwrap();
+        let p = pod(&shape(), &id(), &thread_names(&t, NamingMode::Hashed), &spec, 5, Some(9)).unwrap();
+        let running = with_status(
+            p.clone(),
+            json!({"phase": "Running", "containerStatuses": [{"name": "sandbox", "ready": true, "restartCount": 0,
+                   "image": "i", "imageID": ""}]}),
+        );
+        let i = info(&running).unwrap();
+        assert_eq!(i.id, id());
+        assert_eq!(i.state, SandboxState::Running);
+        assert_eq!((i.created_unix_ms, i.expires_unix_ms), (5, Some(9)));
+        assert_eq!(i.workspace.unwrap().name, format!("paddock-vol-{}", sanitize_hashed("t1")));
+        assert!(expired(&running, 9) && !expired(&running, 8));
+        let stuck = with_status(
+            p.clone(),
+            json!({"phase": "Pending", "containerStatuses": [{"name": "sandbox", "ready": false, "restartCount": 0,
+                   "image": "i", "imageID": "", "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "no"}}}]}),
+        );
+        assert_eq!(phase(&stuck), PodPhase::Starting(Some("ErrImageNeverPull: no".into())));
+        assert_eq!(info(&stuck).unwrap().state, SandboxState::Failed);
+        let done = with_status(p.clone(), json!({"phase": "Succeeded"}));
+        assert_eq!(phase(&done), PodPhase::Gone("the Pod is Succeeded".into()));
+        assert_eq!(info(&with_status(p.clone(), json!({"phase": "Pending"}))).unwrap().state, SandboxState::Running);
+        let mut foreign = p;
+        foreign.metadata.labels.as_mut().unwrap().remove(SANDBOX_LABEL);
+        assert!(info(&foreign).is_none());
+    }
+}

@@ -1,0 +1,436 @@
+//! Tests against a real cluster, run only with `PADDOCK_K8S_TESTS=1` and a `KUBECONFIG` (see
+//! dev/k8s/README.md). Each test makes its own namespace `paddock-test-<random>` and deletes it.
+//! The sandbox image is `paddock.local/sandbox:1` (busybox), never pulled.
+//!
+//! PADDOCK_K8S_TESTS=1 KUBECONFIG=/var/lib/paddock-k8s/admin.kubeconfig \
+//!     cargo test -p paddock-runtime-k8s --test cluster -- --test-threads 2
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, PostParams};
+use paddock_core::naming::{NamingMode, ThreadId};
+use paddock_core::runtime::{
+    ExecOutcome, ExecRequest, FileErrorKind, FileKind, FileOp, FileReply, Runtime, RuntimeError, SandboxId,
+};
+use paddock_core::spec::SandboxSpec;
+use paddock_runtime_k8s::{KubeConfig, KubeRuntime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GATE: &str = "PADDOCK_K8S_TESTS";
+const IMAGE: &str = "paddock.local/sandbox:1";
+
+fn enabled(test: &str) -> bool {
+    let on = std::env::var(GATE).as_deref() == Ok("1");
+    if !on {
+        eprintln!("{test}: skipped (cluster test): set {GATE}=1 and KUBECONFIG to run it");
+    }
+    on
+}
+
+fn random_suffix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{:08x}", (nanos as u64 ^ (std::process::id() as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32)
+}
+
+fn config(namespace: &str) -> KubeConfig {
+    KubeConfig {
+        namespace: namespace.into(),
+        default_image: IMAGE.into(),
+        image_pull_policy: "Never".into(),
+        // Two cores shared by every test Pod.
+        cpu_request_millicpus: Some(10),
+        // The dev cluster's hostPath volumes are root-owned 0750.
+        chown_workspace: true,
+        ready_timeout: Duration::from_secs(90),
+        ..KubeConfig::default()
+    }
+}
+
+fn small_spec() -> SandboxSpec {
+    let mut spec = SandboxSpec::default();
+    spec.resources.millicpus = 500;
+    spec.resources.memory_bytes = 128 << 20;
+    spec.resources.tmp_bytes = 16 << 20;
+    spec.resources.workspace_bytes = Some(64 << 20);
+    spec
+}
+
+/// Runs `body` with a fresh namespace and deletes the namespace afterwards, even on failure.
+async fn with_namespace<F, Fut>(body: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let client = Client::try_default().await.expect("a KUBECONFIG for the test cluster");
+    let name = format!("paddock-test-{}", random_suffix());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    namespaces.create(&PostParams::default(), &ns).await.expect("creating the test namespace");
+    let result = tokio::spawn(body(client, name.clone())).await;
+    if std::env::var("PADDOCK_K8S_KEEP").is_err() {
+        let _ = namespaces.delete(&name, &DeleteParams::default()).await;
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+struct Output {
+    stdout: String,
+    stderr: String,
+    outcome: ExecOutcome,
+}
+
+async fn run(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest, input: Option<&[u8]>) -> Output {
+    let mut p = rt.exec(id, ExecRequest { stdin: input.is_some(), ..request }).await.expect("exec");
+    if let (Some(mut w), Some(data)) = (p.stdin.take(), input) {
+        w.write_all(data).await.unwrap();
+        w.shutdown().await.unwrap();
+    }
+    let (mut out, mut err) = (String::new(), String::new());
+    let (a, b) = tokio::join!(p.stdout.read_to_string(&mut out), p.stderr.read_to_string(&mut err));
+    a.unwrap();
+    b.unwrap();
+    let outcome = p.control.wait().await.expect("wait");
+    Output { stdout: out, stderr: err, outcome }
+}
+
+async fn sh(rt: &dyn Runtime, id: &SandboxId, command: &str) -> Output {
+    run(rt, id, ExecRequest::shell(command), None).await
+}
+
+async fn read_all(rt: &dyn Runtime, id: &SandboxId, path: &str) -> Result<Vec<u8>, RuntimeError> {
+    let mut r = rt.read_file(id, path).await?;
+    let mut buf = Vec::new();
+    r.read_to_end(&mut buf).await.map_err(|e| RuntimeError::System(e.to_string()))?;
+    Ok(buf)
+}
+
+async fn pods_in(client: &Client, ns: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default()).await.unwrap().items
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_sandbox_exec_files_and_destroy() {
+    if !enabled("cluster_sandbox_exec_files_and_destroy") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let info = rt.create(small_spec()).await.expect("create");
+        let id = info.id.clone();
+        assert!(id.as_str().starts_with("sbx-") && id.as_str().len() == 16, "{id}");
+        assert_eq!(rt.get(&id).await.unwrap().id, id);
+        assert_eq!(rt.list().await.unwrap().len(), 1);
+        assert_eq!(info.spec.image.as_deref(), Some(IMAGE));
+
+        // Identity first: everything else runs as this user.
+        let o = sh(&rt, &id, "id -u; id -g").await;
+        assert_eq!(o.stdout, "1000\n1000\n", "{}", o.stderr);
+
+        let o = sh(&rt, &id, "echo out; echo err >&2; exit 3").await;
+        assert_eq!((o.stdout.as_str(), o.stderr.as_str(), o.outcome.exit_code), ("out\n", "err\n", 3));
+
+        let o = run(&rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(b"via stdin")).await;
+        assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("via stdin", 0));
+
+        let o = run(&rt, &id, ExecRequest { argv: vec!["no-such-program".into()], ..Default::default() }, None).await;
+        assert_eq!(o.outcome.exit_code, 127, "{}", o.stderr);
+
+        let mut req = ExecRequest::shell("pwd; echo \"$HOME $GREETING\"");
+        req.env.insert("GREETING".into(), "hi 'there'".into());
+        sh(&rt, &id, "mkdir -p /workspace/sub").await;
+        req.cwd = Some("sub".into());
+        let o = run(&rt, &id, req, None).await;
+        assert_eq!(o.stdout, "/workspace/sub\n/workspace hi 'there'\n");
+
+        let started = std::time::Instant::now();
+        let mut req = ExecRequest::shell("sleep 30");
+        req.timeout_ms = Some(1500);
+        let o = run(&rt, &id, req, None).await;
+        assert_eq!((o.outcome.exit_code, o.outcome.timed_out), (124, true));
+        assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+
+        let mut p = rt.exec(&id, ExecRequest::shell("sleep 30 & sleep 31; echo never")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        p.control.signal(15).await.expect("signal");
+        let o = tokio::time::timeout(Duration::from_secs(20), p.control.wait()).await.expect("ended").unwrap();
+        assert_eq!((o.exit_code, o.signal), (143, Some(15)));
+        let ps = sh(&rt, &id, "ps -o comm,args | grep -c 'sleep 3[01]' || true").await;
+        assert_eq!(ps.stdout.trim(), "0", "the whole session is killed");
+
+        // Files, with a name that would break any interpolation.
+        let weird = "dir one/it's \"quoted\"\nnl.txt";
+        rt.write_file(&id, weird, Some(0o600), Box::new(std::io::Cursor::new(b"hello\n".to_vec()))).await.unwrap();
+        assert_eq!(read_all(&rt, &id, weird).await.unwrap(), b"hello\n");
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        rt.write_file(&id, "/tmp/big.bin", None, Box::new(std::io::Cursor::new(big.clone()))).await.unwrap();
+        assert_eq!(read_all(&rt, &id, "/tmp/big.bin").await.unwrap(), big);
+        let FileReply::Stat(st) = rt.file(&id, FileOp::Stat { path: weird.into() }).await.unwrap() else { panic!() };
+        assert_eq!((st.kind, st.size, st.mode, st.uid), (FileKind::File, 6, 0o600, 1000));
+        assert_eq!(st.path, format!("/workspace/{weird}"));
+        let FileReply::List { entries } = rt.file(&id, FileOp::List { path: "dir one".into() }).await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), [format!("/workspace/{weird}")]);
+        let e = rt.read_file(&id, "missing.txt").await.err().unwrap();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::NotFound, .. }), "{e:?}");
+        let e = rt.read_file(&id, "dir one").await.err().unwrap();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::IsADirectory, .. }), "{e:?}");
+        let e = rt.write_file(&id, "/etc/x", None, Box::new(std::io::Cursor::new(b"x".to_vec()))).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::PermissionDenied, .. }), "{e:?}");
+        let FileReply::Stat(d) = rt.file(&id, FileOp::Mkdir { path: "a/b".into(), mode: Some(0o700) }).await.unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((d.kind, d.mode), (FileKind::Dir, 0o700));
+        let moved = rt.file(&id, FileOp::Move { from: weird.into(), to: "a/b/moved".into() }).await.unwrap();
+        assert!(matches!(moved, FileReply::Stat(ref s) if s.path == "/workspace/a/b/moved"), "{moved:?}");
+        let FileReply::Stat(c) = rt.file(&id, FileOp::Chmod { path: "a/b/moved".into(), mode: 0o640 }).await.unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(c.mode, 0o640);
+        let e = rt.file(&id, FileOp::Remove { path: "a".into(), recursive: false }).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::DirectoryNotEmpty, .. }), "{e:?}");
+        rt.file(&id, FileOp::Remove { path: "a".into(), recursive: true }).await.unwrap();
+        let e = rt.file(&id, FileOp::Stat { path: "a".into() }).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::NotFound, .. }), "{e:?}");
+
+        let m = rt.metrics(&id).await.unwrap();
+        assert!(m.memory_used_bytes.is_some_and(|b| b > 0), "{m:?}");
+        assert!(m.cpu_used_ns.is_some_and(|n| n > 0), "{m:?}");
+
+        // A server inside the sandbox, reached through connect (port-forward).
+        let mut server = rt
+            .exec(&id, ExecRequest::shell("mkdir -p /tmp/www && echo served >/tmp/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /tmp/www"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut conn = rt.connect(&id, 8080).await.expect("connect");
+        conn.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut reply)).await.unwrap().unwrap();
+        assert!(reply.starts_with("HTTP/1.") && reply.ends_with("served\n"), "{reply}");
+        server.control.signal(9).await.unwrap();
+        assert_eq!(server.control.wait().await.unwrap().signal, Some(9));
+
+        let e = rt.pause(&id).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::Unsupported(_)), "{e:?}");
+
+        let renewed = rt.renew(&id, Duration::from_secs(3600)).await.unwrap();
+        assert!(renewed.expires_unix_ms.is_some());
+
+        rt.destroy(&id).await.unwrap();
+        assert!(matches!(rt.get(&id).await, Err(RuntimeError::NotFound(_))));
+        assert!(pods_in(&client, &ns).await.is_empty(), "no Pod is left");
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+        assert!(policies.list(&ListParams::default()).await.unwrap().items.is_empty(), "no NetworkPolicy is left");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_acquire_release_and_destroy_workspace() {
+    if !enabled("cluster_acquire_release_and_destroy_workspace") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let mut cfg = config(&ns);
+        cfg.storage_class = Some("standard".into());
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let thread = ThreadId::new("Thread/ü 42").unwrap();
+        let first = rt.acquire(&thread, small_spec()).await.expect("acquire");
+        assert_eq!(first.workspace.as_ref().unwrap().thread, thread);
+        rt.write_file(&first.id, "notes.txt", None, Box::new(std::io::Cursor::new(b"kept".to_vec()))).await.unwrap();
+        let again = rt.acquire(&thread, small_spec()).await.unwrap();
+        assert_eq!(again.id, first.id, "a running sandbox is reattached");
+
+        rt.release(&thread).await.unwrap();
+        assert!(pods_in(&client, &ns).await.is_empty());
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1, "the workspace is kept");
+
+        let second = rt.acquire(&thread, small_spec()).await.unwrap();
+        assert_ne!(second.id, first.id);
+        assert_eq!(read_all(&rt, &second.id, "notes.txt").await.unwrap(), b"kept");
+        let o = sh(&rt, &second.id, "stat -c '%u %g' /workspace/notes.txt").await;
+        assert_eq!(o.stdout, "1000 1000\n");
+
+        rt.destroy_workspace(&thread).await.unwrap();
+        assert!(pods_in(&client, &ns).await.is_empty());
+        assert!(claims.list(&ListParams::default()).await.unwrap().items.is_empty(), "the PVC is gone");
+        let third = rt.acquire(&thread, small_spec()).await.unwrap();
+        let e = read_all(&rt, &third.id, "notes.txt").await.unwrap_err();
+        assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::NotFound, .. }), "{e:?}");
+        rt.destroy_workspace(&thread).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_concurrent_acquires_make_one_pod() {
+    if !enabled("cluster_concurrent_acquires_make_one_pod") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        // Two runtimes with their own clients: as if two servers acquired at once.
+        let a = Arc::new(KubeRuntime::new(client.clone(), config(&ns)));
+        let b = Arc::new(KubeRuntime::new(Client::try_default().await.unwrap(), config(&ns)));
+        let thread = ThreadId::new("race").unwrap();
+        let (x, y) = tokio::join!(a.acquire(&thread, small_spec()), b.acquire(&thread, small_spec()));
+        let (x, y) = (x.expect("first acquire"), y.expect("second acquire"));
+        assert_eq!(x.id, y.id);
+        assert_eq!(pods_in(&client, &ns).await.len(), 1);
+        // Dawn's names in compatibility mode.
+        let mut cfg = config(&ns);
+        cfg.naming = NamingMode::DawnCompat;
+        let dawn = KubeRuntime::new(client.clone(), cfg);
+        let t = ThreadId::new("Thread_ABC").unwrap();
+        dawn.acquire(&t, small_spec()).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        assert!(pods.get_opt("dawn-sbx-thread-abc").await.unwrap().is_some());
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        assert!(claims.get_opt("dawn-sbx-vol-thread-abc").await.unwrap().is_some());
+        dawn.destroy_workspace(&t).await.unwrap();
+        a.destroy_workspace(&thread).await.unwrap();
+    })
+    .await;
+}
+
+/// A Pod outside Paddock (no policy) in the same namespace, as a control.
+async fn plain_pod(client: &Client, ns: &str, name: &str, command: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true},
+            "containers": [{
+                "name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    for _ in 0..240 {
+        let p = pods.get(name).await.unwrap();
+        if let Some(ip) = p.status.as_ref().and_then(|s| s.pod_ip.clone())
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        {
+            return ip;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("Pod {name} did not start");
+}
+
+async fn plain_exec(client: &Client, ns: &str, name: &str, command: &str) -> i32 {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut p = pods.exec(name, vec!["sh", "-c", command], &AttachParams::default()).await.unwrap();
+    let status = p.take_status().unwrap();
+    let (mut out, mut err) = (p.stdout().unwrap(), p.stderr().unwrap());
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
+    let st = status.await.unwrap();
+    paddock_runtime_k8s::exec::exit_code(&st).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_deny_policy_blocks_other_pods() {
+    if !enabled("cluster_deny_policy_blocks_other_pods") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let serve = "mkdir -p /tmp/w && echo ok >/tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
+        let server_ip = plain_pod(&client, &ns, "plain-server", serve).await;
+        plain_pod(&client, &ns, "plain-client", "exec sleep 3600").await;
+        let get = |ip: &str| format!("wget -q -T 3 -O - http://{ip}:8080/index.html");
+        // Control: without a policy the network works.
+        let mut ok = 1;
+        for _ in 0..20 {
+            ok = plain_exec(&client, &ns, "plain-client", &get(&server_ip)).await;
+            if ok == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(ok, 0, "the control Pods can talk");
+
+        let sbx = rt.create(small_spec()).await.unwrap();
+        let o = sh(&rt, &sbx.id, "id -u").await;
+        assert_eq!(o.stdout, "1000\n");
+        let o = sh(&rt, &sbx.id, &get(&server_ip)).await;
+        assert_ne!(o.outcome.exit_code, 0, "egress from the sandbox is denied: {}", o.stdout);
+        let o = sh(&rt, &sbx.id, "nslookup kubernetes.default.svc.cluster.local 10.244.0.1").await;
+        assert_ne!(o.outcome.exit_code, 0, "no DNS either: {}", o.stdout);
+
+        // Ingress: a server in the sandbox is unreachable from a plain Pod.
+        let _server = rt.exec(&sbx.id, ExecRequest::shell(serve)).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let sbx_pod = pods
+            .list(&ListParams::default().labels(&format!("paddock.dev/sandbox={}", sbx.id)))
+            .await
+            .unwrap()
+            .items
+            .remove(0);
+        let sbx_ip = sbx_pod.status.unwrap().pod_ip.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_ne!(plain_exec(&client, &ns, "plain-client", &get(&sbx_ip)).await, 0, "ingress is denied");
+        // ... while the sandbox itself still reaches its own loopback.
+        let o = sh(&rt, &sbx.id, "wget -q -T 3 -O - http://127.0.0.1:8080/index.html").await;
+        assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
+        rt.destroy(&sbx.id).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_expired_sandboxes_are_reaped() {
+    if !enabled("cluster_expired_sandboxes_are_reaped") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let mut spec = small_spec();
+        spec.timeout_secs = Some(1);
+        let info = rt.create(spec).await.unwrap();
+        let keep = rt.create(small_spec()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(rt.reap_expired().await.unwrap(), 1);
+        assert!(matches!(rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
+        assert!(rt.get(&keep.id).await.is_ok());
+        rt.destroy(&keep.id).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_oom_kill_is_reported() {
+    if !enabled("cluster_oom_kill_is_reported") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let mut spec = small_spec();
+        spec.resources.memory_bytes = 48 << 20;
+        let sbx = rt.create(spec).await.unwrap();
+        let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
+        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
+        let o = sh(&rt, &sbx.id, "echo still here").await;
+        assert_eq!(o.stdout, "still here\n");
+        let o = sh(&rt, &sbx.id, "kill -9 $$").await;
+        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
+        rt.destroy(&sbx.id).await.unwrap();
+    })
+    .await;
+}
