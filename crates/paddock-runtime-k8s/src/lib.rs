@@ -12,6 +12,7 @@
 pub mod exec;
 pub mod files;
 pub mod objects;
+pub mod runtime_class;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -304,7 +304,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
         let rt = paddock_runtime_local::LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
         return crate::bench::run(&rt, args, cli.json).await;
     }
-    let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming).await?;
+    let serving = matches!(cli.command, Command::Serve(_));
+    let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;
     if let Command::Serve(args) = cli.command {
         return crate::serve::run(rt, &cli.data_dir, args).await;
     }

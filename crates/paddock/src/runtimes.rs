@@ -3,11 +3,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use paddock_core::naming::NamingMode;
 use paddock_core::runtime::Runtime;
+use paddock_core::units::{parse_bytes, parse_duration};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeKind {
@@ -17,20 +19,102 @@ pub enum RuntimeKind {
     Kubernetes,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IsolationKind {
+    Gvisor,
+    Kata,
+    Firecracker,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RuntimeOpts {
     /// Where sandboxes run.
     #[arg(long = "runtime", global = true, env = "PADDOCK_RUNTIME", value_enum, default_value = "local")]
     pub kind: RuntimeKind,
+    #[command(flatten)]
+    pub kube: KubeOpts,
 }
 
-/// Opens the chosen runtime.
-pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode) -> Result<Arc<dyn Runtime>> {
+/// Options of `--runtime kubernetes` (the cluster comes from the in-cluster service account or
+/// KUBECONFIG).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kubernetes runtime")]
+pub struct KubeOpts {
+    /// Namespace every sandbox object lives in; it must exist.
+    #[arg(long, global = true, env = "PADDOCK_K8S_NAMESPACE", default_value = "paddock")]
+    pub namespace: String,
+    /// Image of sandboxes that name none.
+    #[arg(long, global = true, env = "PADDOCK_K8S_IMAGE", default_value = "paddock.local/sandbox:1")]
+    pub default_image: String,
+    /// imagePullPolicy of sandbox Pods: IfNotPresent, Always or Never.
+    #[arg(long, global = true, default_value = "IfNotPresent")]
+    pub image_pull_policy: String,
+    /// RuntimeClass of every sandbox Pod; give --isolation with it. The server refuses to start
+    /// when the class does not exist.
+    #[arg(long, global = true, requires = "isolation")]
+    pub runtime_class: Option<String>,
+    /// The isolation --runtime-class provides (declared, never guessed from its name).
+    #[arg(long, global = true, value_enum, requires = "runtime_class")]
+    pub isolation: Option<IsolationKind>,
+    /// Run each sandbox Pod in a user namespace of its own (`hostUsers: false`); the nodes
+    /// must support it.
+    #[arg(long, global = true)]
+    pub user_namespaces: bool,
+    /// StorageClass of workspace PVCs (the cluster's default when not given).
+    #[arg(long, global = true)]
+    pub storage_class: Option<String>,
+    /// Size of a new workspace PVC when a request gives none.
+    #[arg(long, global = true, default_value = "1GiB", value_parser = parse_bytes)]
+    pub workspace_pvc_size: u64,
+    /// Give a workspace PVC's root to the sandbox user with a root init container that has only
+    /// CAP_CHOWN: for provisioners that ignore fsGroup (hostPath). Not allowed under the
+    /// `restricted` Pod Security Standard.
+    #[arg(long, global = true)]
+    pub chown_workspace: bool,
+    /// How long a new sandbox Pod may take to be Running and Ready.
+    #[arg(long, global = true, default_value = "120s", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+}
+
+impl KubeOpts {
+    fn config(&self, naming: NamingMode) -> paddock_runtime_k8s::KubeConfig {
+        paddock_runtime_k8s::KubeConfig {
+            namespace: self.namespace.clone(),
+            default_image: self.default_image.clone(),
+            image_pull_policy: self.image_pull_policy.clone(),
+            naming,
+            runtime_class: self.runtime_class.clone(),
+            host_users_false: self.user_namespaces,
+            workspace_default_bytes: self.workspace_pvc_size,
+            storage_class: self.storage_class.clone(),
+            ready_timeout: self.ready_timeout,
+            chown_workspace: self.chown_workspace,
+            ..Default::default()
+        }
+    }
+}
+
+/// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
+/// work, such as reaping expired sandboxes on Kubernetes.
+pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {
     match opts.kind {
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
             Ok(Arc::new(paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?))
         }
-        RuntimeKind::Kubernetes => anyhow::bail!("the kubernetes runtime is not built into this binary yet"),
+        RuntimeKind::Kubernetes => {
+            let rt =
+                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
+            if serving {
+                rt.preflight().await.context("the Kubernetes runtime cannot start")?;
+                if let Some(handler) = rt.check_runtime_class().await.context("the Kubernetes runtime cannot start")? {
+                    let class = opts.kube.runtime_class.as_deref().unwrap_or_default();
+                    let isolation = opts.kube.isolation.map(|i| format!("{i:?}").to_lowercase()).unwrap_or_default();
+                    eprintln!("paddock: sandbox Pods run under RuntimeClass {class} (handler {handler}, {isolation})");
+                }
+                rt.spawn_reaper();
+            }
+            Ok(rt)
+        }
     }
 }
