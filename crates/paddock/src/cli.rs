@@ -90,6 +90,15 @@ pub enum Command {
     Serve(crate::serve::ServeArgs),
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
     Bench(crate::bench::BenchArgs),
+    /// Check that the chosen runtime can run sandboxes here: on Kubernetes, the API, the
+    /// namespace, every permission the runtime needs (by SelfSubjectAccessReview), the
+    /// RuntimeClass, and a probe that proves NetworkPolicy is enforced. Exit status 0 only
+    /// when everything needed passes.
+    Check {
+        /// Skip the NetworkPolicy enforcement probe (it starts two short-lived Pods).
+        #[arg(long)]
+        no_probe: bool,
+    },
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
@@ -304,6 +313,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         let rt = paddock_runtime_local::LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
         return crate::bench::run(&rt, args, cli.json).await;
     }
+    if let Command::Check { no_probe } = cli.command {
+        return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;
+    }
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;
     if let Command::Serve(args) = cli.command {
@@ -379,7 +391,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
-        Command::Serve(_) | Command::Bench(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Bench(_) | Command::Check { .. } => unreachable!("handled above"),
     }
 }
 

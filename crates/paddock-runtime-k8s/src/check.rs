@@ -1,0 +1,400 @@
+//! `paddock check`: a preflight a cluster admin runs before pointing Paddock at a namespace.
+//!
+//! Beyond asking the API what this identity may do (one SelfSubjectAccessReview per verb the
+//! runtime uses), it proves that NetworkPolicies are enforced: a probe Pod connects to another
+//! Pod, then a deny-all policy is applied to the prober and the same connection must fail. A
+//! cluster whose CNI ignores NetworkPolicy would leave every "deny-all" sandbox open.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::KubeConfig;
+
+/// One permission the runtime needs in its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub subresource: &'static str,
+    pub verb: &'static str,
+    /// True for a cluster-scoped resource (checked without a namespace).
+    pub cluster: bool,
+}
+
+const fn need(group: &'static str, resource: &'static str, subresource: &'static str, verb: &'static str) -> Need {
+    Need { group, resource, subresource, verb, cluster: false }
+}
+
+/// Every verb the keeper model uses, as the Role that grants them lists them.
+pub const NEEDED: &[Need] = &[
+    need("", "pods", "", "create"),
+    need("", "pods", "", "get"),
+    need("", "pods", "", "list"),
+    need("", "pods", "", "delete"),
+    need("", "pods", "", "patch"),
+    need("", "pods", "exec", "create"),
+    need("", "pods", "exec", "get"),
+    need("", "pods", "portforward", "create"),
+    need("", "pods", "portforward", "get"),
+    need("", "persistentvolumeclaims", "", "create"),
+    need("", "persistentvolumeclaims", "", "get"),
+    need("", "persistentvolumeclaims", "", "list"),
+    need("", "persistentvolumeclaims", "", "delete"),
+    need("networking.k8s.io", "networkpolicies", "", "create"),
+    need("networking.k8s.io", "networkpolicies", "", "get"),
+    need("networking.k8s.io", "networkpolicies", "", "delete"),
+    need("", "events", "", "list"),
+];
+
+/// Needed only with a RuntimeClass.
+pub const RUNTIME_CLASS_NEED: Need =
+    Need { group: "node.k8s.io", resource: "runtimeclasses", subresource: "", verb: "get", cluster: true };
+
+impl Need {
+    /// `create pods/exec`.
+    pub fn name(&self) -> String {
+        let res = if self.subresource.is_empty() {
+            self.resource.to_owned()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        };
+        match self.group {
+            "" => format!("{} {res}", self.verb),
+            g => format!("{} {res}.{g}", self.verb),
+        }
+    }
+
+    /// The Role (or ClusterRole) rule that grants it.
+    pub fn rule(&self) -> String {
+        let res = if self.subresource.is_empty() {
+            self.resource.to_owned()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        };
+        let kind = if self.cluster { "ClusterRole" } else { "Role" };
+        format!("{kind} rule {{apiGroups: [\"{}\"], resources: [\"{res}\"], verbs: [\"{}\"]}}", self.group, self.verb)
+    }
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Item {
+    pub check: String,
+    /// `pass`, `fail`, or `warn` (could not tell; not required).
+    pub status: &'static str,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub namespace: String,
+    pub items: Vec<Item>,
+    /// The verbs this identity lacks, by name (`create pods/exec`).
+    pub missing: Vec<String>,
+    /// `enforced`, `not enforced`, `inconclusive` or `skipped`.
+    pub network_policy: String,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.items.iter().all(|i| i.status != "fail")
+    }
+    fn push(&mut self, check: &str, status: &'static str, detail: impl Into<String>) {
+        self.items.push(Item { check: check.to_owned(), status, detail: detail.into() });
+    }
+}
+
+/// Runs every check; `probe` also proves NetworkPolicy enforcement with short-lived Pods.
+pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
+    let ns = config.namespace.clone();
+    let mut report = Report { namespace: ns.clone(), ..Default::default() };
+    match client.apiserver_version().await {
+        Ok(v) => report.push("api", "pass", format!("Kubernetes {}.{} answers", v.major, v.minor)),
+        Err(e) => {
+            report.push(
+                "api",
+                "fail",
+                format!("the Kubernetes API does not answer: {e}; check KUBECONFIG or the in-cluster service account"),
+            );
+            report.network_policy = "skipped".into();
+            return report;
+        }
+    }
+    match Api::<Namespace>::all(client.clone()).get_opt(&ns).await {
+        Ok(Some(_)) => report.push("namespace", "pass", format!("namespace {ns} exists")),
+        Ok(None) => report.push(
+            "namespace",
+            "fail",
+            format!("namespace {ns} does not exist: create it (kubectl create namespace {ns}) or pass --namespace"),
+        ),
+        Err(e) => report.push(
+            "namespace",
+            "warn",
+            format!("cannot tell whether namespace {ns} exists ({e}); the checks below still apply to it"),
+        ),
+    }
+    let mut needs: Vec<Need> = NEEDED.to_vec();
+    if config.runtime_class.is_some() {
+        needs.push(RUNTIME_CLASS_NEED);
+    }
+    for need in &needs {
+        match allowed(client, &ns, need).await {
+            Ok(true) => report.push(&need.name(), "pass", "allowed"),
+            Ok(false) => {
+                report.missing.push(need.name());
+                report.push(&need.name(), "fail", format!("not allowed: grant it with a {}", need.rule()));
+            }
+            Err(e) => report.push(
+                &need.name(),
+                "fail",
+                format!("could not ask ({e}): the identity needs `create selfsubjectaccessreviews`"),
+            ),
+        }
+    }
+    if let Some(class) = &config.runtime_class {
+        match crate::runtime_class::check_exists(client, class).await {
+            Ok(handler) => {
+                report.push("runtimeclass", "pass", format!("RuntimeClass {class} exists (handler {handler})"))
+            }
+            Err(e) => report.push("runtimeclass", "fail", e.to_string()),
+        }
+    }
+    if !probe {
+        report.network_policy = "skipped".into();
+        report.push(
+            "networkpolicy",
+            "warn",
+            "enforcement not probed (--no-probe): a CNI that ignores NetworkPolicy leaves sandboxes open",
+        );
+    } else if !report.missing.is_empty() {
+        report.network_policy = "skipped".into();
+        report.push("networkpolicy", "warn", "enforcement not probed: grant the missing verbs first");
+    } else {
+        let verdict = probe_enforcement(client, config).await;
+        report.network_policy = verdict.0.to_owned();
+        report.push("networkpolicy", verdict.1, verdict.2);
+    }
+    report
+}
+
+async fn allowed(client: &Client, ns: &str, need: &Need) -> Result<bool, kube::Error> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(need.group.to_owned()),
+                resource: Some(need.resource.to_owned()),
+                subresource: (!need.subresource.is_empty()).then(|| need.subresource.to_owned()),
+                verb: Some(need.verb.to_owned()),
+                namespace: (!need.cluster).then(|| ns.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+const PROBE_LABEL: &str = "paddock.dev/probe";
+
+/// A hardened probe Pod running `command` in the sandbox image.
+fn probe_pod(
+    ns: &str,
+    name: &str,
+    role: &str,
+    config: &KubeConfig,
+    command: &[&str],
+) -> Result<Pod, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {PROBE_LABEL: role, "app.kubernetes.io/managed-by": "paddock"}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": crate::objects::CONTAINER,
+                "image": config.default_image,
+                "imagePullPolicy": config.image_pull_policy,
+                "command": command,
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
+                "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
+            }],
+        },
+    }))
+}
+
+/// (verdict, status, detail).
+async fn probe_enforcement(client: &Client, config: &KubeConfig) -> (&'static str, &'static str, String) {
+    let ns = config.namespace.as_str();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    let mut b = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let (server, prober, policy) = (
+        format!("paddock-probe-server-{tag}"),
+        format!("paddock-probe-client-{tag}"),
+        format!("paddock-probe-deny-{tag}"),
+    );
+    let outcome = probe_steps(&pods, &policies, config, &server, &prober, &policy).await;
+    // Whatever happened, nothing of the probe stays behind.
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    let _ = policies.delete(&policy, &DeleteParams::default()).await;
+    let _ = pods.delete(&server, &now).await;
+    let _ = pods.delete(&prober, &now).await;
+    match outcome {
+        Ok(true) => ("enforced", "pass", "a deny-all NetworkPolicy stopped a connection that worked without it".into()),
+        Ok(false) => (
+            "not enforced",
+            "fail",
+            "a deny-all NetworkPolicy did NOT stop a connection: this cluster's CNI does not enforce NetworkPolicy, so sandboxes would not be isolated on the network; install one that does (Calico, Cilium, kube-router)".into(),
+        ),
+        Err(why) => ("inconclusive", "fail", format!("the enforcement probe could not run: {why}")),
+    }
+}
+
+/// Ok(true): enforced; Ok(false): not enforced; Err: could not tell.
+async fn probe_steps(
+    pods: &Api<Pod>,
+    policies: &Api<NetworkPolicy>,
+    config: &KubeConfig,
+    server: &str,
+    prober: &str,
+    policy: &str,
+) -> Result<bool, String> {
+    let ns = config.namespace.as_str();
+    let serve = ["httpd", "-f", "-p", "8080", "-h", "/etc"];
+    let idle = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"];
+    for (name, role, command) in [(server, "server", &serve[..]), (prober, "client", &idle[..])] {
+        let pod = probe_pod(ns, name, role, config, command).map_err(|e| e.to_string())?;
+        pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("creating probe Pod {name}: {e}"))?;
+    }
+    let ip = wait_running(pods, server).await?;
+    wait_running(pods, prober).await?;
+    let url = format!("http://{ip}:8080/hostname");
+    // `timeout`, not wget's own -T: busybox 1.35's static wget crashes with -T.
+    let fetch = |timeout: &str| ["timeout", timeout, "wget", "-q", "-O", "-", url.as_str()].map(str::to_owned).to_vec();
+    // Without a policy the connection must work, or the probe proves nothing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, _, err) = exec_in(pods, prober, fetch("3")).await?;
+        if code == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the probe Pods cannot reach each other even without a policy ({})",
+                String::from_utf8_lossy(&err).trim()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let deny: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": policy, "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {PROBE_LABEL: "client"}}, "policyTypes": ["Egress"]},
+    }))
+    .map_err(|e| e.to_string())?;
+    policies.create(&PostParams::default(), &deny).await.map_err(|e| format!("creating the probe's policy: {e}"))?;
+    // Policies apply asynchronously: give the CNI a moment, then require the connection to fail.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, _, _) = exec_in(pods, prober, fetch("2")).await?;
+        if code != 0 {
+            return Ok(true);
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn exec_in(pods: &Api<Pod>, pod: &str, argv: Vec<String>) -> Result<(i32, Vec<u8>, Vec<u8>), String> {
+    let running = crate::exec::start(pods, pod, argv, false).await.map_err(|e| e.to_string())?;
+    crate::exec::collect(running, None).await.map_err(|e| e.to_string())
+}
+
+/// Waits until a probe Pod runs; returns its IP.
+async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let pod = pods.get(name).await.map_err(|e| format!("reading probe Pod {name}: {e}"))?;
+        let status = pod.status.unwrap_or_default();
+        if status.phase.as_deref() == Some("Running")
+            && let Some(ip) = status.pod_ip
+        {
+            return Ok(ip);
+        }
+        if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+            return Err(format!("probe Pod {name} ended ({:?})", status.phase));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "probe Pod {name} did not run within 90s (image {}? scheduling?)",
+                "the sandbox image"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+impl crate::KubeRuntime {
+    /// Runs `paddock check` with this runtime's identity and configuration.
+    pub async fn check(&self, probe: bool) -> Report {
+        run(&self.pods.clone().into_client(), &self.config, probe).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_name_the_verb_and_the_rule_that_grants_it() {
+        let exec = NEEDED.iter().find(|n| n.subresource == "exec" && n.verb == "create").unwrap();
+        assert_eq!(exec.name(), "create pods/exec");
+        assert_eq!(exec.rule(), r#"Role rule {apiGroups: [""], resources: ["pods/exec"], verbs: ["create"]}"#);
+        let np = NEEDED.iter().find(|n| n.resource == "networkpolicies" && n.verb == "delete").unwrap();
+        assert_eq!(np.name(), "delete networkpolicies.networking.k8s.io");
+        assert!(RUNTIME_CLASS_NEED.rule().starts_with("ClusterRole rule"));
+    }
+
+    #[test]
+    fn no_secrets_are_needed() {
+        assert!(NEEDED.iter().all(|n| n.resource != "secrets"), "the runtime never reads Secrets");
+    }
+
+    #[test]
+    fn a_report_fails_on_any_failed_item_only() {
+        let mut r = Report::default();
+        r.push("a", "pass", "");
+        r.push("b", "warn", "");
+        assert!(r.ok());
+        r.push("c", "fail", "");
+        assert!(!r.ok());
+    }
+
+    #[test]
+    fn probe_pods_are_hardened() {
+        let pod = probe_pod("ns", "p", "client", &KubeConfig::default(), &["true"]).unwrap();
+        let v = serde_json::to_value(&pod).unwrap();
+        assert_eq!(v["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(v["spec"]["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(v["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"][0], "ALL");
+    }
+}
