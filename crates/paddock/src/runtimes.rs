@@ -155,7 +155,7 @@ async fn local_check(data_dir: &Path, naming: NamingMode) -> paddock_runtime_k8s
                 tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut text).await?;
                 text
             }
-            Err(e) => String::from(e.to_string()),
+            Err(e) => e.to_string(),
         };
         rt.destroy(&info.id).await?;
         Ok(out)
