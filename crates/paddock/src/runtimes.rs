@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use paddock_core::naming::NamingMode;
 use paddock_core::runtime::Runtime;
-use paddock_core::units::{parse_bytes, parse_duration};
+use paddock_core::units::{parse_bytes, parse_cpus, parse_duration};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeKind {
@@ -71,6 +71,11 @@ pub struct KubeOpts {
     /// `restricted` Pod Security Standard.
     #[arg(long, global = true)]
     pub chown_workspace: bool,
+    /// CPU each sandbox Pod requests from the scheduler (e.g. 100m), at most its limit; without
+    /// it a Pod requests its whole limit (Guaranteed QoS), so a node holds as many sandboxes as
+    /// it has CPUs.
+    #[arg(long, global = true, value_parser = parse_cpus)]
+    pub cpu_request: Option<u32>,
     /// How long a new sandbox Pod may take to be Running and Ready.
     #[arg(long, global = true, default_value = "120s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
@@ -89,6 +94,7 @@ impl KubeOpts {
             storage_class: self.storage_class.clone(),
             ready_timeout: self.ready_timeout,
             chown_workspace: self.chown_workspace,
+            cpu_request_millicpus: self.cpu_request,
             ..Default::default()
         }
     }
