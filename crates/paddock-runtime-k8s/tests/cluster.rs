@@ -354,7 +354,8 @@ async fn cluster_deny_policy_blocks_other_pods() {
         let serve = "mkdir -p /tmp/w && echo ok >/tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
         let server_ip = plain_pod(&client, &ns, "plain-server", serve).await;
         plain_pod(&client, &ns, "plain-client", "exec sleep 3600").await;
-        let get = |ip: &str| format!("wget -q -T 3 -O - http://{ip}:8080/index.html");
+        // busybox 1.35's `wget -T` crashes (SIGSEGV): bound it with `timeout` instead.
+        let get = |ip: &str| format!("timeout 3 wget -qO- http://{ip}:8080/index.html");
         // Control: without a policy the network works.
         let mut ok = 1;
         for _ in 0..20 {
@@ -367,10 +368,24 @@ async fn cluster_deny_policy_blocks_other_pods() {
         assert_eq!(ok, 0, "the control Pods can talk");
 
         let sbx = rt.create(small_spec()).await.unwrap();
+        let ready = std::time::Instant::now();
         let o = sh(&rt, &sbx.id, "id -u").await;
         assert_eq!(o.stdout, "1000\n");
+        // The policy exists before the Pod, but kube-router enforces it asynchronously: note
+        // how long egress stayed open, and require it closed within a few seconds.
+        let mut first_blocked = None;
+        for i in 0..20 {
+            let o = sh(&rt, &sbx.id, &get(&server_ip)).await;
+            if o.outcome.exit_code != 0 {
+                first_blocked = Some((i, ready.elapsed()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        eprintln!("egress blocked at attempt/after: {first_blocked:?}");
+        assert!(first_blocked.is_some(), "egress from the sandbox is denied");
         let o = sh(&rt, &sbx.id, &get(&server_ip)).await;
-        assert_ne!(o.outcome.exit_code, 0, "egress from the sandbox is denied: {}", o.stdout);
+        assert_ne!(o.outcome.exit_code, 0, "egress stays denied: {}", o.stdout);
         let o = sh(&rt, &sbx.id, "nslookup kubernetes.default.svc.cluster.local 10.244.0.1").await;
         assert_ne!(o.outcome.exit_code, 0, "no DNS either: {}", o.stdout);
 
@@ -387,7 +402,7 @@ async fn cluster_deny_policy_blocks_other_pods() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_ne!(plain_exec(&client, &ns, "plain-client", &get(&sbx_ip)).await, 0, "ingress is denied");
         // ... while the sandbox itself still reaches its own loopback.
-        let o = sh(&rt, &sbx.id, "wget -q -T 3 -O - http://127.0.0.1:8080/index.html").await;
+        let o = sh(&rt, &sbx.id, "timeout 3 wget -qO- http://127.0.0.1:8080/index.html").await;
         assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
         rt.destroy(&sbx.id).await.unwrap();
     })
