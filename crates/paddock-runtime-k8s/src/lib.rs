@@ -419,15 +419,19 @@ impl KubeRuntime {
         if findings.is_empty() {
             findings.push("no condition or event explains it; check `kubectl describe pod` and the node".into());
         }
-        let message = format!(
-            "Pod {name} was not ready within {} s: {}",
-            self.config.ready_timeout.as_secs(),
-            findings.join("; ")
-        );
+        let message = if stuck.is_some() {
+            format!("Pod {name} cannot start: {}", findings.join("; "))
+        } else {
+            format!(
+                "Pod {name} was not ready within {} s: {}",
+                self.config.ready_timeout.as_secs(),
+                findings.join("; ")
+            )
+        };
         if exhausted {
             RuntimeError::Exhausted(message)
         } else if stuck.is_some() {
-            RuntimeError::Unavailable(message.replacen("was not ready within", "cannot start; waited at most", 1))
+            RuntimeError::Unavailable(message)
         } else {
             RuntimeError::Timeout(message)
         }

@@ -133,6 +133,22 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         // Identity first: everything else runs as this user.
         let o = sh(&rt, &id, "id -u; id -g").await;
         assert_eq!(o.stdout, "1000\n1000\n", "{}", o.stderr);
+        // The hardening as the process sees it: no capabilities, no new privileges, seccomp
+        // filter on, read-only root, no service account token.
+        let o = sh(&rt, &id, "grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status").await;
+        assert_eq!(
+            o.stdout.split_whitespace().collect::<Vec<_>>(),
+            ["CapPrm:", "0000000000000000", "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
+        );
+        let o = sh(&rt, &id, "touch /rootfs-write 2>&1; ls /var/run/secrets 2>&1; echo $KUBERNETES_SERVICE_HOST").await;
+        assert!(o.stdout.contains("Read-only file system"), "{}", o.stdout);
+        assert!(o.stdout.contains("No such file or directory"), "{}", o.stdout);
+        assert!(o.stdout.ends_with("\n\n"), "no API address in the environment: {}", o.stdout);
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            sh(&rt, &id, "true").await;
+        }
+        eprintln!("exec round trip: {:?} on average", t.elapsed() / 5);
 
         let o = sh(&rt, &id, "echo out; echo err >&2; exit 3").await;
         assert_eq!((o.stdout.as_str(), o.stderr.as_str(), o.outcome.exit_code), ("out\n", "err\n", 3));
@@ -229,6 +245,7 @@ async fn cluster_sandbox_exec_files_and_destroy() {
 
         rt.destroy(&id).await.unwrap();
         assert!(matches!(rt.get(&id).await, Err(RuntimeError::NotFound(_))));
+        assert!(matches!(rt.exec(&id, ExecRequest::shell("true")).await, Err(RuntimeError::NotFound(_))));
         assert!(pods_in(&client, &ns).await.is_empty(), "no Pod is left");
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
         assert!(policies.list(&ListParams::default()).await.unwrap().items.is_empty(), "no NetworkPolicy is left");
@@ -262,6 +279,19 @@ async fn cluster_acquire_release_and_destroy_workspace() {
         assert_eq!(read_all(&rt, &second.id, "notes.txt").await.unwrap(), b"kept");
         let o = sh(&rt, &second.id, "stat -c '%u %g' /workspace/notes.txt").await;
         assert_eq!(o.stdout, "1000 1000\n");
+
+        // A keeper that ended (its Pod Succeeded) is replaced by the next acquire.
+        sh(&rt, &second.id, "kill 1").await;
+        for _ in 0..40 {
+            if rt.get(&second.id).await.unwrap().state == paddock_core::runtime::SandboxState::Failed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_eq!(rt.get(&second.id).await.unwrap().state, paddock_core::runtime::SandboxState::Failed);
+        let revived = rt.acquire(&thread, small_spec()).await.unwrap();
+        assert_ne!(revived.id, second.id);
+        assert_eq!(read_all(&rt, &revived.id, "notes.txt").await.unwrap(), b"kept");
 
         rt.destroy_workspace(&thread).await.unwrap();
         assert!(pods_in(&client, &ns).await.is_empty());
@@ -446,6 +476,31 @@ async fn cluster_oom_kill_is_reported() {
         let o = sh(&rt, &sbx.id, "kill -9 $$").await;
         assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
         rt.destroy(&sbx.id).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_missing_image_fails_fast_and_cleans_up() {
+    if !enabled("cluster_missing_image_fails_fast_and_cleans_up") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let spec = SandboxSpec { image: Some("paddock.local/no-such-image:1".into()), ..small_spec() };
+        let started = std::time::Instant::now();
+        let e = rt.create(spec).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+        let text = e.to_string();
+        assert!(matches!(e, RuntimeError::Unavailable(_)) && text.contains("ErrImageNeverPull"), "{text}");
+        eprintln!("missing image: {text}");
+        for _ in 0..40 {
+            if pods_in(&client, &ns).await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(pods_in(&client, &ns).await.is_empty(), "the failed Pod is removed");
     })
     .await;
 }
