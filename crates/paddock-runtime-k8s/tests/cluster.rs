@@ -504,3 +504,61 @@ async fn cluster_missing_image_fails_fast_and_cleans_up() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_dawn_workspace_is_adopted() {
+    if !enabled("cluster_dawn_workspace_is_adopted") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        // What Dawn leaves behind: its PVC and keeper Pod, with Dawn's names and labels only.
+        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "dawn", "dawn.sh/thread": "legacy-thread"});
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dawn-sbx-vol-legacy-thread", "labels": labels},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .unwrap();
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let keeper: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dawn-sbx-legacy-thread", "labels": labels},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "sandbox", "image": IMAGE, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo from-dawn >/workspace/old.txt && exec sleep 3600"],
+                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+                }],
+                "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "dawn-sbx-vol-legacy-thread"}}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &keeper).await.unwrap();
+        for _ in 0..240 {
+            let p = pods.get("dawn-sbx-legacy-thread").await.unwrap();
+            if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+
+        let mut cfg = config(&ns);
+        cfg.naming = NamingMode::DawnCompat;
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let thread = ThreadId::new("Legacy_Thread").unwrap();
+        let info = rt.acquire(&thread, small_spec()).await.expect("acquire adopts Dawn's objects");
+        assert_eq!(info.workspace.as_ref().unwrap().name, "dawn-sbx-vol-legacy-thread");
+        assert_eq!(read_all(&rt, &info.id, "old.txt").await.unwrap(), b"from-dawn\n");
+        let now = pods.get("dawn-sbx-legacy-thread").await.unwrap();
+        assert_eq!(
+            now.metadata.labels.as_ref().unwrap().get("paddock.dev/sandbox").map(String::as_str),
+            Some(info.id.as_str()),
+            "Dawn's keeper was replaced by Paddock's under the same name"
+        );
+        assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1, "no second PVC");
+        rt.destroy_workspace(&thread).await.unwrap();
+        assert!(claims.list(&ListParams::default()).await.unwrap().items.is_empty());
+    })
+    .await;
+}
