@@ -12,6 +12,7 @@
 pub mod exec;
 pub mod files;
 pub mod objects;
+mod port;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -677,13 +678,10 @@ impl Runtime for KubeRuntime {
         }
         let pod = self.ready_pod(id).await?;
         let mut pf = self.pods.portforward(&pod, &[port]).await.map_err(|e| exec::exec_error(&pod, e))?;
-        let stream = pf
-            .take_stream(port)
-            .ok_or_else(|| RuntimeError::System(format!("port-forward to Pod {pod} gave no stream for port {port}")))?;
-        // The forwarder's task runs on its own until the stream closes; its error channel
-        // only reports what the stream shows anyway (a refused port closes it).
-        drop(pf);
-        Ok(Box::new(stream))
+        let missing = || RuntimeError::System(format!("port-forward to Pod {pod} gave no stream for port {port}"));
+        let stream = pf.take_stream(port).ok_or_else(missing)?;
+        let error = pf.take_error(port).ok_or_else(missing)?;
+        Ok(Box::new(port::PortStream::new(stream, Box::pin(error))))
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {

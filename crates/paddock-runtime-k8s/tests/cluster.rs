@@ -234,6 +234,13 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         let mut reply = String::new();
         tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut reply)).await.unwrap().unwrap();
         assert!(reply.starts_with("HTTP/1.") && reply.ends_with("served\n"), "{reply}");
+        let mut refused = rt.connect(&id, 8081).await.expect("connect to a closed port");
+        let _ = refused.write_all(b"x").await;
+        let e = tokio::time::timeout(Duration::from_secs(10), refused.read_to_end(&mut Vec::new()))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
         server.control.signal(9).await.unwrap();
         assert_eq!(server.control.wait().await.unwrap().signal, Some(9));
 
