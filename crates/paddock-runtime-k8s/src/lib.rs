@@ -189,10 +189,16 @@ impl KubeRuntime {
         let now = now_ms();
         let mut n = 0;
         for pod in self.list_pods().await? {
-            if objects::expired(&pod, now) {
-                tracing::info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), "sandbox expired");
-                self.delete_sandbox_pod(&pod, false).await?;
-                n += 1;
+            if pod.metadata.deletion_timestamp.is_none() && objects::expired(&pod, now) {
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                // One stubborn Pod must not keep the others alive.
+                match self.delete_sandbox_pod(&pod, false).await {
+                    Ok(()) => {
+                        tracing::info!(pod = name, "expired sandbox deleted");
+                        n += 1;
+                    }
+                    Err(e) => tracing::warn!(pod = name, error = %e, "deleting an expired sandbox"),
+                }
             }
         }
         Ok(n)

@@ -508,6 +508,18 @@ async fn cluster_missing_image_fails_fast_and_cleans_up() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         assert!(pods_in(&client, &ns).await.is_empty(), "the failed Pod is removed");
+
+        // A workspace that can never bind: the bounded wait names the PVC.
+        let mut cfg = config(&ns);
+        cfg.storage_class = Some("no-such-class".into());
+        cfg.ready_timeout = Duration::from_secs(5);
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let thread = ThreadId::new("unbindable").unwrap();
+        let e = rt.acquire(&thread, small_spec()).await.unwrap_err();
+        let text = e.to_string();
+        eprintln!("unbindable workspace: {text}");
+        assert!(matches!(e, RuntimeError::Timeout(_)) && text.contains("is Pending"), "{text}");
+        rt.destroy_workspace(&thread).await.unwrap();
     })
     .await;
 }
