@@ -156,6 +156,19 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         let o = run(&rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(b"via stdin")).await;
         assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("via stdin", 0));
 
+        // Dropping stdin (no shutdown) is EOF too; without stdin a command reads EOF at once.
+        let mut p = rt.exec(&id, ExecRequest { argv: vec!["wc".into(), "-c".into()], stdin: true, ..Default::default() }).await.unwrap();
+        let mut w = p.stdin.take().unwrap();
+        w.write_all(b"1234").await.unwrap();
+        drop(w);
+        let mut out = String::new();
+        p.stdout.read_to_string(&mut out).await.unwrap();
+        assert_eq!((out.trim(), p.control.wait().await.unwrap().exit_code), ("4", 0));
+        let mut req = ExecRequest { argv: vec!["cat".into()], ..Default::default() };
+        req.timeout_ms = Some(10_000);
+        let o = run(&rt, &id, req, None).await;
+        assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("", 0));
+
         let o = run(&rt, &id, ExecRequest { argv: vec!["no-such-program".into()], ..Default::default() }, None).await;
         assert_eq!(o.outcome.exit_code, 127, "{}", o.stderr);
 
