@@ -594,3 +594,25 @@ async fn cluster_dawn_workspace_is_adopted() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_large_environments_reach_the_command() {
+    if !enabled("cluster_large_environments_reach_the_command") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let sbx = rt.create(small_spec()).await.unwrap();
+        // Past the 64 KiB URL limit of an exec request: staged through /tmp.
+        let mut req = ExecRequest::shell("echo ${#A} ${#B} ${#C} ${#D}; printf %s \"$Q\"");
+        for k in ["A", "B", "C", "D"] {
+            req.env.insert(k.into(), "x".repeat(120 << 10));
+        }
+        req.env.insert("Q".into(), "it's \"q\"\n$(x)".into());
+        let o = run(&rt, &sbx.id, req, None).await;
+        assert_eq!(o.stdout, "122880 122880 122880 122880\nit's \"q\"\n$(x)", "{}", o.stderr);
+        let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec").await;
+        assert_eq!(o.stdout, "", "the staged file is gone");
+    })
+    .await;
+}
