@@ -62,7 +62,13 @@ read p <"$f" || exit 3
 kill -s "$2" "-$p" 2>/dev/null || kill -s "$2" "$p""#;
 
 /// `sh -c STAGE paddock-stage TOKEN` stores its input as `TOKEN.args` for the wrapper.
-pub const STAGE_SCRIPT: &str = r#"mkdir -p /tmp/.paddock-exec && cat >"/tmp/.paddock-exec/$1.args""#;
+///
+/// `cat` must not be the script's last command: the shell would then run it as the exec's
+/// own process, and on this stack (kubelet 1.34, containerd 1.6) that process's stdin ends
+/// early, losing the tail of the input. A child of the exec's process receives all of it.
+pub const STAGE_SCRIPT: &str = r#"mkdir -p /tmp/.paddock-exec || exit 1
+cat >"/tmp/.paddock-exec/$1.args"
+exit $?"#;
 
 /// Largest environment plus argv sent inline. The exec request carries its argv in the URL,
 /// which the HTTP stack caps at 64 KiB, and URL encoding may triple every byte.

@@ -102,6 +102,8 @@ if [ ! -r "$1" ]; then echo "Permission denied" >&2; exit 1; fi
 exec cat -- "$1""#;
 
 /// Replaces `$1` with standard input, creating its parents; applies mode `$2` when given.
+/// `cat` stays a child of the exec's process (never its last command, which the shell would
+/// run in its place): see `exec::STAGE_SCRIPT` for the input it would lose otherwise.
 pub const WRITE_SCRIPT: &str = r#"if [ -d "$1" ]; then echo "Is a directory" >&2; exit 1; fi
 if [ -e "$1" ] && [ ! -f "$1" ]; then echo "not a regular file (a device, FIFO or socket)" >&2; exit 1; fi
 mkdir -p -- "$(dirname -- "$1")" || exit 1

@@ -43,7 +43,7 @@ fn config(namespace: &str) -> KubeConfig {
         default_image: IMAGE.into(),
         image_pull_policy: "Never".into(),
         // Two cores shared by every test Pod.
-        cpu_request_millicpus: Some(10),
+        cpu_request_millicpus: Some(0),
         // The dev cluster's hostPath volumes are root-owned 0750.
         chown_workspace: true,
         ready_timeout: Duration::from_secs(90),
@@ -365,7 +365,7 @@ async fn plain_pod(client: &Client, ns: &str, name: &str, command: &str) -> Stri
             "containers": [{
                 "name": "main", "image": IMAGE, "imagePullPolicy": "Never",
                 "command": ["sh", "-c", command],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
+                "resources": {"requests": {"cpu": "0", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
             }],
         },
     }))
@@ -603,6 +603,12 @@ async fn cluster_large_environments_reach_the_command() {
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let sbx = rt.create(small_spec()).await.unwrap();
+        // Both through the stage script and through a user command's stdin.
+        for n in [491_000usize, 3_000_000] {
+            let data = vec![b'y'; n];
+            let o = run(&rt, &sbx.id, ExecRequest::shell("wc -c"), Some(&data)).await;
+            assert_eq!(o.stdout.trim(), n.to_string());
+        }
         // Past the 64 KiB URL limit of an exec request: staged through /tmp.
         let mut req = ExecRequest::shell("echo ${#A} ${#B} ${#C} ${#D}; printf %s \"$Q\"");
         for k in ["A", "B", "C", "D"] {
@@ -611,8 +617,10 @@ async fn cluster_large_environments_reach_the_command() {
         req.env.insert("Q".into(), "it's \"q\"\n$(x)".into());
         let o = run(&rt, &sbx.id, req, None).await;
         assert_eq!(o.stdout, "122880 122880 122880 122880\nit's \"q\"\n$(x)", "{}", o.stderr);
+        // Only the running `ls`'s own session record is there, no staged words.
         let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec").await;
-        assert_eq!(o.stdout, "", "the staged file is gone");
+        assert_eq!(o.stdout.lines().count(), 1, "the staged file is gone: {}", o.stdout);
+        assert!(!o.stdout.contains(".args"), "{}", o.stdout);
     })
     .await;
 }
