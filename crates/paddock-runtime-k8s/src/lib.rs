@@ -12,7 +12,6 @@
 pub mod exec;
 pub mod files;
 pub mod objects;
-mod port;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,6 +30,8 @@ use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef, command_env};
 use tokio::io::AsyncReadExt;
 
 use crate::objects::{Names, PodPhase, Shape};
+
+mod port;
 
 /// How the runtime uses the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
