@@ -475,6 +475,25 @@ async fn cluster_expired_sandboxes_are_reaped() {
         assert!(matches!(rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
         assert!(rt.get(&keep.id).await.is_ok());
         rt.destroy(&keep.id).await.unwrap();
+
+        // The background reaper does the same on its own.
+        let mut cfg = config(&ns);
+        cfg.reap_interval = Duration::from_millis(500);
+        let rt = Arc::new(KubeRuntime::new(client.clone(), cfg));
+        let reaper = rt.spawn_reaper();
+        let mut spec = small_spec();
+        spec.timeout_secs = Some(1);
+        let short = rt.create(spec).await.unwrap();
+        let mut gone = false;
+        for _ in 0..40 {
+            if matches!(rt.get(&short.id).await, Err(RuntimeError::NotFound(_))) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        reaper.abort();
+        assert!(gone, "the reaper deleted the expired sandbox");
     })
     .await;
 }
