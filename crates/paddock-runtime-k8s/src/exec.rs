@@ -19,10 +19,10 @@ use tokio::sync::oneshot;
 
 use crate::objects::CONTAINER;
 
-/// Where the wrapper records the session of each running command.
-pub const PID_DIR: &str = "/tmp/.paddock-exec";
-
-/// `sh -c WRAPPER paddock-exec TOKEN CWD NAME=VALUE... -- PROGRAM ARGS...`
+/// `sh -c WRAPPER paddock-exec TOKEN CWD PROGRAM [NAME=VALUE... PROGRAM ARGS...]`
+///
+/// Without the trailing words, the wrapper sources them from `TOKEN.args`, staged by
+/// `STAGE_SCRIPT` (see `wrap`).
 ///
 /// The command runs in the background so the wrapper learns its pid (`$!`); a non-interactive
 /// shell gives a background job `/dev/null` as stdin, hence the detour through fd 3. `setsid`
@@ -30,9 +30,10 @@ pub const PID_DIR: &str = "/tmp/.paddock-exec";
 /// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
 /// exit 127 for a missing program like a shell does. A command killed while the container's
 /// OOM-kill counter moved leaves a `TOKEN.oom` marker for `OOM_SCRIPT`.
-pub const WRAPPER: &str = r#"t=$1 d=$2; shift 2
+pub const WRAPPER: &str = r#"t=$1 d=$2 prog=$3; shift 3
+if [ "$#" = 0 ]; then a="/tmp/.paddock-exec/$t.args"; . "$a" || exit 126; rm -f "$a"; fi
 if ! cd "$d" 2>/dev/null; then
-  printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$1" "$d" >&2; exit 127
+  printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$prog" "$d" >&2; exit 127
 fi
 mkdir -p /tmp/.paddock-exec 2>/dev/null
 oom() { n=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
@@ -60,13 +61,45 @@ pub const SIGNAL_SCRIPT: &str = r#"f="/tmp/.paddock-exec/$1"
 read p <"$f" || exit 3
 kill -s "$2" "-$p" 2>/dev/null || kill -s "$2" "$p""#;
 
-/// The argv of a user command under the wrapper. `env -i` treats leading `NAME=VALUE` words as
-/// variables, so the program is never confused with one: names are validated shell names.
-pub fn wrapper_argv(token: &str, cwd: &str, env: &BTreeMap<String, String>, argv: &[String]) -> Vec<String> {
-    let mut out = vec!["sh".into(), "-c".into(), WRAPPER.into(), "paddock-exec".into(), token.into(), cwd.into()];
-    out.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-    out.extend(argv.iter().cloned());
-    out
+/// `sh -c STAGE paddock-stage TOKEN` stores its input as `TOKEN.args` for the wrapper.
+///
+/// `cat` must not be the script's last command: the shell would then run it as the exec's
+/// own process, and on this stack (kubelet 1.34, containerd 1.6) that process's stdin ends
+/// early, losing the tail of the input. A child of the exec's process receives all of it.
+pub const STAGE_SCRIPT: &str = r#"mkdir -p /tmp/.paddock-exec || exit 1
+cat >"/tmp/.paddock-exec/$1.args"
+exit $?"#;
+
+/// Largest environment plus argv sent inline. The exec request carries its argv in the URL,
+/// which the HTTP stack caps at 64 KiB, and URL encoding may triple every byte.
+pub const INLINE_LIMIT: usize = 8 << 10;
+
+/// A user command under the wrapper: its argv, and the `set --` line to stage first when its
+/// words are too long for the request URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wrapped {
+    pub argv: Vec<String>,
+    pub staged: Option<String>,
+}
+
+/// Quotes a word for `sh`: inside single quotes nothing is special but the quote itself.
+pub fn sh_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// Wraps `argv`. `env -i` treats leading `NAME=VALUE` words as variables, so the program is
+/// never confused with one: names are validated shell names.
+pub fn wrap(token: &str, cwd: &str, env: &BTreeMap<String, String>, argv: &[String]) -> Wrapped {
+    let program = argv.first().cloned().unwrap_or_default();
+    let mut out =
+        vec!["sh".into(), "-c".into(), WRAPPER.into(), "paddock-exec".into(), token.into(), cwd.into(), program];
+    let words: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).chain(argv.iter().cloned()).collect();
+    if words.iter().map(|w| w.len() + 1).sum::<usize>() <= INLINE_LIMIT {
+        out.extend(words);
+        return Wrapped { argv: out, staged: None };
+    }
+    let quoted: Vec<String> = words.iter().map(|w| sh_quote(w)).collect();
+    Wrapped { argv: out, staged: Some(format!("set -- {}\n", quoted.join(" "))) }
 }
 
 /// Resolves an exec working directory: relative paths start at `/workspace`.
@@ -466,9 +499,15 @@ mod tests {
     #[test]
     fn wrapper_argv_passes_everything_as_words() {
         let env = BTreeMap::from([("A".to_owned(), "x y".to_owned())]);
-        let argv = wrapper_argv("tok", "/workspace", &env, &["echo".into(), "$A'\"".into()]);
-        assert_eq!(&argv[..2], ["sh", "-c"]);
-        assert_eq!(&argv[3..], ["paddock-exec", "tok", "/workspace", "A=x y", "echo", "$A'\""]);
+        let w = wrap("tok", "/workspace", &env, &["echo".into(), "$A'\"".into()]);
+        assert_eq!(w.staged, None);
+        assert_eq!(&w.argv[..2], ["sh", "-c"]);
+        assert_eq!(&w.argv[3..], ["paddock-exec", "tok", "/workspace", "echo", "A=x y", "echo", "$A'\""]);
+        let big = BTreeMap::from([("B".to_owned(), "it's\n".repeat(2000))]);
+        let w = wrap("tok", "/workspace", &big, &["echo".into()]);
+        assert_eq!(&w.argv[3..], ["paddock-exec", "tok", "/workspace", "echo"]);
+        assert!(w.staged.unwrap().starts_with("set -- 'B=it'\\''s\n"));
+        assert_eq!(sh_quote("a'b"), r"'a'\''b'");
     }
 
     /// Runs the wrapper with the host's busybox, when there is one, to check the shell text.
@@ -479,12 +518,13 @@ mod tests {
             return;
         };
         let env = BTreeMap::from([("GREETING".to_owned(), "hi there".to_owned())]);
-        let mut argv = wrapper_argv(
+        let mut argv = wrap(
             "unit-test",
             "/",
             &env,
             &["sh".into(), "-c".into(), "echo \"$GREETING\"; echo \"$HOME\"; cat; exit 7".into()],
-        );
+        )
+        .argv;
         argv[0] = "sh".into();
         let out = std::process::Command::new(&bb)
             .args(&argv)
@@ -499,13 +539,24 @@ mod tests {
             .unwrap();
         assert_eq!(out.status.code(), Some(7));
         assert_eq!(String::from_utf8_lossy(&out.stdout), "hi there\n\nfrom stdin\n");
-        let missing = wrapper_argv("unit-test-2", "/", &BTreeMap::new(), &["no-such-program-x".into()]);
+        let missing = wrap("unit-test-2", "/", &BTreeMap::new(), &["no-such-program-x".into()]).argv;
         let st = std::process::Command::new(&bb).args(&missing).stderr(std::process::Stdio::null()).status().unwrap();
         assert_eq!(st.code(), Some(127));
-        let badcwd = wrapper_argv("unit-test-3", "/no/such/dir", &BTreeMap::new(), &["true".into()]);
+        let badcwd = wrap("unit-test-3", "/no/such/dir", &BTreeMap::new(), &["true".into()]).argv;
         let out = std::process::Command::new(&bb).args(&badcwd).output().unwrap();
         assert_eq!(out.status.code(), Some(127));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("working directory /no/such/dir does not exist"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot run \"true\": working directory /no/such/dir does not exist"), "{err}");
+        // Words too long for a URL go through a staged file, quotes and newlines intact.
+        let value = "it's \"odd\"\n$(no) `no` \\".repeat(1000);
+        let env = BTreeMap::from([("V".to_owned(), value.clone())]);
+        let w = wrap("unit-test-4", "/", &env, &["sh".into(), "-c".into(), "printf %s \"$V\"".into()]);
+        std::fs::create_dir_all("/tmp/.paddock-exec").unwrap();
+        std::fs::write("/tmp/.paddock-exec/unit-test-4.args", w.staged.unwrap()).unwrap();
+        let out = std::process::Command::new(&bb).args(&w.argv).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), value);
+        assert!(!std::path::Path::new("/tmp/.paddock-exec/unit-test-4.args").exists());
     }
 
     fn which_busybox() -> Result<String, ()> {

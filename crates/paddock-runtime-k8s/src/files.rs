@@ -26,6 +26,12 @@ pub fn resolve(path: &str) -> Result<String, RuntimeError> {
     Ok(if path.starts_with('/') { path.to_owned() } else { format!("/workspace/{path}") })
 }
 
+/// Set-uid and set-gid bits are never set through the file API, as in the local runtime: no
+/// sandbox task needs a set-id file made from outside.
+fn mode_arg(mode: u32) -> String {
+    format!("{:o}", mode & 0o1777)
+}
+
 fn file_err(kind: FileErrorKind, message: String) -> RuntimeError {
     RuntimeError::File { kind, message }
 }
@@ -67,7 +73,7 @@ done"#
             &format!(
                 "mkdir -p -- \"$1\" || exit 1\n[ -z \"$2\" ] || chmod \"$2\" -- \"$1\" || exit 1\nstat -c '{STAT}' -- \"$1\""
             ),
-            &[&resolve(path)?, &mode.map(|m| format!("{m:o}")).unwrap_or_default()],
+            &[&resolve(path)?, &mode.map(mode_arg).unwrap_or_default()],
         ),
         FileOp::Remove { path, recursive } => script(
             &format!(
@@ -89,7 +95,7 @@ fi"#
         ),
         FileOp::Chmod { path, mode } => script(
             &format!("{MISSING}\nmissing \"$1\"\nchmod \"$2\" -- \"$1\" || exit 1\nstat -c '{STAT}' -- \"$1\""),
-            &[&resolve(path)?, &format!("{mode:o}")],
+            &[&resolve(path)?, &mode_arg(*mode)],
         ),
     })
 }
@@ -102,6 +108,8 @@ if [ ! -r "$1" ]; then echo "Permission denied" >&2; exit 1; fi
 exec cat -- "$1""#;
 
 /// Replaces `$1` with standard input, creating its parents; applies mode `$2` when given.
+/// `cat` stays a child of the exec's process (never its last command, which the shell would
+/// run in its place): see `exec::STAGE_SCRIPT` for the input it would lose otherwise.
 pub const WRITE_SCRIPT: &str = r#"if [ -d "$1" ]; then echo "Is a directory" >&2; exit 1; fi
 if [ -e "$1" ] && [ ! -f "$1" ]; then echo "not a regular file (a device, FIFO or socket)" >&2; exit 1; fi
 mkdir -p -- "$(dirname -- "$1")" || exit 1
@@ -113,7 +121,7 @@ pub fn read_argv(path: &str) -> Result<Vec<String>, RuntimeError> {
 }
 
 pub fn write_argv(path: &str, mode: Option<u32>) -> Result<Vec<String>, RuntimeError> {
-    Ok(script(WRITE_SCRIPT, &[&resolve(path)?, &mode.map(|m| format!("{m:o}")).unwrap_or_default()]))
+    Ok(script(WRITE_SCRIPT, &[&resolve(path)?, &mode.map(mode_arg).unwrap_or_default()]))
 }
 
 /// Reads the kind of a failure from the tools' own words (busybox and GNU say the same).
@@ -288,6 +296,10 @@ mod tests {
         assert!(!argv[2].contains("$(x)"));
         let argv = write_argv("f", None).unwrap();
         assert_eq!(&argv[3..], ["paddock-file", "/workspace/f", ""]);
+        let argv = write_argv("f", Some(0o6755)).unwrap();
+        assert_eq!(argv[5], "755", "no set-id bits");
+        let argv = op_argv(&FileOp::Chmod { path: "d".into(), mode: 0o1777 }).unwrap();
+        assert_eq!(argv[5], "1777", "the sticky bit is fine");
     }
 
     fn busybox() -> Option<&'static str> {

@@ -33,6 +33,8 @@ use tokio::io::AsyncReadExt;
 
 use crate::objects::{Names, PodPhase, Shape};
 
+mod port;
+
 /// How the runtime uses the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeConfig {
@@ -86,7 +88,8 @@ impl Default for KubeConfig {
     }
 }
 
-/// The Kubernetes runtime.
+/// The Kubernetes runtime. Cloning is cheap and shares the client.
+#[derive(Clone)]
 pub struct KubeRuntime {
     config: KubeConfig,
     pods: Api<Pod>,
@@ -190,10 +193,16 @@ impl KubeRuntime {
         let now = now_ms();
         let mut n = 0;
         for pod in self.list_pods().await? {
-            if objects::expired(&pod, now) {
-                tracing::info!(pod = pod.metadata.name.as_deref().unwrap_or_default(), "sandbox expired");
-                self.delete_sandbox_pod(&pod, false).await?;
-                n += 1;
+            if pod.metadata.deletion_timestamp.is_none() && objects::expired(&pod, now) {
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                // One stubborn Pod must not keep the others alive.
+                match self.delete_sandbox_pod(&pod, false).await {
+                    Ok(()) => {
+                        tracing::info!(pod = name, "expired sandbox deleted");
+                        n += 1;
+                    }
+                    Err(e) => tracing::warn!(pod = name, error = %e, "deleting an expired sandbox"),
+                }
             }
         }
         Ok(n)
@@ -421,15 +430,19 @@ impl KubeRuntime {
         if findings.is_empty() {
             findings.push("no condition or event explains it; check `kubectl describe pod` and the node".into());
         }
-        let message = format!(
-            "Pod {name} was not ready within {} s: {}",
-            self.config.ready_timeout.as_secs(),
-            findings.join("; ")
-        );
+        let message = if stuck.is_some() {
+            format!("Pod {name} cannot start: {}", findings.join("; "))
+        } else {
+            format!(
+                "Pod {name} was not ready within {} s: {}",
+                self.config.ready_timeout.as_secs(),
+                findings.join("; ")
+            )
+        };
         if exhausted {
             RuntimeError::Exhausted(message)
         } else if stuck.is_some() {
-            RuntimeError::Unavailable(message.replacen("was not ready within", "cannot start; waited at most", 1))
+            RuntimeError::Unavailable(message)
         } else {
             RuntimeError::Timeout(message)
         }
@@ -537,16 +550,8 @@ impl Runtime for KubeRuntime {
     }
 
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
-        let spec = self.prepare(spec)?;
-        let id = SandboxId::from_random(random()?);
-        let names = objects::sandbox_names(&id, &spec);
-        if let (Some(w), Some(pvc)) = (&spec.workspace, &names.pvc) {
-            self.ensure_claim(&w.thread, w.naming, pvc, &spec).await?;
-        }
-        match self.start_pod(&id, &names, &spec).await? {
-            Some(pod) => Self::info_of(&pod),
-            None => Err(RuntimeError::Conflict(format!("Pod {} exists already; try again", names.pod))),
-        }
+        let me = self.clone();
+        detached(async move { me.create_now(spec).await }).await
     }
 
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
@@ -573,11 +578,24 @@ impl Runtime for KubeRuntime {
         let cwd = exec::resolve_cwd(request.cwd.as_deref())?;
         let env = command_env(&info.spec.env, &request.env);
         let token = format!("{}", u64::from_le_bytes(random()?));
-        let argv = exec::wrapper_argv(&token, &cwd, &env, &request.argv);
+        let wrapped = exec::wrap(&token, &cwd, &env, &request.argv);
+        if let Some(words) = wrapped.staged {
+            let stage =
+                vec!["sh".into(), "-c".into(), exec::STAGE_SCRIPT.into(), "paddock-stage".into(), token.clone()];
+            let mut input: &[u8] = words.as_bytes();
+            let (code, _, err) =
+                exec::collect(exec::start(&self.pods, &name, stage, true).await?, Some(&mut input)).await?;
+            if code != 0 {
+                return Err(RuntimeError::Exhausted(format!(
+                    "staging a large command line in sandbox {id}'s /tmp failed: {}",
+                    String::from_utf8_lossy(&err).trim()
+                )));
+            }
+        }
         exec::process(
             self.pods.clone(),
             &name,
-            argv,
+            wrapped.argv,
             token,
             request.stdin,
             request.timeout_ms.map(Duration::from_millis),
@@ -675,13 +693,10 @@ impl Runtime for KubeRuntime {
         }
         let pod = self.ready_pod(id).await?;
         let mut pf = self.pods.portforward(&pod, &[port]).await.map_err(|e| exec::exec_error(&pod, e))?;
-        let stream = pf
-            .take_stream(port)
-            .ok_or_else(|| RuntimeError::System(format!("port-forward to Pod {pod} gave no stream for port {port}")))?;
-        // The forwarder's task runs on its own until the stream closes; its error channel
-        // only reports what the stream shows anyway (a refused port closes it).
-        drop(pf);
-        Ok(Box::new(stream))
+        let missing = || RuntimeError::System(format!("port-forward to Pod {pod} gave no stream for port {port}"));
+        let stream = pf.take_stream(port).ok_or_else(missing)?;
+        let error = pf.take_error(port).ok_or_else(missing)?;
+        Ok(Box::new(port::PortStream::new(stream, Box::pin(error))))
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
@@ -731,6 +746,72 @@ impl Runtime for KubeRuntime {
     }
 
     async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let me = self.clone();
+        let thread = thread.clone();
+        detached(async move { me.acquire_now(&thread, spec).await }).await
+    }
+
+    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.stop_thread(thread).await
+    }
+
+    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
+        self.stop_thread(thread).await?;
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            objects::THREAD_HASH_LABEL,
+            sanitize_hashed(thread.as_str())
+        ));
+        let mut claims: Vec<String> = self
+            .claims
+            .list(&lp)
+            .await
+            .map_err(|e| api_error("listing a thread's PVCs", e))?
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        claims.extend(Self::all_thread_names(thread).into_iter().filter_map(|n| n.pvc));
+        claims.sort();
+        claims.dedup();
+        for name in &claims {
+            match self.claims.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_code(&e, 404) => {}
+                Err(e) => return Err(api_error(&format!("deleting workspace PVC {name}"), e)),
+            }
+        }
+        // A PVC still terminating would be re-bound, old data and all, by the next acquire.
+        for name in &claims {
+            self.wait_claim_gone(name).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs a lifecycle step to its end even when the caller stops waiting (a dropped HTTP
+/// request): a Pod is then either ready or cleaned up, never left Pending.
+async fn detached<T: Send + 'static>(
+    step: impl std::future::Future<Output = Result<T, RuntimeError>> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::spawn(step).await.map_err(|e| RuntimeError::System(format!("a lifecycle task failed: {e}")))?
+}
+
+impl KubeRuntime {
+    async fn create_now(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let spec = self.prepare(spec)?;
+        let id = SandboxId::from_random(random()?);
+        let names = objects::sandbox_names(&id, &spec);
+        if let (Some(w), Some(pvc)) = (&spec.workspace, &names.pvc) {
+            self.ensure_claim(&w.thread, w.naming, pvc, &spec).await?;
+        }
+        match self.start_pod(&id, &names, &spec).await? {
+            Some(pod) => Self::info_of(&pod),
+            None => Err(RuntimeError::Conflict(format!("Pod {} exists already; try again", names.pod))),
+        }
+    }
+
+    async fn acquire_now(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         let naming = spec.workspace.as_ref().filter(|w| &w.thread == thread).map_or(self.config.naming, |w| w.naming);
         let mut spec = self.prepare(spec)?;
         spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming });
@@ -772,45 +853,6 @@ impl Runtime for KubeRuntime {
         )))
     }
 
-    async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
-        self.stop_thread(thread).await
-    }
-
-    async fn destroy_workspace(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
-        self.stop_thread(thread).await?;
-        let lp = ListParams::default().labels(&format!(
-            "{}={}",
-            objects::THREAD_HASH_LABEL,
-            sanitize_hashed(thread.as_str())
-        ));
-        let mut claims: Vec<String> = self
-            .claims
-            .list(&lp)
-            .await
-            .map_err(|e| api_error("listing a thread's PVCs", e))?
-            .items
-            .into_iter()
-            .filter_map(|c| c.metadata.name)
-            .collect();
-        claims.extend(Self::all_thread_names(thread).into_iter().filter_map(|n| n.pvc));
-        claims.sort();
-        claims.dedup();
-        for name in &claims {
-            match self.claims.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if is_code(&e, 404) => {}
-                Err(e) => return Err(api_error(&format!("deleting workspace PVC {name}"), e)),
-            }
-        }
-        // A PVC still terminating would be re-bound, old data and all, by the next acquire.
-        for name in &claims {
-            self.wait_claim_gone(name).await?;
-        }
-        Ok(())
-    }
-}
-
-impl KubeRuntime {
     fn ready_pod_of(&self, id: &SandboxId, pod: &Pod) -> Result<String, RuntimeError> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         match objects::phase(pod) {

@@ -201,7 +201,8 @@ pub fn pod(
             "imagePullPolicy": shape.image_pull_policy,
             "command": ["sh", "-c", r#"[ "$(stat -c %u:%g /workspace)" = "$1" ] || chown "$1" /workspace"#, "chown", owner],
             "resources": {
-                "requests": {"cpu": "10m", "memory": "16777216"},
+                // No more than the sandbox container asks for, so it adds nothing to scheduling.
+                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.min(16 << 20).to_string()},
                 "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
             },
             // Root only for this one chown: no other capability, no escalation.

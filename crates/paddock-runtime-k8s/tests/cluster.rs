@@ -43,7 +43,7 @@ fn config(namespace: &str) -> KubeConfig {
         default_image: IMAGE.into(),
         image_pull_policy: "Never".into(),
         // Two cores shared by every test Pod.
-        cpu_request_millicpus: Some(10),
+        cpu_request_millicpus: Some(0),
         // The dev cluster's hostPath volumes are root-owned 0750.
         chown_workspace: true,
         ready_timeout: Duration::from_secs(90),
@@ -133,12 +133,41 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         // Identity first: everything else runs as this user.
         let o = sh(&rt, &id, "id -u; id -g").await;
         assert_eq!(o.stdout, "1000\n1000\n", "{}", o.stderr);
+        // The hardening as the process sees it: no capabilities, no new privileges, seccomp
+        // filter on, read-only root, no service account token.
+        let o = sh(&rt, &id, "grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status").await;
+        assert_eq!(
+            o.stdout.split_whitespace().collect::<Vec<_>>(),
+            ["CapPrm:", "0000000000000000", "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
+        );
+        let o = sh(&rt, &id, "touch /rootfs-write 2>&1; ls /var/run/secrets 2>&1; echo $KUBERNETES_SERVICE_HOST").await;
+        assert!(o.stdout.contains("Read-only file system"), "{}", o.stdout);
+        assert!(o.stdout.contains("No such file or directory"), "{}", o.stdout);
+        assert!(o.stdout.ends_with("\n\n"), "no API address in the environment: {}", o.stdout);
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            sh(&rt, &id, "true").await;
+        }
+        eprintln!("exec round trip: {:?} on average", t.elapsed() / 5);
 
         let o = sh(&rt, &id, "echo out; echo err >&2; exit 3").await;
         assert_eq!((o.stdout.as_str(), o.stderr.as_str(), o.outcome.exit_code), ("out\n", "err\n", 3));
 
         let o = run(&rt, &id, ExecRequest { argv: vec!["cat".into()], ..Default::default() }, Some(b"via stdin")).await;
         assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("via stdin", 0));
+
+        // Dropping stdin (no shutdown) is EOF too; without stdin a command reads EOF at once.
+        let mut p = rt.exec(&id, ExecRequest { argv: vec!["wc".into(), "-c".into()], stdin: true, ..Default::default() }).await.unwrap();
+        let mut w = p.stdin.take().unwrap();
+        w.write_all(b"1234").await.unwrap();
+        drop(w);
+        let mut out = String::new();
+        p.stdout.read_to_string(&mut out).await.unwrap();
+        assert_eq!((out.trim(), p.control.wait().await.unwrap().exit_code), ("4", 0));
+        let mut req = ExecRequest { argv: vec!["cat".into()], ..Default::default() };
+        req.timeout_ms = Some(10_000);
+        let o = run(&rt, &id, req, None).await;
+        assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("", 0));
 
         let o = run(&rt, &id, ExecRequest { argv: vec!["no-such-program".into()], ..Default::default() }, None).await;
         assert_eq!(o.outcome.exit_code, 127, "{}", o.stderr);
@@ -218,6 +247,13 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         let mut reply = String::new();
         tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut reply)).await.unwrap().unwrap();
         assert!(reply.starts_with("HTTP/1.") && reply.ends_with("served\n"), "{reply}");
+        let mut refused = rt.connect(&id, 8081).await.expect("connect to a closed port");
+        let _ = refused.write_all(b"x").await;
+        let e = tokio::time::timeout(Duration::from_secs(10), refused.read_to_end(&mut Vec::new()))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
         server.control.signal(9).await.unwrap();
         assert_eq!(server.control.wait().await.unwrap().signal, Some(9));
 
@@ -229,6 +265,7 @@ async fn cluster_sandbox_exec_files_and_destroy() {
 
         rt.destroy(&id).await.unwrap();
         assert!(matches!(rt.get(&id).await, Err(RuntimeError::NotFound(_))));
+        assert!(matches!(rt.exec(&id, ExecRequest::shell("true")).await, Err(RuntimeError::NotFound(_))));
         assert!(pods_in(&client, &ns).await.is_empty(), "no Pod is left");
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
         assert!(policies.list(&ListParams::default()).await.unwrap().items.is_empty(), "no NetworkPolicy is left");
@@ -262,6 +299,19 @@ async fn cluster_acquire_release_and_destroy_workspace() {
         assert_eq!(read_all(&rt, &second.id, "notes.txt").await.unwrap(), b"kept");
         let o = sh(&rt, &second.id, "stat -c '%u %g' /workspace/notes.txt").await;
         assert_eq!(o.stdout, "1000 1000\n");
+
+        // A keeper that ended (its Pod Succeeded) is replaced by the next acquire.
+        sh(&rt, &second.id, "kill 1").await;
+        for _ in 0..40 {
+            if rt.get(&second.id).await.unwrap().state == paddock_core::runtime::SandboxState::Failed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_eq!(rt.get(&second.id).await.unwrap().state, paddock_core::runtime::SandboxState::Failed);
+        let revived = rt.acquire(&thread, small_spec()).await.unwrap();
+        assert_ne!(revived.id, second.id);
+        assert_eq!(read_all(&rt, &revived.id, "notes.txt").await.unwrap(), b"kept");
 
         rt.destroy_workspace(&thread).await.unwrap();
         assert!(pods_in(&client, &ns).await.is_empty());
@@ -315,7 +365,7 @@ async fn plain_pod(client: &Client, ns: &str, name: &str, command: &str) -> Stri
             "containers": [{
                 "name": "main", "image": IMAGE, "imagePullPolicy": "Never",
                 "command": ["sh", "-c", command],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
+                "resources": {"requests": {"cpu": "0", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
             }],
         },
     }))
@@ -354,7 +404,8 @@ async fn cluster_deny_policy_blocks_other_pods() {
         let serve = "mkdir -p /tmp/w && echo ok >/tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
         let server_ip = plain_pod(&client, &ns, "plain-server", serve).await;
         plain_pod(&client, &ns, "plain-client", "exec sleep 3600").await;
-        let get = |ip: &str| format!("wget -q -T 3 -O - http://{ip}:8080/index.html");
+        // busybox 1.35's `wget -T` crashes (SIGSEGV): bound it with `timeout` instead.
+        let get = |ip: &str| format!("timeout 3 wget -qO- http://{ip}:8080/index.html");
         // Control: without a policy the network works.
         let mut ok = 1;
         for _ in 0..20 {
@@ -367,10 +418,24 @@ async fn cluster_deny_policy_blocks_other_pods() {
         assert_eq!(ok, 0, "the control Pods can talk");
 
         let sbx = rt.create(small_spec()).await.unwrap();
+        let ready = std::time::Instant::now();
         let o = sh(&rt, &sbx.id, "id -u").await;
         assert_eq!(o.stdout, "1000\n");
+        // The policy exists before the Pod, but kube-router enforces it asynchronously: note
+        // how long egress stayed open, and require it closed within a few seconds.
+        let mut first_blocked = None;
+        for i in 0..20 {
+            let o = sh(&rt, &sbx.id, &get(&server_ip)).await;
+            if o.outcome.exit_code != 0 {
+                first_blocked = Some((i, ready.elapsed()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        eprintln!("egress blocked at attempt/after: {first_blocked:?}");
+        assert!(first_blocked.is_some(), "egress from the sandbox is denied");
         let o = sh(&rt, &sbx.id, &get(&server_ip)).await;
-        assert_ne!(o.outcome.exit_code, 0, "egress from the sandbox is denied: {}", o.stdout);
+        assert_ne!(o.outcome.exit_code, 0, "egress stays denied: {}", o.stdout);
         let o = sh(&rt, &sbx.id, "nslookup kubernetes.default.svc.cluster.local 10.244.0.1").await;
         assert_ne!(o.outcome.exit_code, 0, "no DNS either: {}", o.stdout);
 
@@ -387,7 +452,7 @@ async fn cluster_deny_policy_blocks_other_pods() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_ne!(plain_exec(&client, &ns, "plain-client", &get(&sbx_ip)).await, 0, "ingress is denied");
         // ... while the sandbox itself still reaches its own loopback.
-        let o = sh(&rt, &sbx.id, "wget -q -T 3 -O - http://127.0.0.1:8080/index.html").await;
+        let o = sh(&rt, &sbx.id, "timeout 3 wget -qO- http://127.0.0.1:8080/index.html").await;
         assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
         rt.destroy(&sbx.id).await.unwrap();
     })
@@ -410,6 +475,25 @@ async fn cluster_expired_sandboxes_are_reaped() {
         assert!(matches!(rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
         assert!(rt.get(&keep.id).await.is_ok());
         rt.destroy(&keep.id).await.unwrap();
+
+        // The background reaper does the same on its own.
+        let mut cfg = config(&ns);
+        cfg.reap_interval = Duration::from_millis(500);
+        let rt = Arc::new(KubeRuntime::new(client.clone(), cfg));
+        let reaper = rt.spawn_reaper();
+        let mut spec = small_spec();
+        spec.timeout_secs = Some(1);
+        let short = rt.create(spec).await.unwrap();
+        let mut gone = false;
+        for _ in 0..40 {
+            if matches!(rt.get(&short.id).await, Err(RuntimeError::NotFound(_))) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        reaper.abort();
+        assert!(gone, "the reaper deleted the expired sandbox");
     })
     .await;
 }
@@ -431,6 +515,131 @@ async fn cluster_oom_kill_is_reported() {
         let o = sh(&rt, &sbx.id, "kill -9 $$").await;
         assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
         rt.destroy(&sbx.id).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_missing_image_fails_fast_and_cleans_up() {
+    if !enabled("cluster_missing_image_fails_fast_and_cleans_up") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let spec = SandboxSpec { image: Some("paddock.local/no-such-image:1".into()), ..small_spec() };
+        let started = std::time::Instant::now();
+        let e = rt.create(spec).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+        let text = e.to_string();
+        assert!(matches!(e, RuntimeError::Unavailable(_)) && text.contains("ErrImageNeverPull"), "{text}");
+        eprintln!("missing image: {text}");
+        for _ in 0..40 {
+            if pods_in(&client, &ns).await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(pods_in(&client, &ns).await.is_empty(), "the failed Pod is removed");
+
+        // A workspace that can never bind: the bounded wait names the PVC.
+        let mut cfg = config(&ns);
+        cfg.storage_class = Some("no-such-class".into());
+        cfg.ready_timeout = Duration::from_secs(5);
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let thread = ThreadId::new("unbindable").unwrap();
+        let e = rt.acquire(&thread, small_spec()).await.unwrap_err();
+        let text = e.to_string();
+        eprintln!("unbindable workspace: {text}");
+        assert!(matches!(e, RuntimeError::Timeout(_)) && text.contains("is Pending"), "{text}");
+        rt.destroy_workspace(&thread).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_dawn_workspace_is_adopted() {
+    if !enabled("cluster_dawn_workspace_is_adopted") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        // What Dawn leaves behind: its PVC and keeper Pod, with Dawn's names and labels only.
+        let labels = serde_json::json!({"app.kubernetes.io/managed-by": "dawn", "dawn.sh/thread": "legacy-thread"});
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dawn-sbx-vol-legacy-thread", "labels": labels},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .unwrap();
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let keeper: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dawn-sbx-legacy-thread", "labels": labels},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "sandbox", "image": IMAGE, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo from-dawn >/workspace/old.txt && exec sleep 3600"],
+                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+                }],
+                "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "dawn-sbx-vol-legacy-thread"}}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &keeper).await.unwrap();
+        for _ in 0..240 {
+            let p = pods.get("dawn-sbx-legacy-thread").await.unwrap();
+            if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+
+        let mut cfg = config(&ns);
+        cfg.naming = NamingMode::DawnCompat;
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let thread = ThreadId::new("Legacy_Thread").unwrap();
+        let info = rt.acquire(&thread, small_spec()).await.expect("acquire adopts Dawn's objects");
+        assert_eq!(info.workspace.as_ref().unwrap().name, "dawn-sbx-vol-legacy-thread");
+        assert_eq!(read_all(&rt, &info.id, "old.txt").await.unwrap(), b"from-dawn\n");
+        let now = pods.get("dawn-sbx-legacy-thread").await.unwrap();
+        assert_eq!(
+            now.metadata.labels.as_ref().unwrap().get("paddock.dev/sandbox").map(String::as_str),
+            Some(info.id.as_str()),
+            "Dawn's keeper was replaced by Paddock's under the same name"
+        );
+        assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1, "no second PVC");
+        rt.destroy_workspace(&thread).await.unwrap();
+        assert!(claims.list(&ListParams::default()).await.unwrap().items.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_large_environments_reach_the_command() {
+    if !enabled("cluster_large_environments_reach_the_command") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let sbx = rt.create(small_spec()).await.unwrap();
+        // Both through the stage script and through a user command's stdin.
+        for n in [491_000usize, 3_000_000] {
+            let data = vec![b'y'; n];
+            let o = run(&rt, &sbx.id, ExecRequest::shell("wc -c"), Some(&data)).await;
+            assert_eq!(o.stdout.trim(), n.to_string());
+        }
+        // Past the 64 KiB URL limit of an exec request: staged through /tmp.
+        let mut req = ExecRequest::shell("echo ${#A} ${#B} ${#C} ${#D}; printf %s \"$Q\"");
+        for k in ["A", "B", "C", "D"] {
+            req.env.insert(k.into(), "x".repeat(120 << 10));
+        }
+        req.env.insert("Q".into(), "it's \"q\"\n$(x)".into());
+        let o = run(&rt, &sbx.id, req, None).await;
+        assert_eq!(o.stdout, "122880 122880 122880 122880\nit's \"q\"\n$(x)", "{}", o.stderr);
+        // Only the running `ls`'s own session record is there, no staged words.
+        let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec").await;
+        assert_eq!(o.stdout.lines().count(), 1, "the staged file is gone: {}", o.stdout);
+        assert!(!o.stdout.contains(".args"), "{}", o.stdout);
     })
     .await;
 }
