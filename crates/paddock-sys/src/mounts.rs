@@ -19,6 +19,13 @@ use crate::{Result, SysError};
 /// mounted fresh, `/tmp` and `/run` are private, and people's homes stay private.
 const NEVER_BOUND: &[&str] = &["proc", "sys", "dev", "tmp", "run", "root", "home", "workspace", "lost+found"];
 
+/// Pseudo-terminals one sandbox may hold at once. Every sandbox has its own devpts instance, so
+/// without a `max` one sandbox could take the whole pool that non-initial instances share
+/// (`kernel.pty.max` minus `kernel.pty.reserve`, which stays for the host's own instance) and
+/// leave every other sandbox without a terminal. 256 is far more than shells, tmux panes and
+/// pty-testing suites use, and keeps a dozen hostile sandboxes from draining the shared pool.
+pub const MAX_PTYS: u32 = 256;
+
 /// Device nodes bound from the host's `/dev`.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -147,7 +154,7 @@ impl RootPlan {
             &dev.join("pts"),
             "devpts",
             MountFlags::NOSUID | MountFlags::NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620",
+            &format!("newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"),
         )?;
         let nosuid_nodev = MountFlags::NOSUID | MountFlags::NODEV;
         mount_tmpfs(

@@ -533,3 +533,57 @@ call('query-after-linux', 135, 0xffffffff)
     assert_eq!(out.stdout, "i686\n", "{}", out.stderr);
     bystander_ok(&env, &bystander).await;
 }
+
+#[tokio::test]
+async fn a_sandbox_cannot_take_every_pseudo_terminal() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    let max = paddock_sys::mounts::MAX_PTYS;
+    // Holds every pty it can get in the background, so the host and the bystander are tried
+    // while the sandbox still holds them; the count is written once it hits the limit.
+    let hog = "import os, time\n\
+               fds = []\n\
+               try:\n\
+               \x20   while len(fds) < 100000: fds.append(os.openpty())\n\
+               except OSError as e: err = e.strerror\n\
+               open('/tmp/ptys.tmp', 'w').write(f'{len(fds)} {err}')\n\
+               os.rename('/tmp/ptys.tmp', '/tmp/ptys')\n\
+               time.sleep(60)\n";
+    let started = exec(
+        &env.rt,
+        &id,
+        ExecRequest {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "python3 -c \"$HOG\" </dev/null >/dev/null 2>/tmp/hog.err & echo started".into(),
+            ],
+            env: BTreeMap::from([("HOG".to_owned(), hog.to_owned())]),
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    assert_eq!(started.stdout, "started\n", "{}", started.stderr);
+    let mut held = String::new();
+    for _ in 0..200 {
+        held = sh(&env.rt, &id, "cat /tmp/ptys 2>/dev/null").await.stdout;
+        if !held.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let err = sh(&env.rt, &id, "cat /tmp/hog.err").await.stdout;
+    let (count, why) = held.split_once(' ').unwrap_or_else(|| panic!("the pty hog never finished: {err}"));
+    assert_eq!(count.parse::<u32>().unwrap(), max, "the sandbox got {count} ptys ({why}); the limit is {max}");
+
+    // The host still gets a terminal (closed again when dropped), and so does the bystander.
+    let host = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ptmx");
+    assert!(host.is_ok(), "the host could not open a pty while the sandbox held {max}: {host:?}");
+    drop(host);
+    let out = sh(&env.rt, &bystander, "python3 -c 'import os; os.openpty(); print(\"pty-ok\")'").await;
+    assert_eq!(out.stdout, "pty-ok\n", "the bystander could not open a pty: {}", out.stderr);
+    bystander_ok(&env, &bystander).await;
+    env.rt.destroy(&id).await.unwrap();
+}
