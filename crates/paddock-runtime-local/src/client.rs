@@ -5,7 +5,7 @@
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{PermissionsExt, chown};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
 use std::task::{Context, Poll, ready};
@@ -79,6 +79,7 @@ impl LocalRuntime {
                 .map_err(sys_err(format!("chmod {}", dir.display())))?;
         }
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
+        crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
         Ok(Self { dd, exe: exe.into(), naming })
     }
 

@@ -11,6 +11,7 @@
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
 //! <data>/ids/<slot>                   a host identity in use, and by whom (see `identity`)
+//! <data>/.paddock-data-dir            marks a data directory, which every sandbox's root hides (see `registry`)
 //! ```
 
 use std::path::{Path, PathBuf};

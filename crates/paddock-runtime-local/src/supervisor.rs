@@ -196,6 +196,10 @@ impl Supervisor {
                 }
             },
         };
+        // Every Paddock data directory on the host, this instance's included even if the
+        // registry cannot be read.
+        let mut data_dirs = crate::registry::read(Path::new(crate::registry::REGISTRY));
+        data_dirs.extend(fs::canonicalize(dd.root()));
         let source = match crate::image::resolve(spec.image.as_deref())? {
             RootSource::Host => PathBuf::from("/"),
             RootSource::Dir(path) => {
@@ -205,18 +209,20 @@ impl Supervisor {
                         path.display()
                     ))
                 })?;
-                // Sandboxes write into the data directory (workspaces): a root filesystem there
-                // could be rearranged by one sandbox under the next.
-                if fs::canonicalize(dd.root()).is_ok_and(|data| real.starts_with(&data)) {
+                // Sandboxes write into data directories (workspaces): a root filesystem there
+                // could be rearranged by one sandbox under the next, and masking the data
+                // directory would hide the whole root.
+                if let Some(data) = data_dirs.iter().find(|d| real.starts_with(d)) {
                     return Err(RuntimeError::InvalidArgument(format!(
-                        "rootfs {} is inside Paddock's data directory: unpack images elsewhere",
-                        path.display()
+                        "rootfs {} is inside Paddock's data directory {}: unpack images elsewhere",
+                        path.display(),
+                        data.display()
                     )));
                 }
                 real
             }
         };
-        let masks = fs::canonicalize(dd.root()).into_iter().collect();
+        let masks = crate::registry::masks_within(&source, &data_dirs);
         let plan = RootPlan {
             skeleton: dd.skeleton(&id),
             source,

@@ -587,3 +587,74 @@ async fn a_sandbox_cannot_take_every_pseudo_terminal() {
     bystander_ok(&env, &bystander).await;
     env.rt.destroy(&id).await.unwrap();
 }
+
+/// A file only a data directory holds, readable by anyone who can reach it, so that only the
+/// mask keeps a sandbox from it.
+fn plant_marker(env: &Env) -> (std::path::PathBuf, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let m = marker_name();
+    let path = env.data().join(&m);
+    let secret = format!("secret-{m}");
+    std::fs::write(&path, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    (path, secret)
+}
+
+#[tokio::test]
+async fn no_sandbox_sees_another_instances_data_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let first = Env::new();
+    let bystander = first.confined(spec()).await;
+    // /tmp is never bound into a sandbox, so the other instance lives where a host root shows it.
+    let second = Env::new_in(std::path::Path::new("/var/tmp"));
+    let (marker, text) = plant_marker(&second);
+    let id = first.confined(spec()).await;
+    let out =
+        sh(&first.rt, &id, &format!("cat {} 2>&1; ls -A {} 2>&1; echo end", marker.display(), second.data().display()))
+            .await;
+    assert!(!out.stdout.contains(&text), "a host-root sandbox read another instance's data: {}", out.stdout);
+    assert!(out.stdout.ends_with("\nend\n") && out.stdout.contains("No such file"), "{}", out.stdout);
+    // The instance's own data directory stays hidden too.
+    let (own, own_text) = plant_marker(&first);
+    let out = sh(&first.rt, &id, &format!("cat {} 2>&1; echo end", own.display())).await;
+    assert!(!out.stdout.contains(&own_text), "{}", out.stdout);
+
+    // An image root that holds the second instance's data directory somewhere below it.
+    let image = tempfile::Builder::new().prefix("pdi").tempdir_in("/tmp").unwrap();
+    let root = image.path().join("rootfs");
+    for f in ["/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"] {
+        let dst = root.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(f, &dst).unwrap();
+    }
+    let srv = root.join("srv/deep");
+    std::fs::create_dir_all(&srv).unwrap();
+    for dir in [image.path(), &root, &root.join("srv"), &srv] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let nested = Env::new_in(&srv);
+    let (marker, text) = plant_marker(&nested);
+    let inside = std::path::Path::new("/").join(marker.strip_prefix(&root).unwrap());
+    let mut s = spec();
+    s.image = Some(root.to_string_lossy().into_owned());
+    let id = first.create(s).await.id;
+    let req = ExecRequest {
+        argv: vec![
+            "/usr/bin/dash".into(),
+            "-c".into(),
+            format!("test -e /srv/deep && echo root-ok; read -r x < {} && echo \"$x\"; echo end", inside.display()),
+        ],
+        ..Default::default()
+    };
+    let out = exec(&first.rt, &id, req, None).await;
+    assert!(
+        out.stdout.starts_with("root-ok\n"),
+        "the image root is not the one expected: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(!out.stdout.contains(&text), "an image-root sandbox read a data directory inside its root: {}", out.stdout);
+    assert_eq!(out.stdout, "root-ok\nend\n", "{}", out.stderr);
+    bystander_ok(&first, &bystander).await;
+    drop(nested);
+}
