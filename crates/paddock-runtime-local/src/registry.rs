@@ -37,8 +37,12 @@ pub fn register(registry: &Path, data_dir: &Path) -> Result<(), String> {
         fs::canonicalize(data_dir).map_err(|e| format!("resolving the data directory {}: {e}", data_dir.display()))?;
     let marker = real.join(MARKER);
     if !marker.is_file() {
-        fs::write(&marker, MARKER_TEXT)
-            .map_err(|e| format!("marking the data directory ({}): {e}", marker.display()))?;
+        // Private like every file of the data directory; only root (registration) reads it.
+        let write = || -> std::io::Result<()> {
+            let mut f = fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&marker)?;
+            f.write_all(MARKER_TEXT.as_bytes())
+        };
+        write().map_err(|e| format!("marking the data directory ({}): {e}", marker.display()))?;
     }
     let fail = |what: &str, path: &Path, e: std::io::Error| {
         format!(
