@@ -4,7 +4,7 @@
 //! <data>/sandboxes/<id>/record.json   what was created, by whom, when (written once ready)
 //! <data>/sandboxes/<id>/sock          the supervisor's socket
 //! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
-//! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one
+//! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one or a cap
 //! <data>/sandboxes/<id>/supervisor.log
 //! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
@@ -56,10 +56,6 @@ impl DataDir {
     }
     pub fn scratch_workspace(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("workspace")
-    }
-    /// The image of a size-capped `/workspace` of a sandbox without a persistent one.
-    pub fn scratch_image(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox(id).join("workspace.img")
     }
     /// Where the supervisor mounts an image-backed workspace, in its private mount namespace.
     pub fn workspace_mount(&self, id: &SandboxId) -> PathBuf {

@@ -276,6 +276,8 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         Some(Some(t)) => t as u64,
     };
     let mut spec = SandboxSpec { image: image_ref, timeout_secs: Some(timeout_secs), ..Default::default() };
+    spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
+    spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
         match k.as_str() {
             "cpu" => {
@@ -302,9 +304,19 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
                     ApiError::bad_request(format!("resourceLimits.{k} {v:?} is not a quantity such as \"1Gi\""))
                 })?
             }
+            "workspace" => {
+                spec.resources.workspace_bytes = Some(parse_memory(v).ok_or_else(|| {
+                    ApiError::bad_request(format!("resourceLimits.workspace {v:?} is not a quantity such as \"10Gi\""))
+                })?)
+            }
+            "workspace-inodes" => {
+                spec.resources.workspace_inodes = v.parse().map_err(|_| {
+                    ApiError::bad_request(format!("resourceLimits.workspace-inodes {v:?} is not a whole number"))
+                })?
+            }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "resource {other:?} is not supported: use cpu, memory, pids or ephemeral-storage"
+                    "resource {other:?} is not supported: use cpu, memory, pids, ephemeral-storage (/tmp), workspace or workspace-inodes"
                 )));
             }
         }
@@ -772,7 +784,7 @@ pub fn openapi_document() -> Value {
                     "properties": {
                     "timeout": {"type": "integer", "minimum": 60},
                     "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"},
-                        "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage"},
+                        "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage (/tmp, \"1Gi\"), workspace (size of /workspace, \"10Gi\"), workspace-inodes"},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                     "image": {"type": "object", "properties": {"uri": {"type": "string"}}},

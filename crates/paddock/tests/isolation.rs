@@ -14,6 +14,14 @@ fn spec() -> SandboxSpec {
     SandboxSpec::default()
 }
 
+/// A sandbox whose `/workspace` is a plain host directory (no cap), which only library callers
+/// can ask for: the one kind of workspace the host can reach into directly.
+fn uncapped() -> SandboxSpec {
+    let mut s = spec();
+    s.resources.workspace_bytes = None;
+    s
+}
+
 fn marker_name() -> String {
     let mut b = [0u8; 6];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
@@ -179,7 +187,7 @@ print("af_alg", call("socket", 38, 5, 0))
 #[tokio::test]
 async fn setuid_binaries_do_not_gain_root() {
     let env = Env::new();
-    let info = env.create(spec()).await;
+    let info = env.create(uncapped()).await;
     common::assert_confined(&env.rt, &info.id).await;
     // A setuid-root copy of `id`, planted by the host in the sandbox's workspace.
     let ws = env.data().join("sandboxes").join(info.id.as_str()).join("workspace");
@@ -264,8 +272,9 @@ async fn tmp_is_size_capped() {
 #[tokio::test]
 async fn another_sandboxes_workspace_is_out_of_reach() {
     let env = Env::new();
-    let a = env.rt.acquire(&"thread-a".parse_thread(), spec()).await.unwrap();
-    let b = env.rt.acquire(&"thread-b".parse_thread(), spec()).await.unwrap();
+    // Plain host directories, so that the host path of A's file is known and B is shown it.
+    let a = env.rt.acquire(&"thread-a".parse_thread(), uncapped()).await.unwrap();
+    let b = env.rt.acquire(&"thread-b".parse_thread(), uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &a.id).await;
     common::assert_confined(&env.rt, &b.id).await;
     let m = marker_name();
@@ -407,9 +416,11 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     use paddock_core::runtime::{FileOp, FileReply};
     let env = Env::new();
     let thread = ThreadId::new("identity-thread").unwrap();
-    let ws = env.rt.acquire(&thread, spec()).await.unwrap();
+    // Workspaces on host directories: capped ones (an image, a tmpfs) are mounted only in the
+    // sandbox's own mount namespaces, where no host user reaches at all.
+    let ws = env.rt.acquire(&thread, uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &ws.id).await;
-    let scratch = env.confined(spec()).await;
+    let scratch = env.confined(uncapped()).await;
     let first = host_uid_of(&env, &ws.id).await;
     // Files the sandboxes make world-readable, and a set-uid copy of a shell.
     for id in [&ws.id, &scratch] {
@@ -441,7 +452,7 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     }
     // A workspace keeps its identity across sandboxes, so its files stay its own.
     env.rt.release(&thread).await.unwrap();
-    let again = env.rt.acquire(&thread, spec()).await.unwrap();
+    let again = env.rt.acquire(&thread, uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &again.id).await;
     assert_eq!(host_uid_of(&env, &again.id).await, first, "the workspace changed identity");
     assert_eq!(sh(&env.rt, &again.id, "cat /workspace/s").await.stdout, "secret\n");
@@ -657,4 +668,60 @@ async fn no_sandbox_sees_another_instances_data_directory() {
     assert_eq!(out.stdout, "root-ok\nend\n", "{}", out.stderr);
     bystander_ok(&first, &bystander).await;
     drop(nested);
+}
+
+#[tokio::test]
+async fn a_sandbox_cannot_fill_the_host_disk_or_its_inodes_through_the_workspace() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    // By default the workspace is capped too: at the memory limit, since it is memory.
+    let out = sh(&env.rt, &bystander, "df -B1 --output=size,itotal /workspace | tail -1").await;
+    let fields: Vec<u64> = out.stdout.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    let defaults = SandboxSpec::default().resources;
+    assert_eq!(
+        fields,
+        [defaults.memory_bytes.min(defaults.workspace_bytes.unwrap()), defaults.workspace_inodes],
+        "df inside does not show the default caps: {}",
+        out.stderr
+    );
+
+    let mut s = spec();
+    s.resources.workspace_bytes = Some(16 << 20);
+    s.resources.workspace_inodes = 2048;
+    let id = env.confined(s).await;
+    let out = sh(&env.rt, &id, "df -B1 --output=size,itotal /workspace | tail -1").await;
+    assert_eq!(out.stdout.split_whitespace().collect::<Vec<_>>(), ["16777216", "2048"], "{}", out.stderr);
+    // Past the size cap: a clean ENOSPC, and nothing of it on the host's disk.
+    let out = sh(
+        &env.rt,
+        &id,
+        "dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1 | grep -c 'No space'; stat -c %s /workspace/fill",
+    )
+    .await;
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("1"), "writing past the cap did not fail with ENOSPC: {}", out.stdout);
+    let size: u64 = lines.next().unwrap().parse().unwrap();
+    assert!(size <= 16 << 20, "/workspace grew past its cap: {size}");
+    let du = std::process::Command::new("du").args(["-sk"]).arg(env.data()).output().unwrap();
+    let used_kib: u64 = String::from_utf8_lossy(&du.stdout).split_whitespace().next().unwrap().parse().unwrap();
+    assert!(used_kib < 1024, "the workspace's bytes reached the host disk: {used_kib} KiB in the data directory");
+    assert_eq!(sh(&env.rt, &id, "rm /workspace/fill && echo freed").await.stdout, "freed\n");
+    // Past the inode cap: ENOSPC as well, at the cap.
+    let out = sh(
+        &env.rt,
+        &id,
+        "python3 -c '\n\
+         import errno\n\
+         n = 0\n\
+         try:\n\
+         \x20   while n < 100000: open(f\"/workspace/f{n}\", \"w\").close(); n += 1\n\
+         except OSError as e: print(n, errno.errorcode[e.errno])'",
+    )
+    .await;
+    let (n, why) = out.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("{} {}", out.stdout, out.stderr));
+    assert_eq!(why, "ENOSPC", "{}", out.stdout);
+    let n: u64 = n.parse().unwrap();
+    assert!((2000..2048).contains(&n), "created {n} files under an inode cap of 2048");
+    bystander_ok(&env, &bystander).await;
+    assert_eq!(sh(&env.rt, &bystander, "touch /workspace/x && echo wrote").await.stdout, "wrote\n");
 }
