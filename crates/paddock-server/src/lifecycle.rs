@@ -736,6 +736,87 @@ async fn openapi() -> Response {
 
 /// The OpenAPI document of Paddock's own API (workspaces) and the lifecycle routes it serves.
 pub fn openapi_document() -> Value {
+    let mut doc = workspace_document();
+    // The lifecycle routes too, as Paddock serves them, so that clients and the API fuzz run
+    // (e2e/fuzz/run) see every route this server answers outside a sandbox's proxy.
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), lifecycle_paths()) {
+        paths.extend(more);
+    }
+    if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
+        schemas.extend(more);
+    }
+    doc
+}
+
+fn lifecycle_paths() -> Value {
+    let sandbox_ref = json!({"$ref": "#/components/schemas/Sandbox"});
+    let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
+    let ok =
+        |what: &str, schema: Value| json!({"description": what, "content": {"application/json": {"schema": schema}}});
+    let plain = |summary: &str, code: &str, what: &str| {
+        json!({"summary": summary, "parameters": [id.clone()],
+            "responses": {code: {"description": what}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}})
+    };
+    json!({
+        "/sandboxes": {
+            "post": {"summary": "Create a sandbox (OpenSandbox lifecycle API)",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRequest"}}}},
+                "responses": {"202": ok("The sandbox, starting", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone()}},
+            "get": {"summary": "List sandboxes",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "metadata", "in": "query", "schema": {"type": "string"}, "description": "k=v&k2=v2, URL-encoded"},
+                    {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                    {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}],
+                "responses": {"200": ok("A page of sandboxes", json!({"type": "object", "required": ["items", "pagination"], "properties": {
+                    "items": {"type": "array", "items": sandbox_ref.clone()}, "pagination": {"type": "object"}}})),
+                    "400": error_ref.clone(), "401": error_ref.clone()}}},
+        "/sandboxes/{id}": {
+            "get": {"summary": "One sandbox", "parameters": [id.clone()],
+                "responses": {"200": ok("The sandbox", sandbox_ref.clone()), "401": error_ref.clone(), "404": error_ref.clone()}},
+            "delete": plain("Destroy a sandbox", "204", "Destroyed")},
+        "/sandboxes/{id}/metadata": {"patch": {"summary": "Set (string) or remove (null) metadata keys", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
+                "additionalProperties": {"type": ["string", "null"]}}}}},
+            "responses": {"200": ok("The sandbox", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/pause": {"post": plain("Pause a sandbox", "202", "Paused")},
+        "/sandboxes/{id}/resume": {"post": plain("Resume a paused sandbox", "202", "Resumed")},
+        "/sandboxes/{id}/renew-expiration": {"post": {"summary": "Move a sandbox's expiry", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
+                "required": ["expiresAt"], "additionalProperties": false,
+                "properties": {"expiresAt": {"type": "string", "format": "date-time"}}}}}},
+            "responses": {"200": {"description": "The new expiry"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/endpoints/{port}": {"get": {"summary": "Where to reach a port of the sandbox",
+            "parameters": [id.clone(), {"name": "port", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}},
+                {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
+            "responses": {"200": {"description": "The endpoint"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}}
+    })
+}
+
+fn lifecycle_schemas() -> Value {
+    json!({
+        "CreateRequest": {"type": "object",
+            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
+            "properties": {
+                "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {}}},
+                "entrypoint": {"type": "array", "items": {"type": "string"}},
+                "timeout": {"type": ["integer", "null"], "minimum": 60},
+                "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"}},
+                "resourceRequests": {"type": "object", "additionalProperties": {"type": "string"}},
+                "env": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                "extensions": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "workspace: a thread id whose persistent workspace becomes /workspace"},
+                "platform": {"type": "object", "properties": {"os": {"type": "string"}, "arch": {"type": "string"}}},
+                "networkPolicy": {"type": "object", "properties": {"defaultAction": {"type": "string"}, "egress": {"type": "array"}}},
+                "snapshotId": {"type": "string"}, "templateId": {"type": "string"},
+                "secureAccess": {"type": "boolean"}, "volumes": {"type": "array"}, "lifecycle": {},
+                "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}}}}
+    })
+}
+
+fn workspace_document() -> Value {
     let sandbox_ref = json!({"$ref": "#/components/schemas/Sandbox"});
     let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     let thread = json!({"name": "thread", "in": "path", "required": true, "schema": {"type": "string"},

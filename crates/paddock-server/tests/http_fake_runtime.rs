@@ -20,6 +20,13 @@ async fn fake_runtime_capabilities_come_from_the_runtime() {
     let (status, doc) = s.call("GET", "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["paths"]["/capabilities"]["get"].is_object(), "capabilities are documented");
+    // The lifecycle routes too: the API fuzz run (e2e/fuzz/run) only reaches what is documented.
+    for (path, method) in
+        [("/sandboxes", "post"), ("/sandboxes/{id}", "delete"), ("/sandboxes/{id}/renew-expiration", "post")]
+    {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
+    }
+    assert!(doc["components"]["schemas"]["CreateRequest"].is_object());
 }
 
 #[tokio::test]
