@@ -588,6 +588,7 @@ async fn a_sandbox_cannot_take_every_pseudo_terminal() {
     let err = sh(&env.rt, &id, "cat /tmp/hog.err").await.stdout;
     let (count, why) = held.split_once(' ').unwrap_or_else(|| panic!("the pty hog never finished: {err}"));
     assert_eq!(count.parse::<u32>().unwrap(), max, "the sandbox got {count} ptys ({why}); the limit is {max}");
+    assert_eq!(why, "No space left on device", "the hog stopped for another reason than the pty limit");
 
     // The host still gets a terminal (closed again when dropped), and so does the bystander.
     let host = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ptmx");
