@@ -66,9 +66,14 @@ pub fn register(registry: &Path, data_dir: &Path) -> Result<(), String> {
         .map_err(|e| fail("opening", &lock_path, e))?;
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| fail("locking", &lock_path, e.into()))?;
-    let mut dirs: Vec<PathBuf> = read(registry).into_iter().filter(|d| d.join(MARKER).is_file()).collect();
+    let listed = read(registry);
+    let mut dirs: Vec<PathBuf> = listed.iter().filter(|d| d.join(MARKER).is_file()).cloned().collect();
     if !dirs.contains(&real) {
         dirs.push(real);
+    }
+    // Every CLI call registers its data directory: rewrite (and fsync) only when the list changes.
+    if dirs == listed {
+        return Ok(());
     }
     let mut text = String::new();
     for d in &dirs {
@@ -129,7 +134,10 @@ mod tests {
         fs::create_dir(&b).unwrap();
         register(&registry, &a).unwrap();
         register(&registry, &b).unwrap();
+        let inode = || std::os::unix::fs::MetadataExt::ino(&fs::metadata(&registry).unwrap());
+        let before = inode();
         register(&registry, &a).unwrap();
+        assert_eq!(inode(), before, "an unchanged list is not rewritten");
         let (ra, rb) = (fs::canonicalize(&a).unwrap(), fs::canonicalize(&b).unwrap());
         assert_eq!(read(&registry), vec![ra.clone(), rb.clone()]);
         assert!(a.join(MARKER).is_file());
