@@ -101,6 +101,12 @@ pub fn read(registry: &Path) -> Vec<PathBuf> {
     fs::read_to_string(registry).unwrap_or_default().lines().filter(|l| l.starts_with('/')).map(PathBuf::from).collect()
 }
 
+/// The registered data directories that still are ones (their marker is there): a removed
+/// instance's path may since hold anything, which must be neither hidden nor refused as a root.
+pub fn live(registry: &Path) -> Vec<PathBuf> {
+    read(registry).into_iter().filter(|d| d.join(MARKER).is_file()).collect()
+}
+
 /// Where each of `data_dirs` (canonical) appears inside a sandbox whose root is `source`
 /// (canonical): the paths to mask, as seen from inside.
 pub fn masks_within(source: &Path, data_dirs: &[PathBuf]) -> Vec<PathBuf> {
@@ -142,6 +148,7 @@ mod tests {
         assert_eq!(read(&registry), vec![ra.clone(), rb.clone()]);
         assert!(a.join(MARKER).is_file());
         fs::remove_dir_all(&b).unwrap();
+        assert_eq!(live(&registry), vec![ra.clone()], "a removed data directory is not live");
         register(&registry, &a).unwrap();
         assert_eq!(read(&registry), vec![ra]);
     }

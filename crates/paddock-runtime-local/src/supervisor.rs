@@ -206,7 +206,7 @@ impl Supervisor {
         };
         // Every Paddock data directory on the host, this instance's included even if the
         // registry cannot be read.
-        let mut data_dirs = crate::registry::read(Path::new(crate::registry::REGISTRY));
+        let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
         data_dirs.extend(fs::canonicalize(dd.root()));
         let source = match crate::image::resolve(spec.image.as_deref())? {
             RootSource::Host => PathBuf::from("/"),
