@@ -28,9 +28,13 @@ pub struct Resources {
     pub pids: u32,
     /// Size cap of `/tmp`, bytes.
     pub tmp_bytes: u64,
-    /// Size cap of `/workspace`, bytes; `None` leaves it bounded only by the host's disk. A
-    /// persistent workspace gets its size when it is first created.
+    /// Size cap of `/workspace`, bytes. A persistent workspace gets its size (and inode cap)
+    /// when it is first created and keeps it. `None` leaves it bounded only by the host's disk:
+    /// library callers may ask for that; the CLI and the API always give a cap.
     pub workspace_bytes: Option<u64>,
+    /// Most files and directories `/workspace` may hold, so that one sandbox cannot use up the
+    /// inodes of the filesystem it lives on. Applies whenever `workspace_bytes` is set.
+    pub workspace_inodes: u64,
 }
 
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
@@ -44,6 +48,15 @@ pub const MAX_MILLICPUS: u32 = 1_024_000;
 pub const MIN_TMP: u64 = 1 << 20;
 pub const MIN_WORKSPACE: u64 = 16 << 20;
 pub const MAX_WORKSPACE: u64 = 16 << 40;
+/// Enough for a few package installs and a repository checkout; operators change it with
+/// `paddock serve --workspace-size` and callers per sandbox.
+pub const DEFAULT_WORKSPACE: u64 = 2 << 30;
+/// `node_modules` trees run to tens of thousands of files; a quarter million leaves room while
+/// keeping a sandbox from the host filesystem's inodes.
+pub const DEFAULT_WORKSPACE_INODES: u64 = 256 << 10;
+pub const MIN_WORKSPACE_INODES: u64 = 1024;
+/// ext4 and tmpfs both count inodes in 32 bits.
+pub const MAX_WORKSPACE_INODES: u64 = u32::MAX as u64;
 
 impl Default for Resources {
     fn default() -> Self {
@@ -52,7 +65,8 @@ impl Default for Resources {
             millicpus: DEFAULT_MILLICPUS,
             pids: DEFAULT_PIDS,
             tmp_bytes: DEFAULT_TMP,
-            workspace_bytes: None,
+            workspace_bytes: Some(DEFAULT_WORKSPACE),
+            workspace_inodes: DEFAULT_WORKSPACE_INODES,
         }
     }
 }
@@ -241,6 +255,15 @@ impl SandboxSpec {
                 ),
             ));
         }
+        if !(MIN_WORKSPACE_INODES..=MAX_WORKSPACE_INODES).contains(&r.workspace_inodes) {
+            return Err(err(
+                "workspace-inodes",
+                format!(
+                    "{} is out of range: choose between {MIN_WORKSPACE_INODES} and {MAX_WORKSPACE_INODES}",
+                    r.workspace_inodes
+                ),
+            ));
+        }
         if self.user.uid >= 1_000_000 || self.user.gid >= 1_000_000 {
             return Err(err("user", "uid and gid must be below 1000000: choose an ordinary id such as 1000:1000"));
         }
@@ -283,6 +306,7 @@ mod tests {
         s.validate().unwrap();
         assert_eq!(s.user, User { uid: 1000, gid: 1000 });
         assert_eq!(s.resources.pids, 512);
+        assert_eq!((s.resources.workspace_bytes, s.resources.workspace_inodes), (Some(2 << 30), 262_144));
         assert_eq!(s.network, NetworkPolicy::LoopbackOnly);
     }
 
@@ -296,6 +320,9 @@ mod tests {
         let e = s.validate().unwrap_err();
         assert_eq!(e.field, "pids");
         assert!(e.to_string().contains("between 8 and 16384"), "{e}");
+        let mut s = SandboxSpec::default();
+        s.resources.workspace_inodes = 10;
+        assert_eq!(s.validate().unwrap_err().field, "workspace-inodes");
         let mut s = SandboxSpec::default();
         s.user.uid = 0;
         assert_eq!(s.validate().unwrap_err().field, "user");

@@ -5,7 +5,7 @@
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{PermissionsExt, chown};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
 use std::task::{Context, Poll, ready};
@@ -79,6 +79,7 @@ impl LocalRuntime {
                 .map_err(sys_err(format!("chmod {}", dir.display())))?;
         }
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
+        crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
         Ok(Self { dd, exe: exe.into(), naming })
     }
 
@@ -277,22 +278,12 @@ impl LocalRuntime {
         let files = self.dd.workspace_files(name);
         let image = self.dd.workspace_image(name);
         let wanted = spec.resources.workspace_bytes;
-        if image.is_file() {
-            let size = fs::metadata(&image).map(|m| m.len()).unwrap_or(0);
-            return match wanted {
-                Some(w) if w != size => Err(RuntimeError::Conflict(format!(
-                    "the workspace of thread {thread} was created with a size of {size} bytes, not {w}: acquire it without a size, or destroy it first"
-                ))),
-                _ => Ok(()),
-            };
-        }
-        if files.is_dir() {
-            return match wanted {
-                Some(_) => Err(RuntimeError::Conflict(format!(
-                    "the workspace of thread {thread} was created without a size limit: acquire it without one, or destroy it first"
-                ))),
-                None => Ok(()),
-            };
+        // A workspace keeps the size and inode cap it was created with; later acquires get it
+        // as it is. Refusing a different size would make every existing workspace unusable the
+        // day an operator changes the default (`--workspace-size`), and workspaces made before
+        // caps existed (a plain `files/` directory) would all conflict with the default.
+        if image.is_file() || files.is_dir() {
+            return Ok(());
         }
         let dir = self.dd.workspace(name);
         fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
@@ -303,7 +294,7 @@ impl LocalRuntime {
         chown(&dir, None, Some(ids.gid)).map_err(sys_err(format!("chown {}", dir.display())))?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o710)).map_err(sys_err("chmod workspace"))?;
         if let Some(bytes) = wanted {
-            return crate::wsimage::create(&image, bytes, ids.uid, ids.gid);
+            return crate::wsimage::create(&image, bytes, spec.resources.workspace_inodes, ids.uid, ids.gid);
         }
         fs::create_dir(&files).map_err(sys_err(format!("creating {}", files.display())))?;
         chown(&files, Some(ids.uid), Some(ids.gid)).map_err(sys_err("chown workspace"))?;

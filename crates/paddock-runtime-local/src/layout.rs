@@ -4,13 +4,14 @@
 //! <data>/sandboxes/<id>/record.json   what was created, by whom, when (written once ready)
 //! <data>/sandboxes/<id>/sock          the supervisor's socket
 //! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
-//! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one
+//! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one or a cap
 //! <data>/sandboxes/<id>/supervisor.log
 //! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
 //! <data>/ids/<slot>                   a host identity in use, and by whom (see `identity`)
+//! <data>/.paddock-data-dir            marks a data directory, which every sandbox's root hides (see `registry`)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -55,10 +56,6 @@ impl DataDir {
     }
     pub fn scratch_workspace(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("workspace")
-    }
-    /// The image of a size-capped `/workspace` of a sandbox without a persistent one.
-    pub fn scratch_image(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox(id).join("workspace.img")
     }
     /// Where the supervisor mounts an image-backed workspace, in its private mount namespace.
     pub fn workspace_mount(&self, id: &SandboxId) -> PathBuf {

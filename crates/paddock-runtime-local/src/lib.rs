@@ -12,6 +12,7 @@ pub mod image;
 mod init;
 pub mod layout;
 mod protocol;
+pub mod registry;
 pub mod supervisor;
 mod wsimage;
 

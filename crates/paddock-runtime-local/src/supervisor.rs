@@ -21,7 +21,7 @@ use crate::identity::{self, HostIds};
 use crate::image::RootSource;
 use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
 use paddock_sys::fdpass;
-use paddock_sys::mounts::RootPlan;
+use paddock_sys::mounts::{RootPlan, Workspace};
 use paddock_sys::process::{self as sp, Forked};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
@@ -160,7 +160,7 @@ impl Supervisor {
         let own_dir = dd.sandbox(&id);
         chown(&own_dir, None, Some(ids.gid)).map_err(|e| io(&own_dir, e))?;
         fs::set_permissions(&own_dir, fs::Permissions::from_mode(0o710)).map_err(|e| io(&own_dir, e))?;
-        let (workspace_dir, workspace) = match &spec.workspace {
+        let (workspace_mount, workspace) = match &spec.workspace {
             Some(w) => {
                 let name = resource_name(&w.thread, w.naming);
                 let image = dd.workspace_image(&name);
@@ -177,25 +177,37 @@ impl Supervisor {
                         dir.display()
                     )));
                 }
-                (dir, Some(WorkspaceInfo { thread: w.thread.clone(), name }))
+                (Workspace::Bind(dir), Some(WorkspaceInfo { thread: w.thread.clone(), name }))
             }
+            // A scratch workspace is a tmpfs, not an ext4 image like a persistent one: making and
+            // loop-mounting an image costs more than the whole rest of a cold start, and a
+            // scratch workspace needs no life beyond the sandbox. Its pages are charged to the
+            // sandbox's memory cgroup, so its cap is at most the memory limit: past that, a
+            // write would meet the OOM killer instead of a clean ENOSPC, and `df` would promise
+            // space that is not there.
             None => match spec.resources.workspace_bytes {
-                Some(bytes) => {
-                    let image = dd.scratch_image(&id);
-                    crate::wsimage::create(&image, bytes, ids.uid, ids.gid)?;
-                    let at = dd.workspace_mount(&id);
-                    crate::wsimage::mount_private(&image, &at)?;
-                    (at, None)
-                }
+                Some(bytes) => (
+                    Workspace::Tmpfs {
+                        bytes: bytes.min(spec.resources.memory_bytes),
+                        inodes: spec.resources.workspace_inodes,
+                        uid: spec.user.uid,
+                        gid: spec.user.gid,
+                    },
+                    None,
+                ),
                 None => {
                     let dir = dd.scratch_workspace(&id);
                     fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
                     chown(&dir, Some(ids.uid), Some(ids.gid)).map_err(|e| io(&dir, e))?;
                     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| io(&dir, e))?;
-                    (dir, None)
+                    (Workspace::Bind(dir), None)
                 }
             },
         };
+        // Every Paddock data directory on the host, this instance's included even if the
+        // registry cannot be read.
+        let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
+        data_dirs.extend(fs::canonicalize(dd.root()));
         let source = match crate::image::resolve(spec.image.as_deref())? {
             RootSource::Host => PathBuf::from("/"),
             RootSource::Dir(path) => {
@@ -205,22 +217,24 @@ impl Supervisor {
                         path.display()
                     ))
                 })?;
-                // Sandboxes write into the data directory (workspaces): a root filesystem there
-                // could be rearranged by one sandbox under the next.
-                if fs::canonicalize(dd.root()).is_ok_and(|data| real.starts_with(&data)) {
+                // Sandboxes write into data directories (workspaces): a root filesystem there
+                // could be rearranged by one sandbox under the next, and masking the data
+                // directory would hide the whole root.
+                if let Some(data) = data_dirs.iter().find(|d| real.starts_with(d)) {
                     return Err(RuntimeError::InvalidArgument(format!(
-                        "rootfs {} is inside Paddock's data directory: unpack images elsewhere",
-                        path.display()
+                        "rootfs {} is inside Paddock's data directory {}: unpack images elsewhere",
+                        path.display(),
+                        data.display()
                     )));
                 }
                 real
             }
         };
-        let masks = fs::canonicalize(dd.root()).into_iter().collect();
+        let masks = crate::registry::masks_within(&source, &data_dirs);
         let plan = RootPlan {
             skeleton: dd.skeleton(&id),
             source,
-            workspace: workspace_dir,
+            workspace: workspace_mount,
             masks,
             tmp_bytes: spec.resources.tmp_bytes,
             shm_bytes: spec.resources.tmp_bytes.min(64 << 20),

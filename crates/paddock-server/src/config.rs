@@ -24,6 +24,9 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// Size and inode caps of `/workspace` for creates that give none (`resourceLimits`).
+    pub workspace_bytes: u64,
+    pub workspace_inodes: u64,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub enum ConfigError {
     NoAuthOffLoopback(SocketAddr),
     #[error("--header-timeout and --max-connections must be more than zero")]
     ConnectionLimits,
+    #[error("the default workspace caps cannot be used: {0}; adjust --workspace-size or --workspace-inodes")]
+    Workspace(String),
 }
 
 impl ServerConfig {
@@ -49,6 +54,10 @@ impl ServerConfig {
         if self.header_timeout.is_zero() || self.max_connections == 0 {
             return Err(ConfigError::ConnectionLimits);
         }
+        let mut spec = paddock_core::spec::SandboxSpec::default();
+        spec.resources.workspace_bytes = Some(self.workspace_bytes);
+        spec.resources.workspace_inodes = self.workspace_inodes;
+        spec.validate().map_err(|e| ConfigError::Workspace(e.to_string()))?;
         if self.api_key.is_none() && !self.listen.ip().is_loopback() {
             return Err(ConfigError::NoAuthOffLoopback(self.listen));
         }
@@ -71,6 +80,8 @@ mod tests {
             deadlines: Default::default(),
             header_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
+            workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
         }
     }
 
@@ -104,5 +115,16 @@ mod tests {
         let mut c = config();
         c.max_connections = 0;
         assert_eq!(c.validate(), Err(ConfigError::ConnectionLimits));
+    }
+
+    #[test]
+    fn default_workspace_caps_are_checked_and_name_the_flags() {
+        let mut c = config();
+        c.workspace_bytes = 1024;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("workspace-size") && e.contains("--workspace-size"), "{e}");
+        let mut c = config();
+        c.workspace_inodes = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::Workspace(_))));
     }
 }

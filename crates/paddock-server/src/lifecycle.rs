@@ -276,6 +276,8 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         Some(Some(t)) => t as u64,
     };
     let mut spec = SandboxSpec { image: image_ref, timeout_secs: Some(timeout_secs), ..Default::default() };
+    spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
+    spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
         match k.as_str() {
             "cpu" => {
@@ -302,9 +304,19 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
                     ApiError::bad_request(format!("resourceLimits.{k} {v:?} is not a quantity such as \"1Gi\""))
                 })?
             }
+            "workspace" => {
+                spec.resources.workspace_bytes = Some(parse_memory(v).ok_or_else(|| {
+                    ApiError::bad_request(format!("resourceLimits.workspace {v:?} is not a quantity such as \"10Gi\""))
+                })?)
+            }
+            "workspace-inodes" => {
+                spec.resources.workspace_inodes = v.parse().map_err(|_| {
+                    ApiError::bad_request(format!("resourceLimits.workspace-inodes {v:?} is not a whole number"))
+                })?
+            }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "resource {other:?} is not supported: use cpu, memory, pids or ephemeral-storage"
+                    "resource {other:?} is not supported: use cpu, memory, pids, ephemeral-storage (/tmp), workspace or workspace-inodes"
                 )));
             }
         }
@@ -724,6 +736,87 @@ async fn openapi() -> Response {
 
 /// The OpenAPI document of Paddock's own API (workspaces) and the lifecycle routes it serves.
 pub fn openapi_document() -> Value {
+    let mut doc = workspace_document();
+    // The lifecycle routes too, as Paddock serves them, so that clients and the API fuzz run
+    // (e2e/fuzz/run) see every route this server answers outside a sandbox's proxy.
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), lifecycle_paths()) {
+        paths.extend(more);
+    }
+    if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
+        schemas.extend(more);
+    }
+    doc
+}
+
+fn lifecycle_paths() -> Value {
+    let sandbox_ref = json!({"$ref": "#/components/schemas/Sandbox"});
+    let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
+    let ok =
+        |what: &str, schema: Value| json!({"description": what, "content": {"application/json": {"schema": schema}}});
+    let plain = |summary: &str, code: &str, what: &str| {
+        json!({"summary": summary, "parameters": [id.clone()],
+            "responses": {code: {"description": what}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}})
+    };
+    json!({
+        "/sandboxes": {
+            "post": {"summary": "Create a sandbox (OpenSandbox lifecycle API)",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRequest"}}}},
+                "responses": {"202": ok("The sandbox, starting", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone()}},
+            "get": {"summary": "List sandboxes",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "metadata", "in": "query", "schema": {"type": "string"}, "description": "k=v&k2=v2, URL-encoded"},
+                    {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                    {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}],
+                "responses": {"200": ok("A page of sandboxes", json!({"type": "object", "required": ["items", "pagination"], "properties": {
+                    "items": {"type": "array", "items": sandbox_ref.clone()}, "pagination": {"type": "object"}}})),
+                    "400": error_ref.clone(), "401": error_ref.clone()}}},
+        "/sandboxes/{id}": {
+            "get": {"summary": "One sandbox", "parameters": [id.clone()],
+                "responses": {"200": ok("The sandbox", sandbox_ref.clone()), "401": error_ref.clone(), "404": error_ref.clone()}},
+            "delete": plain("Destroy a sandbox", "204", "Destroyed")},
+        "/sandboxes/{id}/metadata": {"patch": {"summary": "Set (string) or remove (null) metadata keys", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
+                "additionalProperties": {"type": ["string", "null"]}}}}},
+            "responses": {"200": ok("The sandbox", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/pause": {"post": plain("Pause a sandbox", "202", "Paused")},
+        "/sandboxes/{id}/resume": {"post": plain("Resume a paused sandbox", "202", "Resumed")},
+        "/sandboxes/{id}/renew-expiration": {"post": {"summary": "Move a sandbox's expiry", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
+                "required": ["expiresAt"], "additionalProperties": false,
+                "properties": {"expiresAt": {"type": "string", "format": "date-time"}}}}}},
+            "responses": {"200": {"description": "The new expiry"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/endpoints/{port}": {"get": {"summary": "Where to reach a port of the sandbox",
+            "parameters": [id.clone(), {"name": "port", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}},
+                {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
+            "responses": {"200": {"description": "The endpoint"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}}
+    })
+}
+
+fn lifecycle_schemas() -> Value {
+    json!({
+        "CreateRequest": {"type": "object",
+            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
+            "properties": {
+                "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {}}},
+                "entrypoint": {"type": "array", "items": {"type": "string"}},
+                "timeout": {"type": ["integer", "null"], "minimum": 60},
+                "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"}},
+                "resourceRequests": {"type": "object", "additionalProperties": {"type": "string"}},
+                "env": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                "extensions": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "workspace: a thread id whose persistent workspace becomes /workspace"},
+                "platform": {"type": "object", "properties": {"os": {"type": "string"}, "arch": {"type": "string"}}},
+                "networkPolicy": {"type": "object", "properties": {"defaultAction": {"type": "string"}, "egress": {"type": "array"}}},
+                "snapshotId": {"type": "string"}, "templateId": {"type": "string"},
+                "secureAccess": {"type": "boolean"}, "volumes": {"type": "array"}, "lifecycle": {},
+                "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}}}}
+    })
+}
+
+fn workspace_document() -> Value {
     let sandbox_ref = json!({"$ref": "#/components/schemas/Sandbox"});
     let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     let thread = json!({"name": "thread", "in": "path", "required": true, "schema": {"type": "string"},
@@ -772,7 +865,7 @@ pub fn openapi_document() -> Value {
                     "properties": {
                     "timeout": {"type": "integer", "minimum": 60},
                     "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"},
-                        "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage"},
+                        "description": "cpu (\"500m\"), memory (\"512Mi\"), pids, ephemeral-storage (/tmp, \"1Gi\"), workspace (size of /workspace, \"10Gi\"), workspace-inodes"},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                     "image": {"type": "object", "properties": {"uri": {"type": "string"}}},

@@ -20,6 +20,13 @@ async fn fake_runtime_capabilities_come_from_the_runtime() {
     let (status, doc) = s.call("GET", "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["paths"]["/capabilities"]["get"].is_object(), "capabilities are documented");
+    // The lifecycle routes too: the API fuzz run (e2e/fuzz/run) only reaches what is documented.
+    for (path, method) in
+        [("/sandboxes", "post"), ("/sandboxes/{id}", "delete"), ("/sandboxes/{id}/renew-expiration", "post")]
+    {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
+    }
+    assert!(doc["components"]["schemas"]["CreateRequest"].is_object());
 }
 
 #[tokio::test]
@@ -151,4 +158,31 @@ async fn fake_runtime_a_hung_sandbox_costs_a_timeout_not_a_hung_request() {
     assert!(started.elapsed() < Duration::from_secs(10), "the deadline (2 s here) was not applied");
     let (status, body) = s.call("GET", &Server::execd(&fine, "/files/info?path=/workspace"), None).await;
     assert_eq!(status, StatusCode::OK, "another sandbox keeps working: {body}");
+}
+
+#[tokio::test]
+async fn fake_runtime_workspace_caps_default_to_the_servers_and_are_set_per_sandbox() {
+    use paddock_core::runtime::{Runtime, SandboxId};
+    let s = Server::new().await;
+    let resources = |id: String| {
+        let rt = s.rt.clone();
+        async move { rt.get(&SandboxId::parse(&id).unwrap()).await.unwrap().spec.resources }
+    };
+    let r = resources(s.create().await).await;
+    assert_eq!(
+        (r.workspace_bytes, r.workspace_inodes),
+        (Some(paddock_core::spec::DEFAULT_WORKSPACE), paddock_core::spec::DEFAULT_WORKSPACE_INODES)
+    );
+    let body = json!({"image": {"uri": "fake"}, "entrypoint": ["true"], "timeout": 600,
+        "resourceLimits": {"workspace": "64Mi", "workspace-inodes": "5000"}});
+    let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let r = resources(created["id"].as_str().unwrap().to_owned()).await;
+    assert_eq!((r.workspace_bytes, r.workspace_inodes), (Some(64 << 20), 5000));
+    for (k, v) in [("workspace", "lots"), ("workspace-inodes", "-1"), ("workspace", "1Ki"), ("workspace-inodes", "3")] {
+        let body = json!({"image": {"uri": "fake"}, "entrypoint": ["true"], "resourceLimits": {k: v}});
+        let (status, err) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{k}={v}: {err}");
+        assert!(err["message"].as_str().unwrap().contains("workspace"), "{k}={v}: {err}");
+    }
 }

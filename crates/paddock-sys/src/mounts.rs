@@ -19,6 +19,13 @@ use crate::{Result, SysError};
 /// mounted fresh, `/tmp` and `/run` are private, and people's homes stay private.
 const NEVER_BOUND: &[&str] = &["proc", "sys", "dev", "tmp", "run", "root", "home", "workspace", "lost+found"];
 
+/// Pseudo-terminals one sandbox may hold at once. Every sandbox has its own devpts instance, so
+/// without a `max` one sandbox could take the whole pool that non-initial instances share
+/// (`kernel.pty.max` minus `kernel.pty.reserve`, which stays for the host's own instance) and
+/// leave every other sandbox without a terminal. 256 is far more than shells, tmux panes and
+/// pty-testing suites use, and keeps a dozen hostile sandboxes from draining the shared pool.
+pub const MAX_PTYS: u32 = 256;
+
 /// Device nodes bound from the host's `/dev`.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -29,14 +36,24 @@ pub struct RootPlan {
     pub skeleton: PathBuf,
     /// The tree shown read-only as `/`: the host's `/`, or an image rootfs directory.
     pub source: PathBuf,
-    /// Host directory mounted read-write at `/workspace`.
-    pub workspace: PathBuf,
+    /// What `/workspace` is.
+    pub workspace: Workspace,
     /// Paths inside the sandbox hidden behind an empty read-only tmpfs (the data directory).
     pub masks: Vec<PathBuf>,
     /// Size cap of `/tmp`, bytes.
     pub tmp_bytes: u64,
     /// Size cap of `/dev/shm`, bytes.
     pub shm_bytes: u64,
+}
+
+/// What is mounted read-write at `/workspace`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workspace {
+    /// A host directory (or the mount point of a workspace image), bound.
+    Bind(PathBuf),
+    /// A fresh tmpfs with a size and an inode cap, owned by the sandbox user (ids as seen
+    /// inside). Its pages are charged to the memory cgroup of whoever writes them, the sandbox.
+    Tmpfs { bytes: u64, inodes: u64, uid: u32, gid: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +164,7 @@ impl RootPlan {
             &dev.join("pts"),
             "devpts",
             MountFlags::NOSUID | MountFlags::NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620",
+            &format!("newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"),
         )?;
         let nosuid_nodev = MountFlags::NOSUID | MountFlags::NODEV;
         mount_tmpfs(
@@ -157,8 +174,17 @@ impl RootPlan {
         )?;
         mount_tmpfs(&sk.join("tmp"), &format!("size={},mode=1777", self.tmp_bytes), nosuid_nodev)?;
         let ws = sk.join("workspace");
-        bind(&self.workspace, &ws, false)?;
-        remount_bind(&ws, nosuid_nodev)?;
+        match &self.workspace {
+            Workspace::Bind(dir) => {
+                bind(dir, &ws, false)?;
+                remount_bind(&ws, nosuid_nodev)?;
+            }
+            Workspace::Tmpfs { bytes, inodes, uid, gid } => mount_tmpfs(
+                &ws,
+                &format!("size={bytes},nr_inodes={inodes},mode=0755,uid={uid},gid={gid}"),
+                nosuid_nodev,
+            )?,
+        }
         mount_fs("proc", &sk.join("proc"), "proc", nosuid_nodev | MountFlags::NOEXEC, "")?;
         // sysfs can only be mounted when the kernel sees the host's one fully; without it the
         // sandbox simply has an empty /sys.
@@ -294,7 +320,7 @@ mod tests {
         let plan = RootPlan {
             skeleton: tmp.path().join("sk"),
             source: src,
-            workspace: tmp.path().join("ws"),
+            workspace: Workspace::Bind(tmp.path().join("ws")),
             masks: vec![],
             tmp_bytes: 1 << 20,
             shm_bytes: 1 << 20,

@@ -141,9 +141,15 @@ pub struct SandboxOpts {
     /// Size cap of /tmp (e.g. 64M).
     #[arg(long, value_parser = parse_bytes)]
     tmp_size: Option<u64>,
-    /// Size cap of /workspace (e.g. 1G); a persistent workspace keeps the size it was created with.
+    /// Size cap of /workspace [default: 2G]. Without --workspace it is memory (a tmpfs), so at
+    /// most --memory; a persistent workspace is a disk image that keeps the size it was created
+    /// with.
     #[arg(long, value_parser = parse_bytes)]
     workspace_size: Option<u64>,
+    /// Most files and directories /workspace may hold [default: 262144]; a persistent workspace
+    /// keeps the cap it was created with.
+    #[arg(long)]
+    workspace_inodes: Option<u64>,
     /// Environment variable for every command, NAME=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_env)]
     env: Vec<(String, String)>,
@@ -206,7 +212,12 @@ impl SandboxOpts {
         if let Some(t) = self.tmp_size {
             r.tmp_bytes = t;
         }
-        r.workspace_bytes = self.workspace_size;
+        if let Some(w) = self.workspace_size {
+            r.workspace_bytes = Some(w);
+        }
+        if let Some(i) = self.workspace_inodes {
+            r.workspace_inodes = i;
+        }
         spec.env = self.env.iter().cloned().collect();
         if let Some(u) = self.user {
             spec.user = u;

@@ -51,6 +51,15 @@ pub struct ServeArgs {
     /// Connections served at once; further ones wait until one closes.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Size cap of /workspace for sandboxes created without `resourceLimits.workspace`. A
+    /// scratch workspace is memory (a tmpfs charged to the sandbox), so it is also at most the
+    /// sandbox's memory; a persistent one is a disk image that keeps its size for life.
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    workspace_size: u64,
+    /// Most files and directories /workspace may hold, for sandboxes created without
+    /// `resourceLimits.workspace-inodes`.
+    #[arg(long, default_value_t = paddock_core::spec::DEFAULT_WORKSPACE_INODES)]
+    workspace_inodes: u64,
     /// How long running requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -136,6 +145,8 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         },
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        workspace_bytes: args.workspace_size,
+        workspace_inodes: args.workspace_inodes,
     };
     let state = paddock_server::build_state(config, rt).await?;
     let key_file = key_from_file.then(|| data_dir.join("api-key"));

@@ -14,6 +14,14 @@ fn spec() -> SandboxSpec {
     SandboxSpec::default()
 }
 
+/// A sandbox whose `/workspace` is a plain host directory (no cap), which only library callers
+/// can ask for: the one kind of workspace the host can reach into directly.
+fn uncapped() -> SandboxSpec {
+    let mut s = spec();
+    s.resources.workspace_bytes = None;
+    s
+}
+
 fn marker_name() -> String {
     let mut b = [0u8; 6];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
@@ -179,7 +187,7 @@ print("af_alg", call("socket", 38, 5, 0))
 #[tokio::test]
 async fn setuid_binaries_do_not_gain_root() {
     let env = Env::new();
-    let info = env.create(spec()).await;
+    let info = env.create(uncapped()).await;
     common::assert_confined(&env.rt, &info.id).await;
     // A setuid-root copy of `id`, planted by the host in the sandbox's workspace.
     let ws = env.data().join("sandboxes").join(info.id.as_str()).join("workspace");
@@ -264,8 +272,9 @@ async fn tmp_is_size_capped() {
 #[tokio::test]
 async fn another_sandboxes_workspace_is_out_of_reach() {
     let env = Env::new();
-    let a = env.rt.acquire(&"thread-a".parse_thread(), spec()).await.unwrap();
-    let b = env.rt.acquire(&"thread-b".parse_thread(), spec()).await.unwrap();
+    // Plain host directories, so that the host path of A's file is known and B is shown it.
+    let a = env.rt.acquire(&"thread-a".parse_thread(), uncapped()).await.unwrap();
+    let b = env.rt.acquire(&"thread-b".parse_thread(), uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &a.id).await;
     common::assert_confined(&env.rt, &b.id).await;
     let m = marker_name();
@@ -407,9 +416,11 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     use paddock_core::runtime::{FileOp, FileReply};
     let env = Env::new();
     let thread = ThreadId::new("identity-thread").unwrap();
-    let ws = env.rt.acquire(&thread, spec()).await.unwrap();
+    // Workspaces on host directories: capped ones (an image, a tmpfs) are mounted only in the
+    // sandbox's own mount namespaces, where no host user reaches at all.
+    let ws = env.rt.acquire(&thread, uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &ws.id).await;
-    let scratch = env.confined(spec()).await;
+    let scratch = env.confined(uncapped()).await;
     let first = host_uid_of(&env, &ws.id).await;
     // Files the sandboxes make world-readable, and a set-uid copy of a shell.
     for id in [&ws.id, &scratch] {
@@ -441,7 +452,7 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     }
     // A workspace keeps its identity across sandboxes, so its files stay its own.
     env.rt.release(&thread).await.unwrap();
-    let again = env.rt.acquire(&thread, spec()).await.unwrap();
+    let again = env.rt.acquire(&thread, uncapped()).await.unwrap();
     common::assert_confined(&env.rt, &again.id).await;
     assert_eq!(host_uid_of(&env, &again.id).await, first, "the workspace changed identity");
     assert_eq!(sh(&env.rt, &again.id, "cat /workspace/s").await.stdout, "secret\n");
@@ -532,4 +543,186 @@ call('query-after-linux', 135, 0xffffffff)
     let out = sh(&env.rt, &id, "setarch -R true 2>/dev/null && echo NO-ASLR; linux32 uname -m").await;
     assert_eq!(out.stdout, "i686\n", "{}", out.stderr);
     bystander_ok(&env, &bystander).await;
+}
+
+#[tokio::test]
+async fn a_sandbox_cannot_take_every_pseudo_terminal() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    let max = paddock_sys::mounts::MAX_PTYS;
+    // Holds every pty it can get in the background, so the host and the bystander are tried
+    // while the sandbox still holds them; the count is written once it hits the limit.
+    let hog = "import os, time\n\
+               fds = []\n\
+               try:\n\
+               \x20   while len(fds) < 100000: fds.append(os.openpty())\n\
+               except OSError as e: err = e.strerror\n\
+               open('/tmp/ptys.tmp', 'w').write(f'{len(fds)} {err}')\n\
+               os.rename('/tmp/ptys.tmp', '/tmp/ptys')\n\
+               time.sleep(60)\n";
+    let started = exec(
+        &env.rt,
+        &id,
+        ExecRequest {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "python3 -c \"$HOG\" </dev/null >/dev/null 2>/tmp/hog.err & echo started".into(),
+            ],
+            env: BTreeMap::from([("HOG".to_owned(), hog.to_owned())]),
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    assert_eq!(started.stdout, "started\n", "{}", started.stderr);
+    let mut held = String::new();
+    for _ in 0..200 {
+        held = sh(&env.rt, &id, "cat /tmp/ptys 2>/dev/null").await.stdout;
+        if !held.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let err = sh(&env.rt, &id, "cat /tmp/hog.err").await.stdout;
+    let (count, why) = held.split_once(' ').unwrap_or_else(|| panic!("the pty hog never finished: {err}"));
+    assert_eq!(count.parse::<u32>().unwrap(), max, "the sandbox got {count} ptys ({why}); the limit is {max}");
+    assert_eq!(why, "No space left on device", "the hog stopped for another reason than the pty limit");
+
+    // The host still gets a terminal (closed again when dropped), and so does the bystander.
+    let host = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ptmx");
+    assert!(host.is_ok(), "the host could not open a pty while the sandbox held {max}: {host:?}");
+    drop(host);
+    let out = sh(&env.rt, &bystander, "python3 -c 'import os; os.openpty(); print(\"pty-ok\")'").await;
+    assert_eq!(out.stdout, "pty-ok\n", "the bystander could not open a pty: {}", out.stderr);
+    bystander_ok(&env, &bystander).await;
+    env.rt.destroy(&id).await.unwrap();
+}
+
+/// A file only a data directory holds, readable by anyone who can reach it, so that only the
+/// mask keeps a sandbox from it.
+fn plant_marker(env: &Env) -> (std::path::PathBuf, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let m = marker_name();
+    let path = env.data().join(&m);
+    let secret = format!("secret-{m}");
+    std::fs::write(&path, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    (path, secret)
+}
+
+#[tokio::test]
+async fn no_sandbox_sees_another_instances_data_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let first = Env::new();
+    let bystander = first.confined(spec()).await;
+    // /tmp is never bound into a sandbox, so the other instance lives where a host root shows it.
+    let second = Env::new_in(std::path::Path::new("/var/tmp"));
+    let (marker, text) = plant_marker(&second);
+    let id = first.confined(spec()).await;
+    let out =
+        sh(&first.rt, &id, &format!("cat {} 2>&1; ls -A {} 2>&1; echo end", marker.display(), second.data().display()))
+            .await;
+    assert!(!out.stdout.contains(&text), "a host-root sandbox read another instance's data: {}", out.stdout);
+    assert!(out.stdout.ends_with("\nend\n") && out.stdout.contains("No such file"), "{}", out.stdout);
+    // The instance's own data directory stays hidden too.
+    let (own, own_text) = plant_marker(&first);
+    let out = sh(&first.rt, &id, &format!("cat {} 2>&1; echo end", own.display())).await;
+    assert!(!out.stdout.contains(&own_text), "{}", out.stdout);
+
+    // An image root that holds the second instance's data directory somewhere below it.
+    let image = tempfile::Builder::new().prefix("pdi").tempdir_in("/tmp").unwrap();
+    let root = image.path().join("rootfs");
+    for f in ["/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"] {
+        let dst = root.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(f, &dst).unwrap();
+    }
+    let srv = root.join("srv/deep");
+    std::fs::create_dir_all(&srv).unwrap();
+    for dir in [image.path(), &root, &root.join("srv"), &srv] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let nested = Env::new_in(&srv);
+    let (marker, text) = plant_marker(&nested);
+    let inside = std::path::Path::new("/").join(marker.strip_prefix(&root).unwrap());
+    let mut s = spec();
+    s.image = Some(root.to_string_lossy().into_owned());
+    let id = first.create(s).await.id;
+    let req = ExecRequest {
+        argv: vec![
+            "/usr/bin/dash".into(),
+            "-c".into(),
+            format!("test -e /srv/deep && echo root-ok; read -r x < {} && echo \"$x\"; echo end", inside.display()),
+        ],
+        ..Default::default()
+    };
+    let out = exec(&first.rt, &id, req, None).await;
+    assert!(
+        out.stdout.starts_with("root-ok\n"),
+        "the image root is not the one expected: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(!out.stdout.contains(&text), "an image-root sandbox read a data directory inside its root: {}", out.stdout);
+    assert_eq!(out.stdout, "root-ok\nend\n", "{}", out.stderr);
+    bystander_ok(&first, &bystander).await;
+    drop(nested);
+}
+
+#[tokio::test]
+async fn a_sandbox_cannot_fill_the_host_disk_or_its_inodes_through_the_workspace() {
+    let env = Env::new();
+    let bystander = env.confined(spec()).await;
+    // By default the workspace is capped too: at the memory limit, since it is memory.
+    let out = sh(&env.rt, &bystander, "df -B1 --output=size,itotal /workspace | tail -1").await;
+    let fields: Vec<u64> = out.stdout.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    let defaults = SandboxSpec::default().resources;
+    assert_eq!(
+        fields,
+        [defaults.memory_bytes.min(defaults.workspace_bytes.unwrap()), defaults.workspace_inodes],
+        "df inside does not show the default caps: {}",
+        out.stderr
+    );
+
+    let mut s = spec();
+    s.resources.workspace_bytes = Some(16 << 20);
+    s.resources.workspace_inodes = 2048;
+    let id = env.confined(s).await;
+    let out = sh(&env.rt, &id, "df -B1 --output=size,itotal /workspace | tail -1").await;
+    assert_eq!(out.stdout.split_whitespace().collect::<Vec<_>>(), ["16777216", "2048"], "{}", out.stderr);
+    // Past the size cap: a clean ENOSPC, and nothing of it on the host's disk.
+    let out = sh(
+        &env.rt,
+        &id,
+        "dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1 | grep -c 'No space'; stat -c %s /workspace/fill",
+    )
+    .await;
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("1"), "writing past the cap did not fail with ENOSPC: {}", out.stdout);
+    let size: u64 = lines.next().unwrap().parse().unwrap();
+    assert!(size <= 16 << 20, "/workspace grew past its cap: {size}");
+    let du = std::process::Command::new("du").args(["-sk"]).arg(env.data()).output().unwrap();
+    let used_kib: u64 = String::from_utf8_lossy(&du.stdout).split_whitespace().next().unwrap().parse().unwrap();
+    assert!(used_kib < 1024, "the workspace's bytes reached the host disk: {used_kib} KiB in the data directory");
+    assert_eq!(sh(&env.rt, &id, "rm /workspace/fill && echo freed").await.stdout, "freed\n");
+    // Past the inode cap: ENOSPC as well, at the cap.
+    let out = sh(
+        &env.rt,
+        &id,
+        "python3 -c '\n\
+         import errno\n\
+         n = 0\n\
+         try:\n\
+         \x20   while n < 100000: open(f\"/workspace/f{n}\", \"w\").close(); n += 1\n\
+         except OSError as e: print(n, errno.errorcode[e.errno])'",
+    )
+    .await;
+    let (n, why) = out.stdout.trim().split_once(' ').unwrap_or_else(|| panic!("{} {}", out.stdout, out.stderr));
+    assert_eq!(why, "ENOSPC", "{}", out.stdout);
+    let n: u64 = n.parse().unwrap();
+    assert!((2000..2048).contains(&n), "created {n} files under an inode cap of 2048");
+    bystander_ok(&env, &bystander).await;
+    assert_eq!(sh(&env.rt, &bystander, "touch /workspace/x && echo wrote").await.stdout, "wrote\n");
 }

@@ -277,6 +277,7 @@ async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     let t = thread("sized");
     let mut spec = SandboxSpec::default();
     spec.resources.workspace_bytes = Some(32 << 20);
+    spec.resources.workspace_inodes = 4096;
     let first = env.rt.acquire(&t, spec.clone()).await.unwrap();
     common::assert_confined(&env.rt, &first.id).await;
     let out = sh(&env.rt, &first.id, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1 | grep -c 'No space'; echo keep > /workspace/small; stat -c %U /workspace").await;
@@ -287,10 +288,20 @@ async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     assert_nothing_left(env.data(), &first.id);
     let second = env.rt.acquire(&t, spec.clone()).await.unwrap();
     assert_eq!(sh(&env.rt, &second.id, "cat /workspace/small").await.stdout, "keep\n");
-    // The size is fixed at creation: asking for another one is a clear conflict.
+    // The caps are fixed at creation (an ext4 image: df shows its own size and inodes, which
+    // ext4 rounds up to whole block groups); a later acquire asking for others gets it as it is.
     env.rt.release(&t).await.unwrap();
     spec.resources.workspace_bytes = Some(64 << 20);
-    assert!(matches!(env.rt.acquire(&t, spec).await, Err(RuntimeError::Conflict(_))));
+    spec.resources.workspace_inodes = 100_000;
+    let third = env.rt.acquire(&t, spec).await.unwrap();
+    let out = sh(&env.rt, &third.id, "cat /workspace/small; df -B1 --output=size,itotal /workspace | tail -1").await;
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("keep"), "{}", out.stderr);
+    let df: Vec<u64> = lines.next().unwrap().split_whitespace().map(|f| f.parse().unwrap()).collect();
+    // Less the journal and inode tables.
+    assert!((24 << 20..=32 << 20).contains(&df[0]), "df shows {} bytes for a 32 MiB workspace", df[0]);
+    assert!((4096..8192).contains(&df[1]), "df shows {} inodes for a cap of 4096", df[1]);
+    env.rt.release(&t).await.unwrap();
     // A sandbox without a persistent workspace can be capped too.
     let mut scratch = SandboxSpec::default();
     scratch.resources.workspace_bytes = Some(16 << 20);

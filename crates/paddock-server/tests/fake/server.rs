@@ -33,6 +33,8 @@ impl Server {
             max_upload_bytes: 1 << 20,
             header_timeout: Duration::from_secs(30),
             max_connections: 64,
+            workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
+            workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),

@@ -26,8 +26,13 @@ pub fn require_root() {
 
 impl Env {
     pub fn new() -> Self {
+        Self::new_in(Path::new("/tmp"))
+    }
+
+    /// A runtime whose data directory is a new directory in `parent` (which others may search).
+    pub fn new_in(parent: &Path) -> Self {
         require_root();
-        let dir = tempfile::Builder::new().prefix("pdk").tempdir_in("/tmp").expect("temp dir");
+        let dir = tempfile::Builder::new().prefix("pdk").tempdir_in(parent).expect("temp dir");
         let rt = LocalRuntime::new(dir.path(), EXE, NamingMode::Hashed).expect("runtime");
         Self { rt, dir }
     }
