@@ -9,6 +9,7 @@
 //! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list. Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
+pub mod bench;
 pub mod check;
 pub mod exec;
 pub mod files;

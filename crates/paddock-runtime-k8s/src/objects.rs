@@ -450,7 +450,8 @@ mod tests {
         );
         assert_eq!(
             s["volumes"],
-            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "268435456"}}, {"name": "workspace", "emptyDir": {}}])
+            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "268435456"}},
+                   {"name": "workspace", "emptyDir": {"sizeLimit": paddock_core::spec::DEFAULT_WORKSPACE.to_string()}}])
         );
         let m = &p["metadata"];
         assert_eq!(m["labels"], json!({MANAGED_BY: "paddock", SANDBOX_LABEL: "sbx-0123456789ab"}));

@@ -980,17 +980,17 @@ async fn kill_all(children: Vec<tokio::process::Child>) -> Result<()> {
 // Statistics and the report
 
 #[derive(Debug, Clone, Serialize)]
-struct Stats {
-    n: usize,
-    p50_ms: f64,
-    p90_ms: f64,
-    p99_ms: f64,
-    min_ms: f64,
-    max_ms: f64,
+pub(crate) struct Stats {
+    pub(crate) n: usize,
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) min_ms: f64,
+    pub(crate) max_ms: f64,
 }
 
 impl Stats {
-    fn of(samples: &[Duration]) -> Self {
+    pub(crate) fn of(samples: &[Duration]) -> Self {
         let mut v: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
         v.sort_by(f64::total_cmp);
         // Nearest-rank percentile.
@@ -1347,7 +1347,7 @@ fn raise_open_file_limit() {
 }
 
 /// Progress on stderr: one updating line on a terminal, a few lines otherwise.
-struct Progress {
+pub(crate) struct Progress {
     label: String,
     total: usize,
     tty: bool,
@@ -1355,7 +1355,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(label: &str, total: usize) -> Self {
+    pub(crate) fn new(label: &str, total: usize) -> Self {
         let tty = std::io::stderr().is_terminal();
         let p = Self { label: label.to_owned(), total, tty, next_line: total.div_ceil(4).max(1) };
         if tty {
@@ -1366,7 +1366,7 @@ impl Progress {
         p
     }
 
-    fn tick(&mut self, done: usize) {
+    pub(crate) fn tick(&mut self, done: usize) {
         if self.tty {
             eprint!("\r{}: {done}/{}", self.label, self.total);
             if done == self.total {

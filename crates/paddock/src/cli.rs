@@ -89,7 +89,7 @@ pub enum Command {
     /// Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces).
     Serve(crate::serve::ServeArgs),
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
-    Bench(crate::bench::BenchArgs),
+    Bench(crate::runtimes::AnyBenchArgs),
     /// Check that the chosen runtime can run sandboxes here: on Kubernetes, the API, the
     /// namespace, every permission the runtime needs (by SelfSubjectAccessReview), the
     /// RuntimeClass, and a probe that proves NetworkPolicy is enforced. Exit status 0 only
@@ -319,10 +319,7 @@ fn sandbox_id(s: &str) -> Result<SandboxId> {
 
 pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Bench(args) = cli.command {
-        // The benchmark measures this machine's runtime against bubblewrap on this machine.
-        let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
-        let rt = paddock_runtime_local::LocalRuntime::new(&cli.data_dir, exe, cli.naming)?;
-        return crate::bench::run(&rt, args, cli.json).await;
+        return crate::runtimes::bench(&cli.runtime, &cli.data_dir, cli.naming, args, cli.json).await;
     }
     if let Command::Check { no_probe } = cli.command {
         return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;

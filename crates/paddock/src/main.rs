@@ -3,6 +3,7 @@
 //! stays single-threaded.
 
 mod bench;
+mod bench_k8s;
 mod cli;
 mod output;
 mod runtimes;

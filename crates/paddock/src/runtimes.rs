@@ -189,6 +189,33 @@ Seccomp:	2
     report
 }
 
+/// `paddock bench`'s arguments for either runtime.
+#[derive(Debug, clap::Args)]
+pub struct AnyBenchArgs {
+    #[command(flatten)]
+    pub local: crate::bench::BenchArgs,
+    #[command(flatten)]
+    pub kube: crate::bench_k8s::KubeBenchArgs,
+}
+
+/// `paddock bench`: the local runtime against bubblewrap on this machine, or the Kubernetes
+/// runtime against bare Pods and `kubectl exec` on the cluster.
+pub async fn bench(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, args: AnyBenchArgs, json: bool) -> Result<u8> {
+    let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
+    match opts.kind {
+        RuntimeKind::Local => {
+            let rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
+            crate::bench::run(&rt, args.local, json).await
+        }
+        RuntimeKind::Kubernetes => {
+            let rt = Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
+            // The local runtime's exec round trip is the yardstick of the 3x aim; it needs root.
+            let local = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming).ok();
+            crate::bench_k8s::run(rt, local, args.kube, (args.local.iterations, args.local.quick), json).await
+        }
+    }
+}
+
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
 /// work, such as reaping expired sandboxes on Kubernetes.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {

@@ -1,0 +1,70 @@
+//! What `paddock --runtime kubernetes bench` needs from the cluster beyond the `Runtime` calls
+//! it times: the baseline of a bare Pod's create → Ready, and a sandbox's Pod name for the
+//! `kubectl exec` baseline.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams};
+use paddock_core::runtime::{RuntimeError, SandboxId};
+use serde_json::json;
+
+impl crate::KubeRuntime {
+    /// The name of a sandbox's Pod.
+    pub async fn pod_name(&self, id: &SandboxId) -> Result<String, RuntimeError> {
+        let pod = self.find(id).await?;
+        pod.metadata.name.ok_or_else(|| RuntimeError::System(format!("the Pod of {id} has no name")))
+    }
+
+    /// The baseline: one bare Pod of the default image (hardened like a sandbox's, with no
+    /// PVC and no NetworkPolicy) from create to Ready; it is deleted afterwards, untimed.
+    pub async fn bare_pod_ready(&self) -> Result<Duration, RuntimeError> {
+        let mut b = [0u8; 4];
+        rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| RuntimeError::System(format!("getrandom: {e}")))?;
+        let name = format!("paddock-bench-bare-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "paddock", "paddock.dev/bench": "bare"}},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": crate::objects::CONTAINER,
+                    "image": self.config.default_image,
+                    "imagePullPolicy": self.config.image_pull_policy,
+                    "command": crate::objects::KEEPER_COMMAND,
+                    "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "64Mi"}},
+                }],
+            },
+        }))
+        .map_err(|e| RuntimeError::System(format!("building the bench Pod: {e}")))?;
+        let t0 = Instant::now();
+        self.pods.create(&PostParams::default(), &pod).await.map_err(|e| crate::api_error("creating a bench Pod", e))?;
+        let ready = async {
+            let deadline = t0 + self.config.ready_timeout;
+            loop {
+                let pod = self.pods.get(&name).await.map_err(|e| crate::api_error("reading a bench Pod", e))?;
+                let is_ready = pod
+                    .status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if is_ready {
+                    return Ok(t0.elapsed());
+                }
+                if Instant::now() > deadline {
+                    return Err(RuntimeError::Timeout(format!("bench Pod {name} was not Ready in time")));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        .await;
+        let gone = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+        let _ = self.pods.delete(&name, &gone).await;
+        ready
+    }
+}
