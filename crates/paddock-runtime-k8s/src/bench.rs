@@ -44,7 +44,10 @@ impl crate::KubeRuntime {
         }))
         .map_err(|e| RuntimeError::System(format!("building the bench Pod: {e}")))?;
         let t0 = Instant::now();
-        self.pods.create(&PostParams::default(), &pod).await.map_err(|e| crate::api_error("creating a bench Pod", e))?;
+        self.pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| crate::api_error("creating a bench Pod", e))?;
         let ready = async {
             let deadline = t0 + self.config.ready_timeout;
             loop {

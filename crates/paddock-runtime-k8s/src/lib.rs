@@ -226,8 +226,16 @@ impl KubeRuntime {
         spec.validate()?;
         // Exhaustive on purpose: a new network mode must be handled here before it compiles.
         let NetworkPolicy::LoopbackOnly = spec.network;
-        if spec.image.is_none() {
-            spec.image = Some(self.config.default_image.clone());
+        match spec.image.as_deref() {
+            None => spec.image = Some(self.config.default_image.clone()),
+            // The local runtime's names for a root filesystem mean nothing to a kubelet.
+            Some(i) if i == "host" || i.starts_with('/') => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "image {i:?} is a root filesystem of the local runtime: the Kubernetes runtime runs container images; name one (such as {:?}) or none for that default",
+                    self.config.default_image
+                )));
+            }
+            Some(_) => {}
         }
         Ok(spec)
     }
@@ -937,6 +945,30 @@ mod tests {
             let id = SandboxId::parse("sbx-000000000001").unwrap();
             assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
             assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
+        });
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn local_root_filesystems_are_refused_in_the_runtimes_own_words() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
+            let k = KubeRuntime::new(client, KubeConfig::default());
+            for local in ["host", "/srv/rootfs"] {
+                let spec = SandboxSpec { image: Some(local.into()), ..Default::default() };
+                let e = k.prepare(spec).unwrap_err();
+                assert_eq!(e.code(), "NOT_SUPPORTED");
+                assert!(e.to_string().contains("container images"), "{e}");
+            }
+            let defaulted = k.prepare(SandboxSpec::default()).unwrap();
+            assert_eq!(defaulted.image.as_deref(), Some("paddock.local/sandbox:1"));
+            let named = k.prepare(SandboxSpec { image: Some("python:3.11".into()), ..Default::default() }).unwrap();
+            assert_eq!(named.image.as_deref(), Some("python:3.11"));
         });
     }
 }

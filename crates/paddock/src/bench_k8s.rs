@@ -192,16 +192,21 @@ pub async fn run(
     if let Some(l) = &report.local_exec_round_trip {
         row("  local runtime exec round trip", l);
     }
-    println!("ratios (p50): cold acquire / bare Pod {:.2}x; exec / kubectl exec {:.2}x{}",
+    println!(
+        "ratios (p50): cold acquire / bare Pod {:.2}x; exec / kubectl exec {:.2}x{}",
         report.ratio_cold_acquire_vs_bare_pod_p50,
         report.ratio_exec_vs_kubectl_p50,
-        report.ratio_exec_vs_local_p50.map(|r| format!("; exec / local exec {r:.1}x")).unwrap_or_default());
+        report.ratio_exec_vs_local_p50.map(|r| format!("; exec / local exec {r:.1}x")).unwrap_or_default()
+    );
     let aim = |ok: bool| if ok { "hit" } else { "MISS" };
     println!(
         "aims: re-acquire <= 20 ms p50: {} ({:.1} ms); exec within 3x of local: {}",
         aim(report.warm_reacquire.p50_ms <= 20.0),
         report.warm_reacquire.p50_ms,
-        report.ratio_exec_vs_local_p50.map(|r| format!("{} ({r:.1}x)", aim(r <= 3.0))).unwrap_or_else(|| "not measured".into())
+        report
+            .ratio_exec_vs_local_p50
+            .map(|r| format!("{} ({r:.1}x)", aim(r <= 3.0)))
+            .unwrap_or_else(|| "not measured".into())
     );
     Ok(0)
 }

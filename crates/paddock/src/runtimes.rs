@@ -200,7 +200,13 @@ pub struct AnyBenchArgs {
 
 /// `paddock bench`: the local runtime against bubblewrap on this machine, or the Kubernetes
 /// runtime against bare Pods and `kubectl exec` on the cluster.
-pub async fn bench(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, args: AnyBenchArgs, json: bool) -> Result<u8> {
+pub async fn bench(
+    opts: &RuntimeOpts,
+    data_dir: &Path,
+    naming: NamingMode,
+    args: AnyBenchArgs,
+    json: bool,
+) -> Result<u8> {
     let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
     match opts.kind {
         RuntimeKind::Local => {
@@ -208,7 +214,8 @@ pub async fn bench(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, args
             crate::bench::run(&rt, args.local, json).await
         }
         RuntimeKind::Kubernetes => {
-            let rt = Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
+            let rt =
+                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
             // The local runtime's exec round trip is the yardstick of the 3x aim; it needs root.
             let local = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming).ok();
             crate::bench_k8s::run(rt, local, args.kube, (args.local.iterations, args.local.quick), json).await
