@@ -335,23 +335,32 @@ impl ParseThread for str {
     }
 }
 
-#[tokio::test]
-async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
-    let env = Env::new();
-    let id = env.confined(spec()).await;
-    // Hold as many inotify instances as the kernel allows this user, then check from the host.
+/// Starts a command in `id` that opens inotify instances until the kernel refuses one, keeps
+/// them for 30 s, and reports how many it holds. Returns its control and that count (> 0).
+async fn hold_every_inotify_instance(
+    env: &Env,
+    id: &paddock_core::runtime::SandboxId,
+) -> (Box<dyn paddock_core::runtime::Execution>, u32) {
     let script = "import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile True:\n    fd = libc.inotify_init1(0)\n    if fd < 0: break\n    held.append(fd)\nprint(len(held), flush=True)\ntime.sleep(30)\n";
     let req = ExecRequest {
         argv: vec!["python3".into(), "-c".into(), script.into()],
         timeout_ms: Some(20_000),
         ..Default::default()
     };
-    let process = env.rt.exec(&id, req).await.unwrap();
-    let mut hog = process.control;
+    let process = env.rt.exec(id, req).await.unwrap();
     let mut line = String::new();
     tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(process.stdout), &mut line).await.unwrap();
     let held = line.trim().parse::<u32>().unwrap_or(0);
     assert!(held > 0, "the sandbox could open no inotify instance at all");
+    (process.control, held)
+}
+
+#[tokio::test]
+async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
+    let env = Env::new();
+    let id = env.confined(spec()).await;
+    // Hold as many inotify instances as the kernel allows this user, then check from the host.
+    let (mut hog, held) = hold_every_inotify_instance(&env, &id).await;
     let host = rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC);
     assert!(host.is_ok(), "host root lost inotify after a sandbox held {held} instances: {host:?}");
     hog.signal(9).await.unwrap();
@@ -377,18 +386,7 @@ async fn every_sandbox_has_a_host_identity_of_its_own_so_per_user_limits_are_not
         assert!((BASE..BASE + SLOTS).contains(&uid), "host uid {uid} is outside Paddock's range");
     }
     // One sandbox holds every inotify instance the kernel allows its user...
-    let script = "import ctypes, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile True:\n    fd = libc.inotify_init1(0)\n    if fd < 0: break\n    held.append(fd)\nprint(len(held), flush=True)\ntime.sleep(30)\n";
-    let req = ExecRequest {
-        argv: vec!["python3".into(), "-c".into(), script.into()],
-        timeout_ms: Some(20_000),
-        ..Default::default()
-    };
-    let process = env.rt.exec(&hog_id, req).await.unwrap();
-    let mut hog = process.control;
-    let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(process.stdout), &mut line).await.unwrap();
-    let held: u32 = line.trim().parse().unwrap_or(0);
-    assert!(held > 0, "the hog could open no inotify instance at all");
+    let (mut hog, held) = hold_every_inotify_instance(&env, &hog_id).await;
     // ... and another sandbox still has its own.
     let probe = "import ctypes\nfd = ctypes.CDLL(None).inotify_init1(0)\nprint('ok' if fd >= 0 else 'exhausted')";
     let out = exec(
