@@ -43,6 +43,7 @@ def test_pause_stops_everything_and_resume_keeps_memory(make_sandbox, conn, serv
     sb.pause()
     state = wait_until(lambda: (s := _state(sb)) != "Pausing" and s, 10, "pause to settle")
     assert state == "Paused", state
+    assert sb.is_healthy() is False, "a paused sandbox runs nothing: it is not healthy"
     time.sleep(3.0)
     assert _state(sb) == "Paused"
 
@@ -58,6 +59,7 @@ def test_pause_stops_everything_and_resume_keeps_memory(make_sandbox, conn, serv
             "the sandbox kept running while paused"
         )
         assert _state(resumed) == "Running"
+        assert resumed.is_healthy() is True
 
         time.sleep(1.5)
         later = _counter(resumed)

@@ -25,7 +25,7 @@ use crate::store::now_ms;
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/ping", get(|| async {}))
+        .route("/ping", get(ping))
         .route("/command", post(commands::run).delete(commands::interrupt))
         .route("/command/status/{cmd}", get(commands::status))
         .route("/command/{cmd}/logs", get(commands::logs))
@@ -40,6 +40,25 @@ pub fn router() -> Router<AppState> {
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/directories/list", get(files::list))
         .route("/metrics", get(metrics))
+}
+
+/// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
+/// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
+async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    match state.rt.get(&sandbox).await?.state {
+        paddock_core::runtime::SandboxState::Running => Ok(()),
+        paddock_core::runtime::SandboxState::Paused => Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_PAUSED",
+            format!("sandbox {sandbox} is paused: resume it to run commands"),
+        )),
+        paddock_core::runtime::SandboxState::Failed => Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_FAILED",
+            format!("sandbox {sandbox} has failed: its processes are gone; delete it and create another"),
+        )),
+    }
 }
 
 /// The sandbox named by the `id` path parameter, which must exist.
