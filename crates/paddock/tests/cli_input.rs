@@ -576,3 +576,31 @@ async fn a_terminal_is_relayed_and_never_handed_to_the_sandbox() {
     assert!(!text.contains("/dev/pts") && !text.contains("/dev/tty"), "the sandbox got the terminal: {text}");
     assert_eq!(text.matches("pipe:").count(), 2, "stdout and stderr are relayed through pipes: {text}");
 }
+
+#[tokio::test]
+async fn a_file_the_caller_redirects_output_to_is_never_handed_to_the_sandbox() {
+    let cli = Cli::new();
+    let id = cli.ok(&["create"]).await.trim().to_owned();
+    // Confined first: uid 1000, no capabilities (the target below is a marker file of ours).
+    assert_eq!(cli.ok(&["exec", &id, "--", "id", "-u"]).await, "1000\n");
+    assert_eq!(
+        cli.ok(&["exec", &id, "--", "grep", "CapEff", "/proc/self/status"]).await,
+        "CapEff:\t0000000000000000\n"
+    );
+    // `paddock exec … >> caller.log`, and the command leaves a process behind that writes
+    // (and would truncate) later: with the caller's own file it could, long after the exit.
+    let log = cli.data().join("caller.log");
+    std::fs::write(&log, "before\n").unwrap();
+    let file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let script = "(sleep 1; : > /proc/self/fd/1; echo late) >/dev/stdout 2>/dev/null & echo now";
+    let status =
+        cli.command(&["exec", &id, "--", "sh", "-c", script]).stdout(Stdio::from(file)).status().await.unwrap();
+    assert!(status.success());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "before\nnow\n",
+        "a process left in the sandbox reached the caller's file after the CLI exited"
+    );
+    cli.ok(&["rm", &id]).await;
+}
