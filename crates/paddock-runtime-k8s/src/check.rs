@@ -282,8 +282,8 @@ async fn probe_steps(
         let pod = probe_pod(ns, name, role, config, command).map_err(|e| e.to_string())?;
         pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("creating probe Pod {name}: {e}"))?;
     }
-    let ip = wait_running(pods, server).await?;
-    wait_running(pods, prober).await?;
+    let ip = wait_running(pods, server, ns, &config.default_image).await?;
+    wait_running(pods, prober, ns, &config.default_image).await?;
     let url = format!("http://{ip}:8080/hostname");
     // `timeout`, not wget's own -T: busybox 1.35's static wget crashes with -T.
     let fetch = |timeout: &str| ["timeout", timeout, "wget", "-q", "-O", "-", url.as_str()].map(str::to_owned).to_vec();
@@ -330,7 +330,7 @@ async fn exec_in(pods: &Api<Pod>, pod: &str, argv: Vec<String>) -> Result<(i32, 
 }
 
 /// Waits until a probe Pod runs; returns its IP.
-async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<String, String> {
+async fn wait_running(pods: &Api<Pod>, name: &str, ns: &str, image: &str) -> Result<String, String> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let pod = pods.get(name).await.map_err(|e| format!("reading probe Pod {name}: {e}"))?;
@@ -345,8 +345,7 @@ async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<String, String> {
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "probe Pod {name} did not run within 90s (image {}? scheduling?)",
-                "the sandbox image"
+                "probe Pod {name} did not run within 90s: see `kubectl -n {ns} describe pod {name}` (is the sandbox image {image:?} on the nodes, can the Pod be scheduled?)"
             ));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -4,25 +4,6 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::{Api, Client};
 use paddock_core::runtime::RuntimeError;
 
-/// The isolation a RuntimeClass provides, as the operator declares it. Never derived from the
-/// class's name or handler: a class called `gvisor` may run anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    Gvisor,
-    Kata,
-    Firecracker,
-}
-
-impl Isolation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gvisor => "gvisor",
-            Self::Kata => "kata",
-            Self::Firecracker => "firecracker",
-        }
-    }
-}
-
 /// Checks that RuntimeClass `name` exists; the error names it and what to do.
 pub async fn check_exists(client: &Client, name: &str) -> Result<String, RuntimeError> {
     let classes: Api<RuntimeClass> = Api::all(client.clone());
