@@ -331,3 +331,23 @@ async fn sandboxes_get_their_own_descriptor_limit_not_their_starters() {
     let (soft, hard) = paddock_runtime_local::supervisor::SANDBOX_NOFILE;
     assert_eq!(sh(&env.rt, &id, "ulimit -Sn; ulimit -Hn").await.stdout, format!("{soft}\n{hard}\n"));
 }
+
+/// A descriptor the starting process holds without close-on-exec (as one inherited from a shell
+/// or a service manager would be) reaches neither the supervisor's commands nor anything else
+/// in the sandbox.
+#[tokio::test]
+async fn a_leaked_descriptor_of_the_starter_never_reaches_the_sandbox() {
+    let env = Env::new();
+    let marker = env.data().join("leak-marker");
+    std::fs::write(&marker, "host secret").unwrap();
+    let leaked = std::fs::File::open(&marker).unwrap();
+    rustix::io::fcntl_setfd(&leaked, rustix::io::FdFlags::empty()).unwrap();
+    let id = env.confined(SandboxSpec::default()).await;
+    let out = sh(&env.rt, &id, "ls -l /proc/self/fd/ | grep -- '->'").await;
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(!out.stdout.contains("leak-marker"), "the starter's descriptor reached the sandbox: {}", out.stdout);
+    let fds = out.stdout.lines().count();
+    // stdin, stdout, stderr and the directory `ls` reads; nothing else.
+    assert!(fds <= 4, "a command holds more than stdio: {}", out.stdout);
+    drop(leaked);
+}
