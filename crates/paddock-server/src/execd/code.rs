@@ -100,7 +100,7 @@ impl Language {
 
     fn argv(self) -> Vec<String> {
         let v: &[&str] = match self {
-            Self::Python => &["python3", "-u", "-c", PYTHON_DRIVER],
+            Self::Python => &["python3", "-c", PYTHON_DRIVER],
             Self::JavaScript => &["node", "-e", NODE_DRIVER],
             // The driver is fed on stdin (see `request`), which stays the request channel.
             Self::Bash => &["bash", "--noprofile", "--norc", "-s"],

@@ -1,4 +1,4 @@
-# Paddock's Python code-interpreter driver: one process per context, run as `python3 -u -c`.
+# Paddock's Python code-interpreter driver: one process per context, run as `python3 -c`.
 # Requests are JSON lines on the driver's own stdin ({"code": ...}); user code reads /dev/null.
 # Replies are marker lines, MARK + JSON, written to fd 1 after user output is flushed; a done
 # marker on fd 2 tells the server that stderr is drained too.
@@ -10,6 +10,13 @@ _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
 sys.stdin = open(os.devnull)
+# Line-buffered, not unbuffered: print() writes its text and its newline separately, and a line
+# should arrive as one output event (as with Jupyter). Partial lines are flushed before markers.
+for _s in (sys.stdout, sys.stderr):
+    try:
+        _s.reconfigure(line_buffering=True)
+    except Exception:
+        pass
 _user = {"__name__": "__main__", "__builtins__": builtins}
 _loop = asyncio.new_event_loop()
 _cells = 0
