@@ -86,6 +86,12 @@ async fn fake_runtime_python_context_keeps_state_and_reports_results_and_errors(
     assert!(!tb.iter().any(|l| l.contains("<string>")), "no driver frames: {tb:?}");
     assert_eq!(ev.last().unwrap()["type"], "execution_complete", "complete follows an error");
 
+    // Rich values carry their other MIME types too (IPython's display protocol).
+    let png = "class P:\n    def __repr__(self): return 'P()'\n    def _repr_png_(self): return b'\\x89PNG'\nP()";
+    let ev = run(&s, &id, json!({"code": png, "context": {"id": ctx}})).await;
+    let results = &of(&ev, "result")[0]["results"];
+    assert_eq!((results["text"].as_str(), results["image/png"].as_str()), (Some("P()"), Some("iVBORw==")), "{ev:?}");
+
     // Get, list, the default context of a language, delete.
     let (status, got) = s.call("GET", &Server::execd(&id, &format!("/code/contexts/{ctx}")), None).await;
     assert_eq!((status, got), (StatusCode::OK, json!({"id": ctx, "language": "python"})));

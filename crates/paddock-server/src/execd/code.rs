@@ -527,6 +527,8 @@ async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> A
     env.insert("PADDOCK_CODE_NONCE".to_owned(), nonce.clone());
     if language == Language::Python {
         env.insert("PYTHONIOENCODING".to_owned(), "utf-8".to_owned());
+        // No display here: figures are rendered to PNG results after each cell.
+        env.insert("MPLBACKEND".to_owned(), "Agg".to_owned());
     }
     let request = ExecRequest { argv: language.argv(), cwd: ctx.cwd.clone(), env, timeout_ms: None, stdin: true };
     let Process { stdin, stdout, stderr, control } = state.rt.exec(sandbox, request).await.map_err(|e| {
@@ -724,6 +726,13 @@ impl Sink {
     }
 }
 
+/// What to run: the code, a working directory for this run (bash), a time limit.
+struct Cell {
+    code: String,
+    cwd: Option<String>,
+    timeout: Option<Duration>,
+}
+
 /// Runs one cell on the context's driver (starting a fresh one if the last died), streaming
 /// events, and ends with `execution_complete` (code) or the exit status (sessions).
 async fn run_cell(
@@ -731,11 +740,10 @@ async fn run_cell(
     sandbox: SandboxId,
     ctx: Arc<Context>,
     mut slot: tokio::sync::OwnedMutexGuard<Option<Driver>>,
-    code: String,
-    cwd: Option<String>,
-    timeout: Option<Duration>,
+    cell: Cell,
     mut sink: Sink,
 ) {
+    let Cell { code, cwd, timeout } = cell;
     let t0 = Instant::now();
     ctx.generation.fetch_add(1, Ordering::SeqCst);
     ctx.running.store(true, Ordering::SeqCst);
@@ -764,7 +772,7 @@ async fn run_cell(
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let mut stderr_until: Option<tokio::time::Instant> = None;
-    while !died && !(out_done && err_done) {
+    while !(died || out_done && err_done) {
         let mut events = Vec::new();
         tokio::select! {
             r = read_some(&mut driver.stdout, &mut ob), if !out_done => match r {
@@ -908,15 +916,18 @@ fn marker_events(json: &[u8], kind: Kind, count: u64, exit_code: &mut Option<i32
     let v: Value = serde_json::from_slice(json).unwrap_or(Value::Null);
     match v["t"].as_str() {
         Some("done") => None,
-        Some("result") => {
+        Some(t @ ("result" | "display")) => {
             let mut results = v["data"].as_object().cloned().unwrap_or_default();
             let text = results.get("text/plain").cloned().unwrap_or(json!(""));
             // SDK 1.1.1 (Python) reads `text` only; the JavaScript and C# SDKs `text/plain`.
             results.insert("text".into(), text);
-            Some(vec![
-                json!({"type": "execution_count", "execution_count": count}),
-                json!({"type": "result", "results": results}),
-            ])
+            let result = json!({"type": "result", "results": results});
+            // Only the cell's value counts as its execution result (a figure is displayed).
+            Some(if t == "result" {
+                vec![json!({"type": "execution_count", "execution_count": count}), result]
+            } else {
+                vec![result]
+            })
         }
         Some("error") => {
             let traceback: Vec<String> = v["traceback"]
@@ -954,7 +965,8 @@ pub(super) fn start_run(
     let _ = tx.try_send(frame(json!({"type": "init", "text": ctx.id})));
     match ctx.driver.clone().try_lock_owned() {
         Ok(slot) => {
-            tokio::spawn(run_cell(state, sandbox, ctx, slot, code, cwd, timeout, Sink { tx, gone: false }));
+            let cell = Cell { code, cwd, timeout };
+            tokio::spawn(run_cell(state, sandbox, ctx, slot, cell, Sink { tx, gone: false }));
         }
         Err(_) => {
             let _ = tx.try_send(frame(error_event("RUNTIME_ERROR", BUSY, vec![])));
@@ -1203,6 +1215,19 @@ mod tests {
         let ev = marker_events(br#"{"t":"result","data":{"text/plain":"4"}}"#, Kind::Code, 3, &mut exit).unwrap();
         assert_eq!(ev[0], json!({"type": "execution_count", "execution_count": 3}));
         assert_eq!(ev[1]["results"], json!({"text": "4", "text/plain": "4"}));
+        let ev = marker_events(
+            br#"{"t":"display","data":{"text/plain":"<Figure>","image/png":"iVBO"}}"#,
+            Kind::Code,
+            3,
+            &mut exit,
+        )
+        .unwrap();
+        assert_eq!(
+            ev,
+            vec![
+                json!({"type": "result", "results": {"text": "<Figure>", "text/plain": "<Figure>", "image/png": "iVBO"}})
+            ]
+        );
         let ev = marker_events(br#"{"t":"error","ename":"","evalue":"x","traceback":null}"#, Kind::Code, 1, &mut exit)
             .unwrap();
         assert_eq!(ev[0]["error"], json!({"ename": "Error", "evalue": "x", "traceback": []}));

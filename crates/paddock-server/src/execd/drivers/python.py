@@ -60,6 +60,26 @@ def _mime(value):
     return out
 
 
+def _figures():
+    # Open matplotlib figures become image/png results after each cell, then are closed, as a
+    # notebook shows them; without matplotlib imported there is nothing to do.
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    out = []
+    try:
+        import base64, io
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", bbox_inches="tight")
+            out.append({"t": "display", "data": {"text/plain": repr(fig), "image/png": base64.b64encode(buf.getvalue()).decode()}})
+        plt.close("all")
+    except Exception as e:
+        sys.stderr.write("paddock: could not render a matplotlib figure: %r\n" % (e,))
+    return out
+
+
 def _error(exc):
     tb = exc.__traceback__
     # Frames of this driver are no business of the user's.
@@ -119,7 +139,10 @@ while True:
             reply = {"t": "result", "data": _mime(value)}
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the context lives on
         reply = _error(e)
+    displays = _figures()
     _flush()
+    for d in displays:
+        _reply(d)
     if reply is not None:
         try:
             _reply(reply)
