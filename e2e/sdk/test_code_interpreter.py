@@ -139,3 +139,18 @@ def test_unsupported_languages_are_refused_clearly(interpreter):
     with pytest.raises(SandboxException) as e:
         interpreter.codes.create_context(SupportedLanguage.JAVA)
     assert "not supported" in str(e.value)
+
+
+def test_a_missing_interpreter_is_a_clear_error(make_sandbox):
+    # No interpreter can be found on this PATH: the error names it, at once.
+    sb = make_sandbox(env={"PATH": "/nonexistent"}, entrypoint=["/usr/bin/tail", "-f", "/dev/null"])
+    ci = CodeInterpreterSync.create(sb, skip_health_check=True)
+    try:
+        t0 = time.monotonic()
+        for language, interpreter in (("python", "python3"), ("javascript", "node")):
+            with pytest.raises(SandboxException) as e:
+                ci.codes.create_context(language)
+            assert interpreter in str(e.value), str(e.value)
+        assert time.monotonic() - t0 < 10
+    finally:
+        ci.close()

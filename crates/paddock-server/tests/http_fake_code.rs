@@ -288,3 +288,29 @@ async fn fake_runtime_sessions_keep_cwd_and_exports() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{}", String::from_utf8_lossy(&body));
 }
+
+#[tokio::test]
+async fn fake_runtime_a_missing_interpreter_is_a_clear_400_not_a_hang() {
+    let s = Server::new().await;
+    let (status, body) = s
+        .call("POST", "/v1/sandboxes", Some(json!({
+            "image": {"uri": "fake"},
+            "env": {"PATH": "/nonexistent"},
+            "entrypoint": ["/usr/bin/tail", "-f", "/dev/null"]
+        })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let t0 = Instant::now();
+    for (language, interpreter) in [("python", "python3"), ("javascript", "node"), ("bash", "bash")] {
+        let (status, body) =
+            s.call("POST", &Server::execd(&id, "/code/context"), Some(json!({"language": language}))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body["message"].as_str().unwrap().contains(interpreter), "names the interpreter: {body}");
+    }
+    let (status, body) = s.call("POST", &Server::execd(&id, "/code"), Some(json!({"code": "1"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = s.call("POST", &Server::execd(&id, "/session"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
