@@ -293,11 +293,15 @@ async fn fake_runtime_sessions_keep_cwd_and_exports() {
 async fn fake_runtime_a_missing_interpreter_is_a_clear_400_not_a_hang() {
     let s = Server::new().await;
     let (status, body) = s
-        .call("POST", "/v1/sandboxes", Some(json!({
-            "image": {"uri": "fake"},
-            "env": {"PATH": "/nonexistent"},
-            "entrypoint": ["/usr/bin/tail", "-f", "/dev/null"]
-        })))
+        .call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({
+                "image": {"uri": "fake"},
+                "env": {"PATH": "/nonexistent"},
+                "entrypoint": ["/usr/bin/tail", "-f", "/dev/null"]
+            })),
+        )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let id = body["id"].as_str().unwrap().to_owned();
