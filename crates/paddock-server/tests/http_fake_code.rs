@@ -86,6 +86,10 @@ async fn fake_runtime_python_context_keeps_state_and_reports_results_and_errors(
     assert!(!tb.iter().any(|l| l.contains("<string>")), "no driver frames: {tb:?}");
     assert_eq!(ev.last().unwrap()["type"], "execution_complete", "complete follows an error");
 
+    // Top-level await runs in the context's event loop.
+    let ev = run(&s, &id, json!({"code": "import asyncio\nawait asyncio.sleep(0.01)\nawait asyncio.sleep(0, result=x)", "context": {"id": ctx}})).await;
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "41", "{ev:?}");
+
     // Rich values carry their other MIME types too (IPython's display protocol).
     let png = "class P:\n    def __repr__(self): return 'P()'\n    def _repr_png_(self): return b'\\x89PNG'\nP()";
     let ev = run(&s, &id, json!({"code": png, "context": {"id": ctx}})).await;

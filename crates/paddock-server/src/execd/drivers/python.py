@@ -2,7 +2,8 @@
 # Requests are JSON lines on the driver's own stdin ({"code": ...}); user code reads /dev/null.
 # Replies are marker lines, MARK + JSON, written to fd 1 after user output is flushed; a done
 # marker on fd 2 tells the server that stderr is drained too.
-import ast, asyncio, builtins, json, linecache, os, signal, sys, traceback
+# asyncio and traceback are imported when first needed: they would triple the start-up time.
+import ast, builtins, json, linecache, os, signal, sys, types
 
 MARK = ("\x1ePADDOCK-" + os.environ.pop("PADDOCK_CODE_NONCE", "") + " ").encode()
 _requests = os.fdopen(os.dup(0), "rb")
@@ -18,7 +19,7 @@ for _s in (sys.stdout, sys.stderr):
     except Exception:
         pass
 _user = {"__name__": "__main__", "__builtins__": builtins}
-_loop = asyncio.new_event_loop()
+_loop = None
 _cells = 0
 _FLAGS = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 
@@ -38,7 +39,12 @@ def _reply(obj, fd=1):
 
 
 def _await(value):
-    if asyncio.iscoroutine(value):
+    # Top-level await compiles to a coroutine; one event loop per context runs them all.
+    global _loop
+    if isinstance(value, types.CoroutineType):
+        if _loop is None:
+            import asyncio
+            _loop = asyncio.new_event_loop()
         return _loop.run_until_complete(value)
     return value
 
@@ -81,6 +87,7 @@ def _figures():
 
 
 def _error(exc):
+    import traceback
     tb = exc.__traceback__
     # Frames of this driver are no business of the user's.
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
