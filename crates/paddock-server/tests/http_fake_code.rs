@@ -234,6 +234,19 @@ async fn fake_runtime_bash_and_javascript_contexts_keep_state() {
     assert!(!of(&ev, "error").is_empty() || !of(&ev, "result").is_empty(), "{ev:?}");
     let ev = run(&s, &id, json!({"code": "(async () => 7)()", "context": {"id": js}})).await;
     assert_eq!(of(&ev, "result")[0]["results"]["text"], "7", "promises are awaited: {ev:?}");
+    // A synchronous endless loop breaks on interrupt; the context keeps its state.
+    let t0 = Instant::now();
+    let looping = run(&s, &id, json!({"code": "while (true) {}", "context": {"id": js}}));
+    let interrupt = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.call("DELETE", &Server::execd(&id, &format!("/code?id={js}")), None).await
+    };
+    let (ev, (status, _)) = tokio::join!(looping, interrupt);
+    assert_eq!(status, StatusCode::OK);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(of(&ev, "error")[0]["error"]["evalue"].as_str().unwrap().contains("SIGINT"), "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "n", "context": {"id": js}})).await;
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "20", "{ev:?}");
 }
 
 #[tokio::test]
