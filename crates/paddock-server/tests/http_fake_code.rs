@@ -335,3 +335,24 @@ async fn fake_runtime_a_missing_interpreter_is_a_clear_400_not_a_hang() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(t0.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn fake_runtime_contexts_and_sessions_per_sandbox_are_bounded() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let mut sessions = Vec::new();
+    for _ in 0..32 {
+        let (status, body) = s.call("POST", &Server::execd(&id, "/session"), Some(json!({"cwd": "/tmp"}))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        sessions.push(body["session_id"].as_str().unwrap().to_owned());
+    }
+    let (status, body) = s.call("POST", &Server::execd(&id, "/session"), None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_error(&body, "TOO_MANY_CONTEXTS");
+    // Sessions and code contexts are counted apart.
+    context(&s, &id, "bash").await;
+    let (status, _) = s.call("DELETE", &Server::execd(&id, &format!("/session/{}", sessions[0])), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = s.call("POST", &Server::execd(&id, "/session"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}

@@ -51,8 +51,9 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 const STDERR_DRAIN: Duration = Duration::from_secs(2);
 const PING_EVERY: Duration = Duration::from_secs(3);
 const STREAM_BUFFER: usize = 64;
-/// A marker longer than this is not one (results carry images, so it is generous).
-const MAX_MARKER: usize = 64 << 20;
+/// A marker longer than this is not one: results carry images, so it is generous, but it bounds
+/// what a sandbox can make the server buffer per context.
+const MAX_MARKER: usize = 16 << 20;
 const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 /// The message the SDK's helpers recognise for a context that already runs something.
@@ -449,18 +450,7 @@ impl Contexts {
     }
 
     fn check_room(&self, sandbox: &SandboxId, kind: Kind) -> ApiResult<()> {
-        if self.count(sandbox, kind) < MAX_CONTEXTS_PER_SANDBOX {
-            return Ok(());
-        }
-        let (what, how) = match kind {
-            Kind::Code => ("code contexts", "DELETE /code/contexts/{id}"),
-            Kind::Session => ("bash sessions", "DELETE /session/{id}"),
-        };
-        Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "TOO_MANY_CONTEXTS",
-            format!("sandbox {sandbox} already has {MAX_CONTEXTS_PER_SANDBOX} {what}: delete some first ({how})"),
-        ))
+        if self.count(sandbox, kind) < MAX_CONTEXTS_PER_SANDBOX { Ok(()) } else { Err(room_error(sandbox, kind)) }
     }
 
     /// Starts a driver and registers a new context for it.
@@ -486,12 +476,12 @@ impl Contexts {
         });
         let driver = start_driver(state, sandbox, &ctx).await?;
         *ctx.driver.lock().await = Some(driver);
+        // Checked again, with the insert under one lock: other creates may have finished while
+        // this driver started.
         let mut all = lock(&self.sandboxes);
         let s = all.entry(sandbox.as_str().to_owned()).or_default();
         if s.contexts.values().filter(|c| c.kind == kind).count() >= MAX_CONTEXTS_PER_SANDBOX {
-            drop(all);
-            self.check_room(sandbox, kind)?;
-            return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_CONTEXTS", "too many contexts"));
+            return Err(room_error(sandbox, kind));
         }
         s.contexts.insert(ctx.id.clone(), ctx.clone());
         Ok(ctx)
@@ -517,6 +507,18 @@ impl Contexts {
         s.defaults.insert(language, ctx.id.clone());
         Ok(ctx)
     }
+}
+
+fn room_error(sandbox: &SandboxId, kind: Kind) -> ApiError {
+    let (what, how) = match kind {
+        Kind::Code => ("code contexts", "DELETE /code/contexts/{id}"),
+        Kind::Session => ("bash sessions", "DELETE /session/{id}"),
+    };
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "TOO_MANY_CONTEXTS",
+        format!("sandbox {sandbox} already has {MAX_CONTEXTS_PER_SANDBOX} {what}: delete some first ({how})"),
+    )
 }
 
 /// Starts a context's driver and waits until it says it is ready on both streams.
