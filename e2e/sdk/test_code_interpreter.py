@@ -4,12 +4,19 @@ errors, interrupt, default contexts and refusals. Each test runs in both connect
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
+from code_interpreter.code_interpreter import CodeInterpreter
 from code_interpreter.models.code import SupportedLanguage
 from code_interpreter.sync.code_interpreter import CodeInterpreterSync
+from conftest import IMAGE
+from opensandbox import Sandbox
+from opensandbox.config import ConnectionConfig
 from opensandbox.exceptions import SandboxException
 from opensandbox.models.execd_sync import ExecutionHandlersSync
 
@@ -154,3 +161,43 @@ def test_a_missing_interpreter_is_a_clear_error(make_sandbox):
         assert time.monotonic() - t0 < 10
     finally:
         ci.close()
+
+
+def test_contexts_run_concurrently_and_stay_apart(interpreter):
+    a = interpreter.codes.create_context(SupportedLanguage.PYTHON)
+    b = interpreter.codes.create_context(SupportedLanguage.PYTHON)
+    interpreter.codes.run("name = 'a'", context=a)
+
+    def slow(ctx):
+        return interpreter.codes.run("import time\ntime.sleep(1)\n'done'", context=ctx)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(slow, [a, b]))
+    assert [[r.text for r in ex.result] for ex in results] == [["'done'"], ["'done'"]]
+    assert time.monotonic() - t0 < 1.9, "two contexts ran one after the other"
+    ex = interpreter.codes.run("name", context=b)
+    assert ex.error is not None and ex.error.name == "NameError", "contexts share no state"
+
+
+def test_the_async_sdk_runs_code_too(server, mode):
+    async def flow():
+        cfg = ConnectionConfig(
+            domain=server.domain,
+            api_key=server.api_key,
+            use_server_proxy=(mode == "proxy"),
+            request_timeout=timedelta(seconds=60),
+        )
+        sb = await Sandbox.create(IMAGE, connection_config=cfg, timeout=timedelta(minutes=5))
+        try:
+            ci = await CodeInterpreter.create(sb)
+            ctx = await ci.codes.create_context(SupportedLanguage.PYTHON)
+            await ci.codes.run("v = 6", context=ctx)
+            ex = await ci.codes.run("print('async')\nv * 7", context=ctx)
+            assert [m.text for m in ex.logs.stdout] == ["async\n"]
+            assert [r.text for r in ex.result] == ["42"]
+        finally:
+            await sb.kill()
+            await sb.close()
+
+    asyncio.run(flow())
