@@ -8,8 +8,15 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import err, out
+from conftest import IMAGE, err, out
 from opensandbox.exceptions import SandboxException
+
+
+@pytest.fixture
+def sandbox(sandbox):
+    if sandbox.commands.run("command -v bash").exit_code != 0:
+        pytest.skip(f"the image {IMAGE!r} has no bash, which sessions run")
+    return sandbox
 
 
 def test_a_session_keeps_cwd_and_exports(sandbox):
