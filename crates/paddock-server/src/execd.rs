@@ -3,8 +3,10 @@
 //! `Runtime::file`/`read_file`/`write_file`, and bytes flow through the runtime's streams so
 //! nothing is buffered whole.
 
+mod code;
 mod commands;
 mod files;
+mod session;
 mod text;
 
 use std::collections::HashMap;
@@ -40,6 +42,13 @@ pub fn router() -> Router<AppState> {
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/directories/list", get(files::list))
         .route("/metrics", get(metrics))
+        .route("/code", post(code::run).delete(code::interrupt))
+        .route("/code/context", post(code::create_context))
+        .route("/code/contexts", get(code::list_contexts).delete(code::delete_contexts))
+        .route("/code/contexts/{context}", get(code::get_context).delete(code::delete_context))
+        .route("/session", post(session::create))
+        .route("/session/{session}/run", post(session::run))
+        .route("/session/{session}", axum::routing::delete(session::delete))
 }
 
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed

@@ -272,6 +272,20 @@ async fn connect_reaches_a_server_inside_the_sandbox_only() {
 }
 
 #[tokio::test]
+async fn the_code_interpreter_readiness_probe_is_answered_inside_and_the_listener_is_not_inherited() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    // The probe of the code-interpreter SDK, verbatim; repeated, since the init accepts and closes.
+    let probe = "for i in 1 2 3; do bash -c 'exec 3<>/dev/tcp/127.0.0.1/${JUPYTER_PORT:-44771}' && echo ok; done; \
+                 ls /proc/self/fd | tr '\\n' ' '";
+    let out = sh(&env.rt, &id, probe).await;
+    assert_eq!(out.stdout, "ok\nok\nok\n0 1 2 3 ", "{}", out.stderr);
+    // Only loopback inside the sandbox: the host's 44771 is not the sandbox's.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", 44771)).is_err(), "the probe port is open on the host");
+    common::assert_confined(&env.rt, &id).await;
+}
+
+#[tokio::test]
 async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     let env = Env::new();
     let t = thread("sized");

@@ -50,6 +50,8 @@ const SIGKILL: i32 = 9;
 #[derive(Default)]
 pub struct Commands {
     sandboxes: Mutex<HashMap<String, PerSandbox>>,
+    /// Code-interpreter contexts and bash sessions (`/code`, `/session`).
+    pub(super) contexts: super::code::Contexts,
 }
 
 #[derive(Default)]
@@ -127,6 +129,7 @@ impl Commands {
     /// Drops what is kept about a deleted sandbox's commands.
     pub fn forget_sandbox(&self, id: &str) {
         lock(&self.sandboxes).remove(id);
+        self.contexts.forget_sandbox(id);
     }
 
     fn get(&self, sandbox: &SandboxId, command: &str) -> ApiResult<Arc<Command>> {
@@ -324,7 +327,7 @@ fn invalid_body(message: impl Into<String>) -> ApiError {
 }
 
 /// `~` is the sandbox user's home, `/workspace`; relative paths the runtime resolves itself.
-fn expand_home(path: String) -> String {
+pub(super) fn expand_home(path: String) -> String {
     match path.strip_prefix('~') {
         Some("") => "/workspace".into(),
         Some(rest) if rest.starts_with('/') => format!("/workspace{rest}"),
@@ -332,7 +335,7 @@ fn expand_home(path: String) -> String {
     }
 }
 
-fn stream_headers(mut r: Response) -> Response {
+pub(super) fn stream_headers(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
