@@ -19,6 +19,7 @@ pub mod claim;
 pub mod exec;
 pub mod files;
 pub mod objects;
+pub mod reap_pvcs;
 pub mod runtime_class;
 
 use std::collections::{BTreeMap, HashSet};

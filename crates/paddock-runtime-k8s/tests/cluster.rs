@@ -772,3 +772,57 @@ async fn cluster_claim_model_serves_from_a_warm_pool() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
+    if !enabled("cluster_unused_workspace_pvcs_are_reaped_after_their_ttl") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        use paddock_runtime_k8s::reap_pvcs::{UNUSED_SINCE_ANNOTATION, unused_since};
+        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let pvc_of = |t: &ThreadId| paddock_runtime_k8s::objects::thread_names(t, NamingMode::Hashed).pvc.unwrap();
+        let (used, idle) = (ThreadId::new("reap-used").unwrap(), ThreadId::new("reap-idle").unwrap());
+        rt.acquire(&used, small_spec()).await.unwrap();
+        rt.acquire(&idle, small_spec()).await.unwrap();
+        rt.release(&idle).await.unwrap();
+        // A PVC Paddock did not make is never touched.
+        let foreign: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "not-paddocks"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        }))
+        .unwrap();
+        claims.create(&PostParams::default(), &foreign).await.unwrap();
+
+        // First sighting: the released workspace is marked, the used one is not.
+        let r = rt.reap_pvcs(Duration::from_secs(3600)).await.unwrap();
+        assert_eq!(
+            (r.in_use.clone(), r.waiting.clone(), r.deleted.len()),
+            (vec![pvc_of(&used)], vec![pvc_of(&idle)], 0)
+        );
+        assert!(unused_since(&claims.get(&pvc_of(&idle)).await.unwrap()).is_some());
+        assert!(unused_since(&claims.get(&pvc_of(&used)).await.unwrap()).is_none());
+
+        // Used again: the mark goes, even with a zero TTL.
+        rt.acquire(&idle, small_spec()).await.unwrap();
+        let r = rt.reap_pvcs(Duration::ZERO).await.unwrap();
+        assert!(r.deleted.is_empty() && r.in_use.contains(&pvc_of(&idle)), "{r:?}");
+        let idle_pvc = claims.get(&pvc_of(&idle)).await.unwrap();
+        assert!(idle_pvc.metadata.annotations.unwrap_or_default().get(UNUSED_SINCE_ANNOTATION).is_none());
+
+        // Released for good: marked on one run, deleted on a later one past the TTL.
+        rt.release(&idle).await.unwrap();
+        let r = rt.reap_pvcs(Duration::ZERO).await.unwrap();
+        assert_eq!(r.waiting, vec![pvc_of(&idle)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = rt.reap_pvcs(Duration::ZERO).await.unwrap();
+        assert_eq!(r.deleted, vec![pvc_of(&idle)]);
+        let gone = claims.get_opt(&pvc_of(&idle)).await.unwrap();
+        assert!(gone.is_none_or(|c| c.metadata.deletion_timestamp.is_some()), "the unused PVC is deleted");
+        assert!(claims.get_opt(&pvc_of(&used)).await.unwrap().is_some(), "the used one stays");
+        assert!(claims.get_opt("not-paddocks").await.unwrap().is_some(), "a foreign PVC stays");
+        rt.destroy_workspace(&used).await.unwrap();
+    })
+    .await;
+}

@@ -102,6 +102,13 @@ pub enum Command {
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
+    /// Kubernetes: mark workspace PVCs no Pod uses, clear the mark of used ones, and delete
+    /// those unused for longer than --ttl (run it from a CronJob).
+    ReapPvcs {
+        /// How long a PVC may stay unused before it is deleted (e.g. 168h).
+        #[arg(long, default_value = "168h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+    },
     #[command(name = "__supervise", hide = true)]
     Supervise {
         #[arg(long)]
@@ -321,6 +328,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Bench(args) = cli.command {
         return crate::runtimes::bench(&cli.runtime, &cli.data_dir, cli.naming, args, cli.json).await;
     }
+    if let Command::ReapPvcs { ttl } = cli.command {
+        return crate::runtimes::reap_pvcs(&cli.runtime, cli.naming, ttl, cli.json).await;
+    }
     if let Command::Check { no_probe } = cli.command {
         return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;
     }
@@ -399,7 +409,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
-        Command::Serve(_) | Command::Bench(_) | Command::Check { .. } => unreachable!("handled above"),
+        Command::Serve(_) | Command::Bench(_) | Command::Check { .. } | Command::ReapPvcs { .. } => {
+            unreachable!("handled above")
+        }
     }
 }
 

@@ -243,6 +243,33 @@ pub async fn bench(
     }
 }
 
+/// `paddock reap-pvcs`: one run of the workspace PVC reaper (Kubernetes only; a CronJob runs
+/// it). Exit status 0 when the run completed.
+pub async fn reap_pvcs(opts: &RuntimeOpts, naming: NamingMode, ttl: std::time::Duration, json: bool) -> Result<u8> {
+    if opts.kind != RuntimeKind::Kubernetes {
+        anyhow::bail!(
+            "reap-pvcs reaps Kubernetes workspace PVCs: give --runtime kubernetes (local workspaces end with `paddock workspace rm`)"
+        );
+    }
+    let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?;
+    let report = rt.reap_pvcs(ttl).await.context("reaping unused workspace PVCs")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let ns = &opts.kube.namespace;
+        println!(
+            "namespace {ns}: {} in use, {} unused within the TTL, {} deleted",
+            report.in_use.len(),
+            report.waiting.len(),
+            report.deleted.len()
+        );
+        for name in &report.deleted {
+            println!("  deleted {name}");
+        }
+    }
+    Ok(0)
+}
+
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
 /// work, such as reaping expired sandboxes on Kubernetes.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {
