@@ -809,7 +809,7 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
         let r = rt.reap_pvcs(Duration::ZERO).await.unwrap();
         assert!(r.deleted.is_empty() && r.in_use.contains(&pvc_of(&idle)), "{r:?}");
         let idle_pvc = claims.get(&pvc_of(&idle)).await.unwrap();
-        assert!(idle_pvc.metadata.annotations.unwrap_or_default().get(UNUSED_SINCE_ANNOTATION).is_none());
+        assert!(!idle_pvc.metadata.annotations.unwrap_or_default().contains_key(UNUSED_SINCE_ANNOTATION));
 
         // Released for good: marked on one run, deleted on a later one past the TTL.
         rt.release(&idle).await.unwrap();
