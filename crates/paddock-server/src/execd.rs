@@ -40,6 +40,49 @@ pub fn router() -> Router<AppState> {
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/directories/list", get(files::list))
         .route("/metrics", get(metrics))
+        // Everything else under the execd port: an honest 501, never a forward into the sandbox.
+        .route("/", axum::routing::any(not_served))
+        .route("/{*rest}", axum::routing::any(not_served))
+}
+
+/// `501 NOT_SUPPORTED` for an execd route Paddock does not serve, naming the feature and what
+/// to use instead. Without it the request fell through to the port proxy and came back as a
+/// 502 blaming the sandbox, which the SDK also retried for seconds.
+async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> crate::error::ApiError {
+    let path = uri.path();
+    // The part after `/proxy/44772`, however the router was reached (direct or proxy mode).
+    let rest = path.split_once("/proxy/44772").map_or(path, |(_, r)| r);
+    not_supported(&method, rest, unserved_execd_feature(rest))
+}
+
+/// The 501 every unimplemented sandbox route answers.
+pub(crate) fn not_supported(method: &axum::http::Method, path: &str, what: String) -> crate::error::ApiError {
+    let path = if path.is_empty() { "/" } else { path };
+    crate::error::ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "NOT_SUPPORTED",
+        format!("{method} {path}: {what} (README, \"OpenSandbox compatibility\", lists what Paddock serves)"),
+    )
+}
+
+/// What an execd path Paddock does not serve is for, and what to use instead.
+pub(crate) fn unserved_execd_feature(path: &str) -> String {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let under = |p: &str| path == p || path.starts_with(&format!("{p}/"));
+    if under("/v1/isolated") {
+        "isolated sessions are not supported by Paddock: create another sandbox for each isolated task".into()
+    } else if under("/v1/filesystem") {
+        "file operations as another uid/gid (files_with_identity) are not supported: files belong to the sandbox user; use the plain file API".into()
+    } else {
+        match first {
+            "pty" => "interactive terminals (PTY) are not supported by Paddock yet: run commands with POST /command (commands.run), or in the background and read their logs".into(),
+            "session" => "bash sessions are not supported by Paddock yet: run each command with POST /command, passing cwd and envs".into(),
+            "code" => "the code interpreter (/code) is not supported by Paddock yet: run python3 -c or node -e through POST /command".into(),
+            "proxy" => "execd's own port proxy is not served: ask GET /v1/sandboxes/{id}/endpoints/{port} for the port's endpoint".into(),
+            "metrics" => "streamed metrics are not supported: poll GET /metrics (get_metrics)".into(),
+            _ => "this is not an execd route Paddock serves".into(),
+        }
+    }
 }
 
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed

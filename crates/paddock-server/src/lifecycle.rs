@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, patch, post};
+use axum::routing::{any, delete, get, patch, post};
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{RuntimeError, SandboxInfo, SandboxState};
 use paddock_core::spec::SandboxSpec;
@@ -38,6 +38,14 @@ pub fn router() -> Router<AppState> {
         .route("/workspaces/{thread}/release", post(release))
         .route("/workspaces/{thread}", delete(destroy_workspace))
         .route("/capabilities", get(capabilities))
+        .route("/sandboxes/{id}/snapshots", any(not_served))
+        .route("/snapshots", any(not_served))
+        .route("/snapshots/{id}", any(not_served))
+        .route("/sandboxes/{id}/networkpolicy", any(not_served))
+        .route("/templates", any(not_served))
+        .route("/templates/{id}", any(not_served))
+        .route("/pools", any(not_served))
+        .route("/pools/{name}", any(not_served))
         .route("/openapi.json", get(openapi))
 }
 
@@ -45,6 +53,39 @@ pub fn router() -> Router<AppState> {
 /// ask instead of assuming (pause, persistent workspaces, images, network modes, metrics).
 async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core::runtime::Capabilities> {
     axum::Json(state.rt.capabilities())
+}
+
+/// OpenSandbox lifecycle routes Paddock does not implement, as the paths they are served at.
+const NOT_SERVED: [(&str, &str); 8] = [
+    (
+        "/sandboxes/{id}/snapshots",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/snapshots",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/snapshots/{id}",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/sandboxes/{id}/networkpolicy",
+        "network policies are not supported: every sandbox has loopback only (deny-all); the egress endpoint's GET /policy shows it",
+    ),
+    ("/templates", "templates are not supported: create sandboxes from an image"),
+    ("/templates/{id}", "templates are not supported: create sandboxes from an image"),
+    ("/pools", "pools are not supported: sandboxes start in milliseconds, so create them on demand"),
+    ("/pools/{name}", "pools are not supported: sandboxes start in milliseconds, so create them on demand"),
+];
+
+/// `501 NOT_SUPPORTED` for a lifecycle route Paddock does not implement: an honest answer
+/// instead of a 404 that reads like a wrong id.
+async fn not_served(method: axum::http::Method, matched: axum::extract::MatchedPath) -> ApiError {
+    let route = matched.as_str();
+    let route = route.strip_prefix("/v1").unwrap_or(route);
+    let what = NOT_SERVED.iter().find(|(p, _)| *p == route).map_or("not supported by Paddock", |(_, w)| w);
+    crate::execd::not_supported(&method, route, what.to_owned())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -742,6 +783,9 @@ pub fn openapi_document() -> Value {
     if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), lifecycle_paths()) {
         paths.extend(more);
     }
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), not_served_paths()) {
+        paths.extend(more);
+    }
     if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
         schemas.extend(more);
     }
@@ -792,6 +836,28 @@ fn lifecycle_paths() -> Value {
                 {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
             "responses": {"200": {"description": "The endpoint"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}}
     })
+}
+
+/// The routes Paddock knows and does not implement, documented as answering 501.
+fn not_served_paths() -> Value {
+    let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let mut paths = serde_json::Map::new();
+    for (path, what) in NOT_SERVED {
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let op = |summary: &str| {
+            json!({"summary": summary, "description": what, "parameters": params,
+                "responses": {"501": error_ref.clone(), "401": error_ref.clone()}})
+        };
+        paths.insert(
+            path.to_owned(),
+            json!({"get": op("Not supported by Paddock (501)"), "post": op("Not supported by Paddock (501)")}),
+        );
+    }
+    Value::Object(paths)
 }
 
 fn lifecycle_schemas() -> Value {

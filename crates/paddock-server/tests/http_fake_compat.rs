@@ -1,0 +1,90 @@
+//! OpenSandbox compatibility details against `FakeRuntime` (no isolation: see `fake/mod.rs`):
+//! honest 501s for what Paddock does not serve, `set_env`, lifetimes, entrypoint failures.
+
+mod fake;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use fake::server::{Server, assert_error};
+use serde_json::{Value, json};
+
+/// Every execd, egress and lifecycle route the SDK 1.1.1 may call that Paddock does not serve.
+const UNSERVED_EXECD: [(&str, &str, &str); 12] = [
+    ("POST", "/pty", "PTY"),
+    ("GET", "/pty/abc/ws", "PTY"),
+    ("POST", "/session", "sessions"),
+    ("POST", "/session/s1/run", "sessions"),
+    ("POST", "/code/context", "code interpreter"),
+    ("GET", "/code/contexts", "code interpreter"),
+    ("GET", "/v1/isolated/capabilities", "isolated sessions"),
+    ("POST", "/v1/isolated/session", "isolated sessions"),
+    ("GET", "/v1/filesystem/1000/1000/files/info", "another uid/gid"),
+    ("GET", "/metrics/watch", "poll GET /metrics"),
+    ("GET", "/proxy/8080/x", "endpoints"),
+    ("GET", "/no/such/thing", "not an execd route"),
+];
+
+fn message(body: &Value) -> &str {
+    body["message"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn fake_runtime_unserved_execd_routes_are_501_in_both_sdk_modes() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let (_, direct) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None).await;
+    let token = direct["headers"]["x-paddock-sandbox-token"].as_str().unwrap().to_owned();
+    for (method, path, feature) in UNSERVED_EXECD {
+        let started = Instant::now();
+        // Proxy mode: the API key.
+        let (status, body) = s.call(method, &Server::execd(&id, path), None).await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{method} {path}: {body}");
+        assert_error(&body, "NOT_SUPPORTED");
+        assert!(message(&body).contains(feature), "{method} {path} names {feature:?}: {body}");
+        assert!(!message(&body).contains("port 44772"), "never blames the sandbox: {body}");
+        // Direct mode: only the sandbox's token, as the SDK sends it.
+        let (status, body) =
+            s.with_headers(method, &Server::execd(&id, path), &[("x-paddock-sandbox-token", &token)]).await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "direct {method} {path}: {body}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{method} {path} was slow");
+    }
+    // Without credentials an unserved route still needs them first: a 501 is no way around auth.
+    let (status, body) = s.with_headers("POST", &Server::execd(&id, "/pty"), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    // The bare port and a trailing slash are never forwarded into the sandbox either.
+    for path in ["", "/"] {
+        let (status, body) = s.call("GET", &Server::execd(&id, path), None).await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{path:?}: {body}");
+    }
+    // Served routes are untouched by the catch-all.
+    assert_eq!(s.call("GET", &Server::execd(&id, "/ping"), None).await.0, StatusCode::OK);
+    // A sandbox that does not exist is still a 404 on served routes.
+    assert_eq!(s.call("GET", &Server::execd("sbx-000000000000", "/ping"), None).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let egress = |p: &str| format!("/v1/sandboxes/{id}/proxy/18080{p}");
+    for (method, path, feature) in [
+        ("GET", egress("/credential-vault"), "credential vault"),
+        ("POST", egress("/credential-vault/credentials"), "credential vault"),
+        ("PATCH", egress("/policy"), "egress rules"),
+        ("POST", format!("/v1/sandboxes/{id}/snapshots"), "snapshots"),
+        ("GET", "/v1/snapshots".into(), "snapshots"),
+        ("GET", format!("/sandboxes/{id}/networkpolicy"), "network policies"),
+        ("POST", "/v1/templates".into(), "templates"),
+        ("GET", "/v1/pools/p1".into(), "pools"),
+    ] {
+        let (status, body) = s.call(method, &path, None).await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{method} {path}: {body}");
+        assert_error(&body, "NOT_SUPPORTED");
+        assert!(message(&body).contains(feature), "{method} {path} names {feature:?}: {body}");
+    }
+    let (status, body) = s.call("GET", &egress("/policy"), None).await;
+    assert_eq!((status, body["policy"]["defaultAction"].as_str()), (StatusCode::OK, Some("deny")), "{body}");
+    let (_, doc) = s.call("GET", "/v1/openapi.json", None).await;
+    assert!(doc["paths"]["/snapshots"]["get"]["responses"]["501"].is_object(), "the 501s are documented");
+}
