@@ -88,3 +88,55 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
     let (_, doc) = s.call("GET", "/v1/openapi.json", None).await;
     assert!(doc["paths"]["/snapshots"]["get"]["responses"]["501"].is_object(), "the 501s are documented");
 }
+
+/// Runs a shell command through `/command` and returns its stdout lines and exit code.
+async fn run(s: &Server, id: &str, body: Value) -> (Vec<String>, Option<i64>) {
+    let (status, out) =
+        s.raw("POST", &Server::execd(id, "/command"), "application/json", serde_json::to_vec(&body).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let mut lines = Vec::new();
+    let mut code = None;
+    for frame in String::from_utf8(out).unwrap().split("\n\n").filter(|f| !f.trim().is_empty()) {
+        let json = frame.trim().strip_prefix("data:").unwrap_or(frame).trim();
+        let event: Value = serde_json::from_str(json).unwrap();
+        match event["type"].as_str() {
+            Some("stdout") => lines.push(event["text"].as_str().unwrap().to_owned()),
+            Some("execution_complete") => code = Some(0),
+            Some("error") => code = event["error"]["evalue"].as_str().and_then(|v| v.parse().ok()),
+            _ => {}
+        }
+    }
+    (lines, code)
+}
+
+#[tokio::test]
+async fn fake_runtime_set_env_persists_for_later_commands_and_request_envs_win() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    // What the SDK's commands.set_env runs, for a plain and a quoted value.
+    let set = |k: &str, entry: &str| {
+        let quoted = format!("'{}'", entry.replace('\'', "'\\''"));
+        json!({"command": format!(
+            "if [ -z \"${{EXECD_ENVS:-}}\" ]; then echo 'EXECD_ENVS is not set; cannot persist {k}' >&2; exit 1; fi\nmkdir -p \"$(dirname \"$EXECD_ENVS\")\"\nprintf '%s\\n' {quoted} >> \"$EXECD_ENVS\""
+        )})
+    };
+    assert_eq!(run(&s, &id, set("GREETING", "GREETING='hello world'")).await.1, Some(0));
+    assert_eq!(run(&s, &id, set("QUOTED", r#"QUOTED="it's \"x\"""#)).await.1, Some(0));
+    let (out, code) = run(&s, &id, json!({"command": "echo \"$GREETING|$QUOTED\""})).await;
+    assert_eq!((out, code), (vec!["hello world|it's \"x\"".to_owned()], Some(0)));
+    let (out, _) = run(&s, &id, json!({"command": "echo $GREETING", "envs": {"GREETING": "mine"}})).await;
+    assert_eq!(out, ["mine"], "the request's envs win over the file");
+    // Another sandbox has its own file.
+    let other = s.create().await;
+    let (out, _) = run(&s, &other, json!({"command": "echo \"[$GREETING]\""})).await;
+    assert_eq!(out, ["[]"]);
+    // Garbage in the file is skipped, never a failed command.
+    run(&s, &id, json!({"command": "printf 'junk\\n1BAD=x\\nOK2=y\\n' >> \"$EXECD_ENVS\""})).await;
+    let (out, code) = run(&s, &id, json!({"command": "echo \"$GREETING $OK2\""})).await;
+    assert_eq!((out, code), (vec!["hello world y".to_owned()], Some(0)));
+    // A file too big to be an env file is refused with its path, not read without bound.
+    run(&s, &id, json!({"command": "head -c 300000 /dev/zero | tr '\\0' a >> \"$EXECD_ENVS\""})).await;
+    let (status, body) = s.call("POST", &Server::execd(&id, "/command"), Some(json!({"command": "true"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(message(&body).contains("/tmp/.paddock/envs"), "{body}");
+}

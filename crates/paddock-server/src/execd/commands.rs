@@ -44,6 +44,12 @@ pub const MAX_RUNNING_PER_SANDBOX: usize = 128;
 /// Events buffered between the command and a slow client before the command is slowed down.
 const STREAM_BUFFER: usize = 64;
 const SIGKILL: i32 = 9;
+/// The file `commands.set_env` appends `KEY=VALUE` lines to, named to every command as
+/// `EXECD_ENVS` (as OpenSandbox's execd does). It lives in the sandbox's own `/tmp`, which the
+/// sandbox user can write on every runtime and which goes with the sandbox.
+pub const ENV_FILE: &str = "/tmp/.paddock/envs";
+/// Largest env file read; a bigger one is refused rather than truncated to a surprise.
+const ENV_FILE_CAP: u64 = 256 << 10;
 
 /// Commands started through the execd API, per sandbox, for status, logs and interrupt. Also
 /// caches what is looked up once per sandbox (its shell, its user and group names).
@@ -383,7 +389,11 @@ pub async fn run(
         Some(t) if t > 0 => Some(t as u64),
         Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
     };
-    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env: req.envs, timeout_ms, stdin: false };
+    // Variables persisted with set_env, then the request's own, which win.
+    let mut env = persisted_env(&state, &sandbox).await?;
+    env.extend(req.envs);
+    env.entry("EXECD_ENVS".to_owned()).or_insert_with(|| ENV_FILE.to_owned());
+    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env, timeout_ms, stdin: false };
     request.validate()?;
     let started = state.commands.start(&state, &sandbox, request, content, req.background).await?;
     let init = Event::init(&started.command.id, now_ms()).frame();
@@ -398,6 +408,29 @@ pub async fn run(
     tokio::spawn(stream_output(state, started, tx, Instant::now()));
     let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
     Ok(stream_headers(body.into_response()))
+}
+
+/// The variables in the sandbox's env file (`ENV_FILE`), read through the runtime like any
+/// file of the sandbox; none when it does not exist (or cannot be read by the sandbox user).
+async fn persisted_env(state: &AppState, sandbox: &SandboxId) -> ApiResult<BTreeMap<String, String>> {
+    let reader = match state.rt.read_file(sandbox, ENV_FILE).await {
+        Ok(r) => r,
+        Err(RuntimeError::File { .. }) => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(ENV_FILE_CAP + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| RuntimeError::from_io(format!("reading {ENV_FILE} in sandbox {sandbox}"), &e))?;
+    if bytes.len() as u64 > ENV_FILE_CAP {
+        return Err(ApiError::bad_request(format!(
+            "the env file {ENV_FILE} ($EXECD_ENVS, written by set_env) is larger than {} KiB: delete it (DELETE /files?path={ENV_FILE}) or shorten it",
+            ENV_FILE_CAP >> 10
+        )));
+    }
+    Ok(super::text::parse_env_file(&String::from_utf8_lossy(&bytes)))
 }
 
 /// Reads from `pipe` when there is one; never completes otherwise.
