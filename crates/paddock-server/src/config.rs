@@ -15,6 +15,8 @@ pub struct ServerConfig {
     pub default_timeout: Duration,
     /// Longest session a create request may ask for.
     pub max_timeout: Duration,
+    /// Whether a create may ask for no expiry at all (`timeout: null`).
+    pub allow_no_expiry: bool,
     /// Largest upload accepted by the execd file API, bytes.
     pub max_upload_bytes: u64,
     /// How long runtime calls may take before the request fails with `TIMEOUT`.
@@ -76,6 +78,7 @@ mod tests {
             api_key: Some("k".into()),
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(28800),
+            allow_no_expiry: true,
             max_upload_bytes: 1 << 30,
             deadlines: Default::default(),
             header_timeout: Duration::from_secs(30),

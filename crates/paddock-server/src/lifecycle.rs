@@ -99,8 +99,8 @@ pub struct CreateSandboxRequest {
     snapshot_id: Option<String>,
     template_id: Option<String>,
     platform: Option<Platform>,
-    /// Absent: the server's default session length. `null`: as long as the server allows (its
-    /// maximum session length). A number: that many seconds, at least 60, at most the maximum.
+    /// Absent: the server's default session length. `null`: no expiry, until deleted (when the
+    /// server allows it). A number: that many seconds, at least 60, at most the maximum.
     #[serde(default, deserialize_with = "explicit_null")]
     timeout: Option<Option<i64>>,
     #[serde(default)]
@@ -259,7 +259,6 @@ struct Planned {
     image: String,
     entrypoint: Vec<String>,
     thread: Option<ThreadId>,
-    timeout_secs: u64,
 }
 
 fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
@@ -304,19 +303,24 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let image = image_ref.clone().unwrap_or_else(|| "default".into());
     let max = state.config.max_timeout.as_secs();
     let timeout_secs = match req.timeout {
-        None => state.config.default_timeout.as_secs(),
-        Some(None) => max,
+        None => Some(state.config.default_timeout.as_secs()),
+        Some(None) if state.config.allow_no_expiry => None,
+        Some(None) => {
+            return Err(ApiError::bad_request(format!(
+                "timeout null (no expiry) is not allowed by this server: give a timeout of at most {max}s, or have its operator start it with --allow-no-expiry true"
+            )));
+        }
         Some(Some(t)) if t < 60 => {
             return Err(ApiError::bad_request(format!("timeout {t}s is below the minimum of 60s")));
         }
         Some(Some(t)) if t as u64 > max => {
             return Err(ApiError::bad_request(format!(
-                "timeout {t}s is above this server's maximum session length of {max}s"
+                "timeout {t}s is above this server's maximum session length of {max}s: ask for less, or have its operator raise it with --max-timeout"
             )));
         }
-        Some(Some(t)) => t as u64,
+        Some(Some(t)) => Some(t as u64),
     };
-    let mut spec = SandboxSpec { image: image_ref, timeout_secs: Some(timeout_secs), ..Default::default() };
+    let mut spec = SandboxSpec { image: image_ref, timeout_secs, ..Default::default() };
     spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
@@ -375,7 +379,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     if entrypoint.is_empty() || entrypoint[0].is_empty() {
         return Err(ApiError::bad_request("entrypoint must name a program, e.g. [\"tail\",\"-f\",\"/dev/null\"]"));
     }
-    Ok(Planned { spec, image, entrypoint, thread, timeout_secs })
+    Ok(Planned { spec, image, entrypoint, thread })
 }
 
 /// Metadata follows Kubernetes label rules, so it can become labels on the Kubernetes runtime.
@@ -461,7 +465,8 @@ async fn record(
         metadata: planned.spec.labels.clone(),
         extensions,
         created_at_ms: info.created_unix_ms as i64,
-        expires_at_ms: Some(info.created_unix_ms as i64 + planned.timeout_secs as i64 * 1000),
+        // The runtime's own expiry, so the row and the sandbox never disagree (none: no expiry).
+        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
         updated_at_ms: now,
     };
     if let Err(e) = state.store.insert(&row).await {
@@ -631,12 +636,13 @@ async fn renew(
     if ttl <= 0 {
         return Err(ApiError::bad_request("expiresAt is in the past: renew to a time in the future"));
     }
-    let max = state.config.max_timeout;
-    if ttl as u128 > max.as_millis() {
-        return Err(ApiError::bad_request(format!(
-            "expiresAt is more than this server's maximum session length ({}s) away: renew to an earlier time",
-            max.as_secs()
-        )));
+    // The SDK's contract: a renewal may shorten or extend, and the create-time maximum
+    // (--max-timeout) does not apply. Only a year bounds it, as it bounds every lifetime.
+    const YEAR_MS: i64 = 366 * 24 * 3600 * 1000;
+    if ttl > YEAR_MS {
+        return Err(ApiError::bad_request(
+            "expiresAt is more than a year away: renew to an earlier time, or create the sandbox with timeout null for no expiry",
+        ));
     }
     state.rt.renew(&sid, Duration::from_millis(ttl as u64)).await?;
     state.store.set_expires(&id, Some(at)).await?;

@@ -140,3 +140,87 @@ async fn fake_runtime_set_env_persists_for_later_commands_and_request_envs_win()
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(message(&body).contains("/tmp/.paddock/envs"), "{body}");
 }
+
+#[tokio::test]
+async fn fake_runtime_timeout_null_means_no_expiry_which_survives_a_restart() {
+    use paddock_core::runtime::{Runtime, SandboxId};
+    let s = Server::new().await;
+    let (status, created) =
+        s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}, "timeout": null}))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(
+        created.get("expiresAt").is_none(),
+        "no expiry is no expiresAt (the SDK reads null as a bad time): {created}"
+    );
+    let sid = SandboxId::parse(&id).unwrap();
+    assert_eq!(s.rt.get(&sid).await.unwrap().expires_unix_ms, None, "the runtime was asked for no expiry");
+    // An absent timeout is the default session, not no expiry.
+    let (_, default) = s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
+    assert!(default["expiresAt"].is_string(), "{default}");
+    let s = s.restarted().await;
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert!(info.get("expiresAt").is_none() && info["status"]["state"] == "Running", "{info}");
+    // A renewal gives it an expiry, beyond the create-time maximum (2 h here) too.
+    let at = time_in(Duration::from_secs(5 * 3600));
+    let (status, renewed) =
+        s.call("POST", &format!("/v1/sandboxes/{id}/renew-expiration"), Some(json!({"expiresAt": at}))).await;
+    assert_eq!(status, StatusCode::OK, "renew is not capped by --max-timeout: {renewed}");
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert!(info["expiresAt"].is_string(), "{info}");
+    let runtime_expiry = s.rt.get(&sid).await.unwrap().expires_unix_ms.unwrap();
+    let want = now_ms() + 5 * 3600 * 1000;
+    assert!(runtime_expiry.abs_diff(want) < 60_000, "the runtime holds the new expiry: {runtime_expiry} vs {want}");
+    // Shortening is allowed; the past is not.
+    let (status, _) = s
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/renew-expiration"),
+            Some(json!({"expiresAt": time_in(Duration::from_secs(120))})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/renew-expiration"),
+            Some(json!({"expiresAt": "2001-01-01T00:00:00Z"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+#[tokio::test]
+async fn fake_runtime_no_expiry_refused_names_the_flag_and_too_long_names_max_timeout() {
+    let s = Server::with_config(|c| c.allow_no_expiry = false).await;
+    let (status, body) =
+        s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}, "timeout": null}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(message(&body).contains("--allow-no-expiry"), "{body}");
+    let (status, body) =
+        s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}, "timeout": 86400}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(message(&body).contains("--max-timeout") && message(&body).contains("7200s"), "{body}");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// RFC 3339 for now + `d`, as the SDK's renew sends it.
+fn time_in(d: Duration) -> String {
+    let secs = (now_ms() / 1000 + d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

@@ -31,9 +31,14 @@ pub struct ServeArgs {
     /// Session length of sandboxes created without a timeout.
     #[arg(long, default_value = "3600s", value_parser = parse_duration)]
     default_timeout: Duration,
-    /// Longest session a create request may ask for.
-    #[arg(long, default_value = "28800s", value_parser = parse_duration)]
+    /// Longest session a create request may ask for. 24 h by default, so the defaults of the
+    /// OpenSandbox SDK's pool (a 24 h idle timeout) work.
+    #[arg(long, default_value = "86400s", value_parser = parse_duration)]
     max_timeout: Duration,
+    /// Whether a create may ask for no expiry (`timeout: null`, the SDK's `timeout=None`): the
+    /// sandbox then lives until deleted. `--allow-no-expiry false` refuses such creates.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    allow_no_expiry: bool,
     /// Largest file upload accepted.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     max_upload: u64,
@@ -137,6 +142,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         api_key: api_key.clone(),
         default_timeout: args.default_timeout,
         max_timeout: args.max_timeout,
+        allow_no_expiry: args.allow_no_expiry,
         max_upload_bytes: args.max_upload,
         deadlines: paddock_server::deadline::Deadlines {
             call: args.call_timeout,
