@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use paddock_core::runtime::SandboxId;
 use serde::Serialize;
 
-pub use commands::{Commands, MAX_RUNNING_PER_SANDBOX};
+pub use commands::{Commands, ENTRYPOINT_EXITED, ENV_FILE, MAX_RUNNING_PER_SANDBOX};
 
 use crate::error::ApiResult;
 use crate::state::AppState;
@@ -88,7 +88,15 @@ pub(crate) fn unserved_execd_feature(path: &str) -> String {
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
 /// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
 async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
-    let sandbox = sandbox_of(&state, &params).await?;
+    let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
+    // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
+    if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
+        return Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_FAILED",
+            format!("sandbox {sandbox} has failed: {}", row.message.as_deref().unwrap_or("its entrypoint ended")),
+        ));
+    }
     match state.rt.get(&sandbox).await?.state {
         paddock_core::runtime::SandboxState::Running => Ok(()),
         paddock_core::runtime::SandboxState::Paused => Err(crate::error::ApiError::new(

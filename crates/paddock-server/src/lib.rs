@@ -13,7 +13,7 @@ mod proxy;
 pub mod secrets;
 pub mod state;
 pub mod store;
-mod time_fmt;
+pub mod time_fmt;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
+use crate::execd::ENTRYPOINT_EXITED;
 use crate::state::AppState;
 use crate::store::{SandboxRow, now_ms};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
@@ -33,6 +34,8 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/renew-expiration", post(renew))
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
+        .route("/sandboxes/{id}/diagnostics/logs", get(diagnostic_logs))
+        .route("/sandboxes/{id}/diagnostics/events", get(diagnostic_events))
         .route("/metrics/events", post(|| async { StatusCode::NO_CONTENT }))
         .route("/workspaces/{thread}/acquire", post(acquire))
         .route("/workspaces/{thread}/release", post(release))
@@ -473,8 +476,7 @@ async fn record(
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }
-    if let Err(e) = state.commands.spawn_background(state, &info.id, planned.entrypoint.clone(), BTreeMap::new()).await
-    {
+    if let Err(e) = state.commands.spawn_entrypoint(state, &info.id, planned.entrypoint.clone()).await {
         // Nothing half-made stays behind: the sandbox and its row go with the failed start.
         let _ = state.rt.destroy(&info.id).await;
         state.store.delete(&row.id).await?;
@@ -485,11 +487,15 @@ async fn record(
 
 /// Brings a row in line with what the runtime says, and returns it.
 async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
-    if matches!(row.state.as_str(), "Terminated" | "Failed") {
+    // A sandbox Failed by its entrypoint still exists and may yet be deleted or expire; any
+    // other Failed or Terminated row is final.
+    let entrypoint_failed = row.state == "Failed" && row.reason.as_deref() == Some(ENTRYPOINT_EXITED);
+    if row.state == "Terminated" || (row.state == "Failed" && !entrypoint_failed) {
         return Ok(row);
     }
     let Ok(id) = paddock_core::runtime::SandboxId::parse(&row.id) else { return Ok(row) };
     let (new_state, reason, message) = match state.rt.get(&id).await {
+        Ok(info) if entrypoint_failed && info.state != SandboxState::Failed => return Ok(row),
         Ok(info) => match info.state {
             SandboxState::Running => ("Running", "SANDBOX_RUNNING", None),
             SandboxState::Paused => ("Paused", "SANDBOX_PAUSED", None),
@@ -600,15 +606,29 @@ async fn patch_metadata(
     Ok(axum::Json(sandbox_json(&row)).into_response())
 }
 
+/// A sandbox whose entrypoint ended keeps that state: pausing or resuming it would hide why.
+fn refuse_failed(row: &SandboxRow) -> ApiResult<()> {
+    if row.state == "Failed" {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} has failed ({}): delete it and create another",
+            row.id,
+            row.message.as_deref().unwrap_or("no reason recorded")
+        )));
+    }
+    Ok(())
+}
+
 async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, _) = state.sandbox(&id).await?;
+    let (sid, row) = state.sandbox(&id).await?;
+    refuse_failed(&refresh(&state, row).await?)?;
     state.rt.pause(&sid).await?;
     state.store.set_state(&id, "Paused", Some("SANDBOX_PAUSED"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, _) = state.sandbox(&id).await?;
+    let (sid, row) = state.sandbox(&id).await?;
+    refuse_failed(&refresh(&state, row).await?)?;
     state.rt.resume(&sid).await?;
     state.store.set_state(&id, "Running", Some("SANDBOX_RUNNING"), None).await?;
     Ok(StatusCode::ACCEPTED)
@@ -685,6 +705,118 @@ async fn endpoint(
         json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: state.token_key.token(&row.id) } })
     };
     Ok(axum::Json(body).into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Diagnostics (OpenSandbox's diagnostic API: logs and events, inline)
+
+#[derive(Debug, Deserialize)]
+struct DiagnosticQuery {
+    scope: Option<String>,
+}
+
+/// The scopes each diagnostic kind answers; `all` is both.
+const LOG_SCOPES: [&str; 3] = ["container", "entrypoint", "all"];
+const EVENT_SCOPES: [&str; 3] = ["lifecycle", "runtime", "all"];
+
+fn diagnostic_scope(q: DiagnosticQuery, allowed: &[&str]) -> ApiResult<String> {
+    let scope = q.scope.unwrap_or_else(|| "all".into());
+    if !allowed.contains(&scope.as_str()) {
+        return Err(ApiError::bad_request(format!("scope {scope:?} is not one of {}", allowed.join(", "))));
+    }
+    Ok(scope)
+}
+
+fn diagnostic(
+    id: &str,
+    kind: &str,
+    scope: String,
+    content: String,
+    truncated: bool,
+    warnings: Vec<String>,
+) -> Response {
+    let mut body = json!({
+        "sandboxId": id, "kind": kind, "scope": scope, "delivery": "inline",
+        "contentType": "text/plain; charset=utf-8", "truncated": truncated,
+        "contentLength": content.len(), "content": content,
+    });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    axum::Json(body).into_response()
+}
+
+/// What is known of a sandbox's entrypoint: this server's memory (up to 1 MiB of output) when
+/// it started it, else the state database (the newest 64 KiB, kept across restarts).
+async fn entrypoint_record(state: &AppState, id: &str) -> ApiResult<Option<crate::store::EntrypointLog>> {
+    match state.commands.entrypoint_log(id, usize::MAX) {
+        Some(log) => Ok(Some(log)),
+        None => Ok(state.store.entrypoint_log(id).await?),
+    }
+}
+
+/// `GET /sandboxes/{id}/diagnostics/logs?scope=`: the entrypoint's output (stdout and stderr
+/// together), running or ended.
+async fn diagnostic_logs(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<DiagnosticQuery>,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let scope = diagnostic_scope(q, &LOG_SCOPES)?;
+    let mut warnings = Vec::new();
+    let (content, truncated) = match entrypoint_record(&state, &id).await? {
+        Some(log) => (String::from_utf8_lossy(&log.tail).into_owned(), log.truncated),
+        None if row.entrypoint.is_empty() => {
+            warnings.push("this sandbox runs no entrypoint (it was made with the CLI): there is no log".to_owned());
+            (String::new(), false)
+        }
+        None => {
+            warnings.push(
+                "no output of the entrypoint is known: it was started by a server older than this one".to_owned(),
+            );
+            (String::new(), false)
+        }
+    };
+    Ok(diagnostic(&id, "logs", scope, content, truncated, warnings))
+}
+
+/// `GET /sandboxes/{id}/diagnostics/events?scope=`: the sandbox's lifecycle as text, one
+/// event a line: created, entrypoint started and ended, its state now.
+async fn diagnostic_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<DiagnosticQuery>,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let scope = diagnostic_scope(q, &EVENT_SCOPES)?;
+    let row = refresh(&state, row).await?;
+    let mut lines =
+        vec![format!("{} Created: sandbox {} from image {}", rfc3339(row.created_at_ms), row.id, row.image)];
+    if let Some(log) = entrypoint_record(&state, &id).await? {
+        lines.push(format!("{} EntrypointStarted: {}", rfc3339(log.started_at_ms), log.command));
+        if let Some(at) = log.finished_at_ms {
+            let how = match (log.exit_code, &log.error) {
+                (_, Some(e)) => e.clone(),
+                (Some(c), None) => format!("exit status {c}"),
+                (None, None) => "ended".to_owned(),
+            };
+            lines.push(format!("{} EntrypointExited: {how}", rfc3339(at)));
+        }
+    }
+    let mut now = format!("{} {}", rfc3339(row.updated_at_ms), row.state);
+    if let Some(r) = &row.reason {
+        now.push_str(&format!(": {r}"));
+    }
+    if let Some(m) = &row.message {
+        now.push_str(&format!(": {m}"));
+    }
+    lines.push(now);
+    match row.expires_at_ms {
+        Some(e) => lines.push(format!("{} Expires", rfc3339(e))),
+        None => lines.push("- NoExpiry: the sandbox lives until deleted".to_owned()),
+    }
+    Ok(diagnostic(&id, "events", scope, lines.join("\n") + "\n", false, Vec::new()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -837,6 +969,14 @@ fn lifecycle_paths() -> Value {
                 "required": ["expiresAt"], "additionalProperties": false,
                 "properties": {"expiresAt": {"type": "string", "format": "date-time"}}}}}},
             "responses": {"200": {"description": "The new expiry"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/diagnostics/logs": {"get": {"summary": "The entrypoint's output (OpenSandbox diagnostics)",
+            "parameters": [id.clone(), {"name": "scope", "in": "query", "schema": {"type": "string", "enum": LOG_SCOPES}}],
+            "responses": {"200": ok("Inline text", json!({"$ref": "#/components/schemas/Diagnostic"})),
+                "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/diagnostics/events": {"get": {"summary": "The sandbox's lifecycle events (OpenSandbox diagnostics)",
+            "parameters": [id.clone(), {"name": "scope", "in": "query", "schema": {"type": "string", "enum": EVENT_SCOPES}}],
+            "responses": {"200": ok("Inline text", json!({"$ref": "#/components/schemas/Diagnostic"})),
+                "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/endpoints/{port}": {"get": {"summary": "Where to reach a port of the sandbox",
             "parameters": [id.clone(), {"name": "port", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}},
                 {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
@@ -868,6 +1008,11 @@ fn not_served_paths() -> Value {
 
 fn lifecycle_schemas() -> Value {
     json!({
+        "Diagnostic": {"type": "object", "required": ["sandboxId", "kind", "scope", "delivery", "contentType", "truncated"],
+            "properties": {"sandboxId": {"type": "string"}, "kind": {"type": "string", "enum": ["logs", "events"]},
+                "scope": {"type": "string"}, "delivery": {"type": "string", "enum": ["inline"]},
+                "contentType": {"type": "string"}, "truncated": {"type": "boolean"}, "content": {"type": "string"},
+                "contentLength": {"type": "integer"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
         "CreateRequest": {"type": "object",
             "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
             "properties": {

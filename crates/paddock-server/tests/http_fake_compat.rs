@@ -224,3 +224,81 @@ fn time_in(d: Duration) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
+
+async fn wait_for_state(s: &Server, id: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+        if info["status"]["state"] == want {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{id} never became {want}: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn fake_runtime_an_entrypoint_that_exits_fails_the_sandbox_with_its_reason_and_output() {
+    let s = Server::new().await;
+    let body = json!({"image": {"uri": "fake"},
+        "entrypoint": ["sh", "-c", "echo starting up; echo 'config missing' >&2; exit 3"]});
+    let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let info = wait_for_state(&s, &id, "Failed").await;
+    assert_eq!(info["status"]["reason"], "ENTRYPOINT_EXITED", "{info}");
+    let why = info["status"]["message"].as_str().unwrap();
+    assert!(why.contains("exit status 3") && why.contains("config missing"), "{why}");
+    // Not healthy, so the SDK's is_healthy() says so.
+    let (status, body) = s.call("GET", &Server::execd(&id, "/ping"), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_error(&body, "SANDBOX_FAILED");
+    // Pausing would hide it.
+    let (status, _) = s.call("POST", &format!("/v1/sandboxes/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    // The output and the events, through OpenSandbox's diagnostics routes.
+    let (status, logs) = s.call("GET", &format!("/v1/sandboxes/{id}/diagnostics/logs?scope=container"), None).await;
+    assert_eq!(status, StatusCode::OK, "{logs}");
+    assert_eq!((logs["kind"].as_str(), logs["delivery"].as_str()), (Some("logs"), Some("inline")), "{logs}");
+    let text = logs["content"].as_str().unwrap();
+    assert!(text.contains("starting up") && text.contains("config missing"), "{logs}");
+    let (status, events) = s.call("GET", &format!("/v1/sandboxes/{id}/diagnostics/events?scope=all"), None).await;
+    assert_eq!(status, StatusCode::OK, "{events}");
+    let text = events["content"].as_str().unwrap();
+    assert!(text.contains("EntrypointStarted") && text.contains("EntrypointExited: exit status 3"), "{text}");
+    let (status, body) = s.call("GET", &format!("/v1/sandboxes/{id}/diagnostics/logs?scope=bogus"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // A restart keeps the reason and the output (the state database has them).
+    let s = s.restarted().await;
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(
+        (info["status"]["state"].as_str(), info["status"]["reason"].as_str()),
+        (Some("Failed"), Some("ENTRYPOINT_EXITED"))
+    );
+    let (_, logs) = s.call("GET", &format!("/v1/sandboxes/{id}/diagnostics/logs?scope=container"), None).await;
+    assert!(logs["content"].as_str().unwrap().contains("config missing"), "{logs}");
+    // Deleting it still works, and then it is gone.
+    assert_eq!(s.call("DELETE", &format!("/v1/sandboxes/{id}"), None).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(s.call("GET", &format!("/v1/sandboxes/{id}"), None).await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn fake_runtime_a_running_entrypoints_output_can_be_read() {
+    let s = Server::new().await;
+    let body = json!({"image": {"uri": "fake"}, "entrypoint": ["sh", "-c", "echo serving on 8000; exec sleep 1000"]});
+    let (_, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, logs) = s.call("GET", &format!("/v1/sandboxes/{id}/diagnostics/logs?scope=container"), None).await;
+        assert_eq!(status, StatusCode::OK, "{logs}");
+        if logs["content"].as_str().unwrap().contains("serving on 8000") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the entrypoint's output never showed: {logs}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(info["status"]["state"], "Running", "{info}");
+    assert_eq!(s.call("GET", &Server::execd(&id, "/ping"), None).await.0, StatusCode::OK);
+}
