@@ -372,6 +372,9 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     validate_metadata(&req.metadata)?;
     spec.labels = req.metadata;
+    // Marks the sandbox as the API's, so that a reconcile never adopts it while its row is
+    // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
+    spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let thread = req
         .extensions
@@ -465,7 +468,7 @@ async fn record(
         message: None,
         image: planned.image.clone(),
         entrypoint: planned.entrypoint.clone(),
-        metadata: planned.spec.labels.clone(),
+        metadata: user_labels(&planned.spec.labels),
         extensions,
         created_at_ms: info.created_unix_ms as i64,
         // The runtime's own expiry, so the row and the sandbox never disagree (none: no expiry).
@@ -552,6 +555,8 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
     };
     let page = number(&page, 1, "page", usize::MAX)?;
     let page_size = number(&page_size, 20, "pageSize", 200)?;
+    // Sandboxes made with the CLI since the last reconcile are listed too.
+    adopt_all(&state).await?;
     let mut items = Vec::new();
     for row in state.store.list().await? {
         let row = refresh(&state, row).await?;
@@ -885,8 +890,83 @@ async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Background work
 
-/// Brings every stored sandbox in line with the runtime; run at start and by the reaper.
+/// The label the server puts on the sandboxes it creates.
+const ORIGIN_LABEL: &str = "paddock.dev/origin";
+/// How long a sandbox the API made may lack a row before it counts as orphaned (its create
+/// died between the runtime and the store) and is adopted like any other: longer than a
+/// create may take.
+const ADOPT_API_SANDBOX_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// A sandbox's labels as its metadata: without the ones Paddock reserves for itself.
+fn user_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.iter().filter(|(k, _)| !k.starts_with("paddock.dev/")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Gives a sandbox the runtime has and the store does not (made with the CLI on this data
+/// directory, or by a server on the same cluster) a row, so the API sees and manages it; it
+/// runs no entrypoint. A sandbox the API is creating right now is left alone.
+async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<SandboxRow>> {
+    let from_api = info.spec.labels.get(ORIGIN_LABEL).is_some_and(|v| v == "api");
+    let age = Duration::from_millis((now_ms() as u64).saturating_sub(info.created_unix_ms));
+    if from_api && age < ADOPT_API_SANDBOX_AFTER {
+        return Ok(None);
+    }
+    let (state_name, reason) = match info.state {
+        SandboxState::Running => ("Running", "SANDBOX_RUNNING"),
+        SandboxState::Paused => ("Paused", "SANDBOX_PAUSED"),
+        SandboxState::Failed => ("Failed", "SANDBOX_FAILED"),
+    };
+    let mut extensions = BTreeMap::new();
+    if let Some(w) = &info.workspace {
+        extensions.insert("workspace".to_owned(), w.thread.to_string());
+    }
+    let row = SandboxRow {
+        id: info.id.to_string(),
+        state: state_name.into(),
+        reason: Some(reason.into()),
+        message: info.failure.clone(),
+        image: info.spec.image.clone().unwrap_or_else(|| "default".into()),
+        entrypoint: Vec::new(),
+        metadata: user_labels(&info.spec.labels),
+        extensions,
+        created_at_ms: info.created_unix_ms as i64,
+        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
+        updated_at_ms: now_ms(),
+    };
+    // Another request may have adopted it (or the API recorded it) in the meantime.
+    if state.store.insert(&row).await.is_err() {
+        return Ok(state.store.get(&row.id).await?);
+    }
+    tracing::info!(sandbox = %row.id, "adopted a sandbox made outside this server");
+    Ok(Some(row))
+}
+
+/// The row of a sandbox the runtime has but the store does not yet, adopted now.
+pub async fn adopt_one(state: &AppState, id: &paddock_core::runtime::SandboxId) -> ApiResult<Option<SandboxRow>> {
+    match state.rt.get(id).await {
+        Ok(info) => adopt(state, &info).await,
+        Err(RuntimeError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Adopts every sandbox of the runtime the store does not know.
+async fn adopt_all(state: &AppState) -> ApiResult<()> {
+    let known: std::collections::HashSet<String> = state.store.list().await?.into_iter().map(|r| r.id).collect();
+    for info in state.rt.list().await? {
+        if !known.contains(info.id.as_str()) {
+            adopt(state, &info).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Brings every stored sandbox in line with the runtime, and adopts the runtime's sandboxes
+/// the store does not know; run at start and by the reaper.
 pub async fn reconcile(state: &AppState) {
+    if let Err(e) = adopt_all(state).await {
+        tracing::warn!("listing the runtime's sandboxes to adopt: {}", e.message);
+    }
     let Ok(rows) = state.store.list().await else { return };
     let mut counts: HashMap<String, i64> = HashMap::new();
     for row in rows {

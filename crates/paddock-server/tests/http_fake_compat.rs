@@ -302,3 +302,43 @@ async fn fake_runtime_a_running_entrypoints_output_can_be_read() {
     assert_eq!(info["status"]["state"], "Running", "{info}");
     assert_eq!(s.call("GET", &Server::execd(&id, "/ping"), None).await.0, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn fake_runtime_sandboxes_made_outside_the_server_are_seen_and_managed() {
+    use paddock_core::runtime::Runtime;
+    use paddock_core::spec::SandboxSpec;
+    let s = Server::new().await;
+    // What `paddock create` does on the same data directory: straight to the runtime.
+    let spec = SandboxSpec {
+        image: Some("fake".into()),
+        timeout_secs: Some(600),
+        labels: [("team".to_owned(), "cli".to_owned())].into(),
+        ..Default::default()
+    };
+    let cli = s.rt.create(spec.clone()).await.unwrap().id.to_string();
+    let (status, list) = s.call("GET", "/v1/sandboxes", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert!(ids.contains(&cli.as_str()), "the CLI's sandbox is listed: {list}");
+    let (status, info) = s.call("GET", &format!("/v1/sandboxes/{cli}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!((info["status"]["state"].as_str(), info["metadata"]["team"].as_str()), (Some("Running"), Some("cli")));
+    assert!(info["expiresAt"].is_string(), "its runtime expiry: {info}");
+    // Found by id alone, too, before any list or reconcile.
+    let other = s.rt.create(spec.clone()).await.unwrap().id.to_string();
+    assert_eq!(s.call("GET", &Server::execd(&other, "/ping"), None).await.0, StatusCode::OK);
+    let (out, code) = run(&s, &other, json!({"command": "echo managed"})).await;
+    assert_eq!((out, code), (vec!["managed".to_owned()], Some(0)));
+    assert_eq!(s.call("DELETE", &format!("/v1/sandboxes/{cli}"), None).await.0, StatusCode::NO_CONTENT);
+    assert!(s.rt.get(&paddock_core::runtime::SandboxId::parse(&cli).unwrap()).await.is_err(), "really destroyed");
+    // A sandbox the API is creating right now (its label says so, its row is not written yet)
+    // is not adopted behind its back.
+    let mut mid_create = spec;
+    mid_create.labels.insert("paddock.dev/origin".into(), "api".into());
+    let young = s.rt.create(mid_create).await.unwrap().id.to_string();
+    assert_eq!(s.call("GET", &format!("/v1/sandboxes/{young}"), None).await.0, StatusCode::NOT_FOUND);
+    // The API's own sandboxes do not show the label.
+    let id = s.create().await;
+    let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(info["metadata"], json!({}), "{info}");
+}
