@@ -342,3 +342,14 @@ async fn fake_runtime_sandboxes_made_outside_the_server_are_seen_and_managed() {
     let (_, info) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
     assert_eq!(info["metadata"], json!({}), "{info}");
 }
+
+#[tokio::test]
+async fn fake_runtime_401s_say_where_the_key_is() {
+    let s = Server::new().await;
+    for headers in [&[][..], &[("open-sandbox-api-key", "wrong")][..]] {
+        let (status, body) = s.with_headers("GET", "/v1/sandboxes", headers).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let m = message(&body);
+        assert!(m.contains("OPEN-SANDBOX-API-KEY") && m.contains("/api-key"), "names the header and the file: {m}");
+    }
+}

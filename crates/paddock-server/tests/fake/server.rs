@@ -48,6 +48,7 @@ impl Server {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: data.to_path_buf(),
             api_key: Some(KEY.into()),
+            api_key_location: format!("the file {}", data.join("api-key").display()),
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(7200),
             allow_no_expiry: true,
