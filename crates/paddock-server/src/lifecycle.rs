@@ -1001,9 +1001,6 @@ pub fn openapi_document() -> Value {
     if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), lifecycle_paths()) {
         paths.extend(more);
     }
-    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), not_served_paths()) {
-        paths.extend(more);
-    }
     if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
         schemas.extend(more);
     }
@@ -1064,28 +1061,6 @@ fn lifecycle_paths() -> Value {
     })
 }
 
-/// The routes Paddock knows and does not implement, documented as answering 501.
-fn not_served_paths() -> Value {
-    let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
-    let mut paths = serde_json::Map::new();
-    for (path, what) in NOT_SERVED {
-        let params: Vec<Value> = path
-            .split('/')
-            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
-            .collect();
-        let op = |summary: &str| {
-            json!({"summary": summary, "description": what, "parameters": params,
-                "responses": {"501": error_ref.clone(), "401": error_ref.clone()}})
-        };
-        paths.insert(
-            path.to_owned(),
-            json!({"get": op("Not supported by Paddock (501)"), "post": op("Not supported by Paddock (501)")}),
-        );
-    }
-    Value::Object(paths)
-}
-
 fn lifecycle_schemas() -> Value {
     json!({
         "Diagnostic": {"type": "object", "required": ["sandboxId", "kind", "scope", "delivery", "contentType", "truncated"],
@@ -1121,7 +1096,7 @@ fn workspace_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Paddock", "version": env!("CARGO_PKG_VERSION"),
-            "description": "Paddock's workspace API. The OpenSandbox lifecycle and execd APIs are served as well; see their specification."},
+            "description": "Paddock's workspace API and the OpenSandbox lifecycle routes it serves; the execd API is served under /v1/sandboxes/{id}/proxy/44772. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, network policies, and execd's sessions, code interpreter, PTY, isolation) answer 501 NOT_SUPPORTED and are not listed here."},
         "servers": [{"url": "/v1"}],
         "security": [{"apiKey": []}],
         "paths": {
