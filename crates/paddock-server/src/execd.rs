@@ -25,6 +25,10 @@ use crate::store::now_ms;
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
 pub fn router() -> Router<AppState> {
     Router::new()
+        // Everything not routed below: an honest 501, never a forward into the sandbox. (Any
+        // more specific route wins over the catch-all.)
+        .route("/", axum::routing::any(not_served))
+        .route("/{*rest}", axum::routing::any(not_served))
         .route("/ping", get(ping))
         .route("/command", post(commands::run).delete(commands::interrupt))
         .route("/command/status/{cmd}", get(commands::status))
@@ -40,9 +44,39 @@ pub fn router() -> Router<AppState> {
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/directories/list", get(files::list))
         .route("/metrics", get(metrics))
-        // Everything else under the execd port: an honest 501, never a forward into the sandbox.
-        .route("/", axum::routing::any(not_served))
-        .route("/{*rest}", axum::routing::any(not_served))
+}
+
+/// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
+/// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
+async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
+    let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
+    // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
+    if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
+        return Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_FAILED",
+            format!("sandbox {sandbox} has failed: {}", row.message.as_deref().unwrap_or("its entrypoint ended")),
+        ));
+    }
+    match state.rt.get(&sandbox).await?.state {
+        paddock_core::runtime::SandboxState::Running => Ok(()),
+        paddock_core::runtime::SandboxState::Paused => Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_PAUSED",
+            format!("sandbox {sandbox} is paused: resume it to run commands"),
+        )),
+        paddock_core::runtime::SandboxState::Failed => Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_FAILED",
+            format!("sandbox {sandbox} has failed: its processes are gone; delete it and create another"),
+        )),
+    }
+}
+
+/// The sandbox named by the `id` path parameter, which must exist.
+async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
+    let id = params.get("id").map_or("", String::as_str);
+    Ok(state.sandbox(id).await?.0)
 }
 
 /// `501 NOT_SUPPORTED` for an execd route Paddock does not serve, naming the feature and what
@@ -83,39 +117,6 @@ pub(crate) fn unserved_execd_feature(path: &str) -> String {
             _ => "this is not an execd route Paddock serves".into(),
         }
     }
-}
-
-/// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
-/// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
-async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
-    let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
-    // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
-    if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
-        return Err(crate::error::ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "SANDBOX_FAILED",
-            format!("sandbox {sandbox} has failed: {}", row.message.as_deref().unwrap_or("its entrypoint ended")),
-        ));
-    }
-    match state.rt.get(&sandbox).await?.state {
-        paddock_core::runtime::SandboxState::Running => Ok(()),
-        paddock_core::runtime::SandboxState::Paused => Err(crate::error::ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "SANDBOX_PAUSED",
-            format!("sandbox {sandbox} is paused: resume it to run commands"),
-        )),
-        paddock_core::runtime::SandboxState::Failed => Err(crate::error::ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "SANDBOX_FAILED",
-            format!("sandbox {sandbox} has failed: its processes are gone; delete it and create another"),
-        )),
-    }
-}
-
-/// The sandbox named by the `id` path parameter, which must exist.
-async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
-    let id = params.get("id").map_or("", String::as_str);
-    Ok(state.sandbox(id).await?.0)
 }
 
 /// User and group names of a sandbox, from its own `/etc/passwd` and `/etc/group`.
