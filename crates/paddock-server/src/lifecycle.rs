@@ -696,6 +696,15 @@ async fn endpoint(
     if proxy && q.expires.is_some() {
         return Err(ApiError::bad_request("use_server_proxy and expires cannot be combined"));
     }
+    // A signed endpoint promises to stop working at `expires`; handing out one that does not
+    // would be a silent difference, so it is refused like the create fields Paddock lacks.
+    if q.expires.is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
+            "signed endpoints (expires) are not supported by Paddock yet: ask without expires; the endpoint's token opens only this sandbox, until it is deleted",
+        ));
+    }
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())

@@ -83,6 +83,10 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
         assert_error(&body, "NOT_SUPPORTED");
         assert!(message(&body).contains(feature), "{method} {path} names {feature:?}: {body}");
     }
+    // A signed endpoint is refused rather than handed out unsigned.
+    let (status, body) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772?expires=4102444800"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_error(&body, "NOT_SUPPORTED");
     let (status, body) = s.call("GET", &egress("/policy"), None).await;
     assert_eq!((status, body["policy"]["defaultAction"].as_str()), (StatusCode::OK, Some("deny")), "{body}");
     // The diagnostics routes are documented (the API fuzz run reaches them); the 501s are named
