@@ -51,8 +51,10 @@ pub const ENV_FILE: &str = "/tmp/.paddock/envs";
 /// Entrypoint output kept in the state database (the newest bytes), for the CLI and a
 /// restarted server; the server's memory keeps `LOG_CAP`.
 pub const ENTRYPOINT_TAIL_STORED: usize = 64 << 10;
-/// How often a running entrypoint's new output is written to the state database.
-const ENTRYPOINT_PERSIST_EVERY: Duration = Duration::from_secs(2);
+/// How often a running entrypoint's new output is written to the state database: often enough
+/// for `paddock logs` to follow it, rarely enough that a chatty entrypoint in every sandbox does
+/// not keep the database busy (at most 64 KiB per sandbox each time).
+const ENTRYPOINT_PERSIST_EVERY: Duration = Duration::from_secs(5);
 /// Why a sandbox whose entrypoint ended is Failed.
 pub const ENTRYPOINT_EXITED: &str = "ENTRYPOINT_EXITED";
 /// Largest env file read; a bigger one is refused rather than truncated to a surprise.
