@@ -148,3 +148,22 @@ def test_paddock_logs_shows_a_failed_entrypoint(server, make_sandbox):
     )
     assert out["state"] == "Failed" and out["entrypoint"]["exitCode"] == 7, out
     assert "last words" in out["output"], out
+
+
+def test_no_expiry_survives_a_server_restart(restartable_server, mode):
+    cfg = restartable_server.config(mode)
+    sb = SandboxSync.create(IMAGE, connection_config=cfg, timeout=None, ready_timeout=timedelta(seconds=30))
+    try:
+        restartable_server.kill_hard()
+        restartable_server.start()
+        again = SandboxSync.connect(sb.id, connection_config=cfg)
+        try:
+            info = again.get_info()
+            assert info.status.state == "Running", info.status
+            assert info.expires_at is None, info.expires_at
+            assert run_ok(again, "echo still-here") == ["still-here"]
+        finally:
+            again.kill()
+            again.close()
+    finally:
+        sb.close()
