@@ -1082,7 +1082,8 @@ fn lifecycle_schemas() -> Value {
             "properties": {
                 "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {}}},
                 "entrypoint": {"type": "array", "items": {"type": "string"}},
-                "timeout": {"type": ["integer", "null"], "minimum": 60},
+                "timeout": {"type": ["integer", "null"], "minimum": 60,
+                    "description": "Seconds, at most the server's --max-timeout; absent: --default-timeout; null: no expiry (unless the server runs with --allow-no-expiry false)"},
                 "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"}},
                 "resourceRequests": {"type": "object", "additionalProperties": {"type": "string"}},
                 "env": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
