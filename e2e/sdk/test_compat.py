@@ -28,6 +28,16 @@ def test_set_env_reaches_later_commands(sandbox):
     assert run_ok(sandbox, 'echo "$GREETING"') == ["again"]
 
 
+def test_set_env_reaches_sessions_started_later(sandbox):
+    if sandbox.commands.run("command -v bash").exit_code != 0:
+        pytest.skip(f"the image {IMAGE!r} has no bash, which sessions run")
+    sandbox.commands.set_env("FOR_SESSIONS", "yes please")
+    sid = sandbox.commands.create_session()
+    ex = sandbox.commands.run_in_session(sid, 'echo "$FOR_SESSIONS"')
+    assert [m.text for m in ex.logs.stdout] == ["yes please"], ex
+    sandbox.commands.delete_session(sid)
+
+
 def test_timeout_none_never_expires_and_renew_gives_an_expiry(make_sandbox):
     sb = make_sandbox(timeout=None)
     info = sb.get_info()
@@ -50,13 +60,12 @@ def test_the_sdk_pools_default_lifetime_is_accepted(make_sandbox):
 @pytest.mark.parametrize(
     "call, feature",
     [
-        (lambda sb: sb.commands.create_session(), "sessions"),
         (lambda sb: sb.credential_vault.list_credentials(), "credential vault"),
         (lambda sb: sb.isolation.capabilities(), "isolated sessions"),
         (lambda sb: sb.files_with_identity(1000, 1000).get_file_info(["/tmp"]), "another uid/gid"),
         (lambda sb: sb.create_snapshot("s1"), "snapshots"),
     ],
-    ids=["session", "credential-vault", "isolation", "files-with-identity", "snapshot"],
+    ids=["credential-vault", "isolation", "files-with-identity", "snapshot"],
 )
 def test_unserved_features_fail_fast_with_a_clear_501(sandbox, call, feature):
     started = time.monotonic()

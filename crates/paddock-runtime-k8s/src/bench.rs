@@ -1,6 +1,6 @@
 //! What `paddock --runtime kubernetes bench` needs from the cluster beyond the `Runtime` calls
-//! it times: the baseline of a bare Pod's create → Ready, and a sandbox's Pod name for the
-//! `kubectl exec` baseline.
+//! it times: the baseline of a bare Pod's create → Ready, a sandbox's Pod name for the
+//! `kubectl exec` baseline, and the claim model's warm pool.
 
 use std::time::{Duration, Instant};
 
@@ -69,5 +69,35 @@ impl crate::KubeRuntime {
         let gone = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
         let _ = self.pods.delete(&name, &gone).await;
         ready
+    }
+
+    /// The same runtime on the same client with another sandbox model and warm-pool size.
+    pub fn with_model(&self, model: crate::SandboxModel, warm_pool: u32) -> Self {
+        let config = crate::KubeConfig { model, warm_pool, ..self.config.clone() };
+        Self::new(self.pods.clone().into_client(), config)
+    }
+
+    /// Ready Pods waiting in the default profile's warm pool (claim model).
+    pub async fn default_pool_ready(&self) -> Result<u64, RuntimeError> {
+        let spec = self.prepare(paddock_core::spec::SandboxSpec::default())?;
+        let name = self.ensure_profile(&spec).await?;
+        let pool = self.pools.get(&name).await.map_err(|e| crate::api_error("reading the warm pool", e))?;
+        Ok(pool.data.pointer("/status/readyReplicas").and_then(serde_json::Value::as_u64).unwrap_or(0))
+    }
+
+    /// Deletes the warm pools and templates of every profile this runtime made sure of, so a
+    /// benchmark leaves no Pods running.
+    pub async fn drain_pools(&self) -> Result<(), RuntimeError> {
+        let names: Vec<String> = self.profiles.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        for name in names {
+            for api in [&self.pools, &self.templates] {
+                match api.delete(&name, &DeleteParams::foreground()).await {
+                    Ok(_) => {}
+                    Err(e) if crate::is_code(&e, 404) => {}
+                    Err(e) => return Err(crate::api_error(&format!("deleting {name}"), e)),
+                }
+            }
+        }
+        Ok(())
     }
 }

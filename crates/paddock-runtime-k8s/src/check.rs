@@ -53,6 +53,18 @@ pub const NEEDED: &[Need] = &[
     need("", "events", "", "list"),
 ];
 
+/// Needed too with `--model claim` (agent-sandbox's objects).
+pub const CLAIM_NEEDED: &[Need] = &[
+    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "create"),
+    need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "create"),
+    need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "patch"),
+    need("extensions.agents.x-k8s.io", "sandboxclaims", "", "create"),
+    need("extensions.agents.x-k8s.io", "sandboxclaims", "", "get"),
+    need("extensions.agents.x-k8s.io", "sandboxclaims", "", "list"),
+    need("extensions.agents.x-k8s.io", "sandboxclaims", "", "patch"),
+    need("extensions.agents.x-k8s.io", "sandboxclaims", "", "delete"),
+];
+
 /// Needed only with a RuntimeClass.
 pub const RUNTIME_CLASS_NEED: Need =
     Need { group: "node.k8s.io", resource: "runtimeclasses", subresource: "", verb: "get", cluster: true };
@@ -141,6 +153,9 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
         ),
     }
     let mut needs: Vec<Need> = NEEDED.to_vec();
+    if config.model == crate::SandboxModel::Claim {
+        needs.extend_from_slice(CLAIM_NEEDED);
+    }
     if config.runtime_class.is_some() {
         needs.push(RUNTIME_CLASS_NEED);
     }

@@ -1,29 +1,34 @@
-//! Paddock's Kubernetes runtime, in Dawn's keeper model: per sandbox one keeper Pod that only
-//! sleeps, one deny-all NetworkPolicy, and per workspace one RWO PVC mounted at `/workspace`.
+//! Paddock's Kubernetes runtime. In Dawn's keeper model (the default, and always for
+//! workspaces) per sandbox one keeper Pod that only sleeps, one deny-all NetworkPolicy, and per
+//! workspace one RWO PVC mounted at `/workspace`; in the claim model (`claim`) a created
+//! sandbox is an agent-sandbox `SandboxClaim` on a warm pool.
 //! Commands and file operations are `pods/exec` calls into the keeper; `connect` is
 //! `pods/portforward`. The cluster's objects are the only state: labels and annotations carry
 //! each sandbox's id, spec and expiry, so several servers can share a namespace.
 //!
 //! The server's Role in the namespace needs: `pods` create get list delete patch;
 //! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
-//! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list. Sandbox
+//! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list; with the
+//! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create, `sandboxwarmpools`
+//! create patch, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
 pub mod bench;
 pub mod check;
+pub mod claim;
 pub mod exec;
 pub mod files;
 pub mod objects;
 pub mod runtime_class;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy as KubePolicy;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use paddock_core::naming::{NamingMode, ThreadId, sanitize_hashed};
 use paddock_core::runtime::{
     ByteReader, Capabilities, Duplex, ExecRequest, FileOp, FileReply, Process, Runtime, RuntimeError, SandboxId,
@@ -68,6 +73,23 @@ pub struct KubeConfig {
     /// ignores `fsGroup`, as hostPath does (its volumes are root-owned 0750); not allowed
     /// under the `restricted` Pod Security Standard.
     pub chown_workspace: bool,
+    /// How `create` gets a sandbox without a workspace: its own keeper Pod, or a claim on an
+    /// agent-sandbox warm pool. Workspaces always use keeper Pods: a claim's volumes end with
+    /// the claim, and a thread's must outlive its sandboxes.
+    pub model: SandboxModel,
+    /// Pre-started Pods kept in each warm pool (claim model only): the default profile's and
+    /// those of the first few other profiles used.
+    pub warm_pool: u32,
+}
+
+/// Where a created sandbox's Pod comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxModel {
+    /// Paddock creates the Pod (Dawn's keeper model).
+    #[default]
+    Keeper,
+    /// agent-sandbox's controller hands out a Pod for a `SandboxClaim` (Hephaestus's model).
+    Claim,
 }
 
 impl Default for KubeConfig {
@@ -85,6 +107,8 @@ impl Default for KubeConfig {
             cpu_request_millicpus: None,
             reap_interval: Duration::from_secs(30),
             chown_workspace: false,
+            model: SandboxModel::Keeper,
+            warm_pool: 0,
         }
     }
 }
@@ -97,9 +121,16 @@ pub struct KubeRuntime {
     claims: Api<PersistentVolumeClaim>,
     policies: Api<KubePolicy>,
     events: Api<Event>,
+    templates: Api<DynamicObject>,
+    pools: Api<DynamicObject>,
+    sandbox_claims: Api<DynamicObject>,
+    /// Profiles whose template and pool this process has made sure of.
+    profiles: Arc<Mutex<HashSet<String>>>,
 }
 
 const POLL: Duration = Duration::from_millis(250);
+/// Profiles (besides the default) whose warm pools get `warm_pool` Pods.
+const MAX_WARM_PROFILES: usize = 4;
 /// How long a deleted Pod or PVC may take to disappear before we stop waiting.
 const GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -144,7 +175,11 @@ impl KubeRuntime {
             pods: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
             policies: Api::namespaced(client.clone(), ns),
-            events: Api::namespaced(client, ns),
+            events: Api::namespaced(client.clone(), ns),
+            templates: Api::namespaced_with(client.clone(), ns, &claim::resource("SandboxTemplate")),
+            pools: Api::namespaced_with(client.clone(), ns, &claim::resource("SandboxWarmPool")),
+            sandbox_claims: Api::namespaced_with(client, ns, &claim::resource("SandboxClaim")),
+            profiles: Arc::default(),
             config,
         }
     }
@@ -166,6 +201,13 @@ impl KubeRuntime {
         let ns = &self.config.namespace;
         let lp = ListParams::default().labels(objects::SANDBOX_LABEL).limit(1);
         match self.pods.list(&lp).await {
+            Ok(_) if self.config.model == SandboxModel::Claim => {
+                let pool = self.ensure_profile(&self.prepare(SandboxSpec::default())?).await?;
+                Ok(format!(
+                    "Kubernetes reachable in namespace {ns:?}; sandboxes are claims on warm pool {pool} ({} pre-started)",
+                    self.config.warm_pool
+                ))
+            }
             Ok(_) => Ok(format!("Kubernetes reachable; sandbox Pods can be listed in namespace {ns:?}")),
             Err(e) => {
                 Err(api_error(&format!("listing Pods in namespace {ns:?} (does it exist? may this server use it?)"), e))
@@ -203,6 +245,48 @@ impl KubeRuntime {
                         n += 1;
                     }
                     Err(e) => tracing::warn!(pod = name, error = %e, "deleting an expired sandbox"),
+                }
+            }
+        }
+        if self.config.model == SandboxModel::Claim {
+            n += self.reap_orphan_claims(now).await?;
+        }
+        Ok(n)
+    }
+
+    /// Deletes claims whose Pod never got Paddock's labels (the server that made them died
+    /// before writing them) once they are older than any create could take.
+    async fn reap_orphan_claims(&self, now: u64) -> Result<usize, RuntimeError> {
+        let lp = ListParams::default().labels(objects::SANDBOX_LABEL);
+        let claims = self.sandbox_claims.list(&lp).await.map_err(|e| api_error("listing sandbox claims", e))?.items;
+        if claims.is_empty() {
+            return Ok(0);
+        }
+        let live: HashSet<String> = self
+            .list_pods()
+            .await?
+            .iter()
+            .filter_map(|p| p.metadata.labels.as_ref()?.get(objects::SANDBOX_LABEL).cloned())
+            .collect();
+        let grace = self.config.ready_timeout.as_millis() as u64 + 60_000;
+        let mut n = 0;
+        for c in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+            let id = c.metadata.labels.as_ref().and_then(|l| l.get(objects::SANDBOX_LABEL));
+            let created = c
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(objects::CREATED_ANNOTATION))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            if id.is_some_and(|id| !live.contains(id)) && created + grace < now {
+                let name = c.metadata.name.clone().unwrap_or_default();
+                match self.delete_claim(&name, false).await {
+                    Ok(()) => {
+                        tracing::info!(claim = name, "orphaned sandbox claim deleted");
+                        n += 1;
+                    }
+                    Err(e) => tracing::warn!(claim = name, error = %e, "deleting an orphaned sandbox claim"),
                 }
             }
         }
@@ -303,6 +387,10 @@ impl KubeRuntime {
     /// Deletes a Pod (only this very Pod: its uid is a precondition) and its NetworkPolicy,
     /// then waits until the Pod is gone when asked. A thread's PVC is kept.
     async fn delete_sandbox_pod(&self, pod: &Pod, wait: bool) -> Result<(), RuntimeError> {
+        if let Some(claim) = pod.metadata.annotations.as_ref().and_then(|a| a.get(claim::CLAIM_ANNOTATION)) {
+            // The controller owns a claimed Pod: deleting it would only make it start another.
+            return self.delete_claim(claim, wait).await;
+        }
         let name = pod.metadata.name.clone().unwrap_or_default();
         let dp = DeleteParams {
             grace_period_seconds: Some(1),
@@ -324,6 +412,156 @@ impl KubeRuntime {
         Ok(())
     }
 
+    /// Deletes a sandbox's claim in the foreground: the claim stays visible until its Sandbox
+    /// and Pod are gone, so waiting for the claim waits for the Pod.
+    async fn delete_claim(&self, name: &str, wait: bool) -> Result<(), RuntimeError> {
+        match self.sandbox_claims.delete(name, &DeleteParams::foreground()).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 404) => return Ok(()),
+            Err(e) => return Err(api_error(&format!("deleting sandbox claim {name}"), e)),
+        }
+        if !wait {
+            return Ok(());
+        }
+        let hint = || format!("check the agent-sandbox controller and `kubectl describe sandboxclaim {name}`");
+        wait_gone(&self.sandbox_claims, name, |_| true, || format!("sandbox claim {name}"), hint).await
+    }
+
+    /// Makes sure the template and warm pool of `spec`'s profile exist; returns their name.
+    /// The default profile's pool keeps `warm_pool` Pods started; any other starts its Pods
+    /// on demand (a pool of zero), so an unusual spec costs no idle Pods.
+    async fn ensure_profile(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        let pod_spec = self.profile_pod_spec(spec);
+        let name = claim::profile_name(&pod_spec);
+        if self.profiles.lock().unwrap_or_else(|p| p.into_inner()).contains(&name) {
+            return Ok(name);
+        }
+        let ns = &self.config.namespace;
+        let template = claim::template(ns, &name, &pod_spec)
+            .map_err(|e| RuntimeError::System(format!("building SandboxTemplate {name}: {e}")))?;
+        match self.templates.create(&PostParams::default(), &template).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 409) => {}
+            Err(e) => {
+                return Err(api_error(
+                    &format!("creating SandboxTemplate {name} (is agent-sandbox installed, with its CRDs?)"),
+                    e,
+                ));
+            }
+        }
+        // The default profile and the first few others this server sees keep warm Pods (an
+        // SDK's default size rarely is Paddock's); any further profile starts cold, so clients
+        // sending many distinct specs cannot pin idle Pods on the cluster.
+        let default = self.profile_pod_spec(&self.prepare(SandboxSpec::default())?);
+        let warm = claim::profile_name(&default) == name
+            || self.profiles.lock().unwrap_or_else(|p| p.into_inner()).len() <= MAX_WARM_PROFILES;
+        let replicas = if warm { self.config.warm_pool } else { 0 };
+        let pool = claim::warm_pool(ns, &name, replicas)
+            .map_err(|e| RuntimeError::System(format!("building SandboxWarmPool {name}: {e}")))?;
+        match self.pools.create(&PostParams::default(), &pool).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 409) => {
+                // Another server (or an earlier run) made it: only its size may differ.
+                let patch = serde_json::json!({"spec": {"replicas": replicas}});
+                self.pools
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| api_error(&format!("sizing SandboxWarmPool {name}"), e))?;
+            }
+            Err(e) => return Err(api_error(&format!("creating SandboxWarmPool {name}"), e)),
+        }
+        self.profiles.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
+        Ok(name)
+    }
+
+    /// The Pod spec a profile's pool starts: the spec's environment is left out (a warm Pod
+    /// exists before anyone asks for it), commands get it at exec time.
+    fn profile_pod_spec(&self, spec: &SandboxSpec) -> serde_json::Value {
+        let mut spec = spec.clone();
+        spec.env.clear();
+        let image = spec.image.clone().unwrap_or_else(|| self.config.default_image.clone());
+        objects::pod_spec(&self.shape(&image), &spec, None, false)
+    }
+
+    /// Claims a Pod from the spec's pool, waits for the controller to hand one over, and
+    /// writes the sandbox's labels and annotations onto it.
+    async fn create_claimed(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let id = SandboxId::from_random(random()?);
+        let pool = self.ensure_profile(&spec).await?;
+        let now = now_ms();
+        let expires = spec.timeout_secs.map(|t| now + t * 1000);
+        let name = claim::claim_name(&id);
+        let object = claim::claim(&self.config.namespace, &id, &pool, &spec, now, expires)
+            .map_err(|e| RuntimeError::System(format!("building SandboxClaim {name}: {e}")))?;
+        self.sandbox_claims
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| api_error(&format!("creating SandboxClaim {name}"), e))?;
+        match self.adopt_claimed(&id, &name, &spec, now, expires).await {
+            Ok(pod) => Self::info_of(&pod),
+            Err(e) => {
+                if let Err(cleanup) = self.delete_claim(&name, false).await {
+                    tracing::warn!(error = %cleanup, claim = name, "cleaning up a claim that was not served");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn adopt_claimed(
+        &self,
+        id: &SandboxId,
+        name: &str,
+        spec: &SandboxSpec,
+        now: u64,
+        expires: Option<u64>,
+    ) -> Result<Pod, RuntimeError> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.ready_timeout;
+        let pod_name = loop {
+            let c = self.sandbox_claims.get_opt(name).await.map_err(|e| api_error("reading a sandbox claim", e))?;
+            let Some(c) = c else {
+                return Err(RuntimeError::Unavailable(format!(
+                    "sandbox claim {name} disappeared while waiting for a Pod (deleted by another request or server); try again"
+                )));
+            };
+            match claim::readiness(&c) {
+                (Some(true), _) if claim::pod_name(&c).is_some() => break claim::pod_name(&c).unwrap_or_default(),
+                (Some(false), why) => {
+                    return Err(RuntimeError::Unavailable(format!(
+                        "the agent-sandbox controller refused sandbox claim {name}: {why}"
+                    )));
+                }
+                (_, why) if tokio::time::Instant::now() > deadline => {
+                    return Err(RuntimeError::Timeout(format!(
+                        "sandbox claim {name} got no ready Pod within {} s ({why}); check the agent-sandbox controller, the warm pool (`kubectl get sandboxwarmpool`) and node capacity",
+                        self.config.ready_timeout.as_secs()
+                    )));
+                }
+                // A warm Pod is handed over in tens of milliseconds: poll fast at first, then
+                // back off for a cold start.
+                _ if started.elapsed() < Duration::from_secs(2) => tokio::time::sleep(Duration::from_millis(10)).await,
+                _ => tokio::time::sleep(POLL).await,
+            }
+        };
+        let names = Names { pod: pod_name.clone(), network_policy: String::new(), pvc: None };
+        let mut annotations = objects::sandbox_annotations(&names, spec, now, expires)
+            .map_err(|e| RuntimeError::System(format!("building annotations for Pod {pod_name}: {e}")))?;
+        annotations.insert(claim::CLAIM_ANNOTATION.into(), name.to_owned());
+        let patch = serde_json::json!({
+            "metadata": {"labels": objects::pod_labels(id, spec), "annotations": annotations}
+        });
+        let pod = self
+            .pods
+            .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| api_error(&format!("labelling claimed Pod {pod_name}"), e))?;
+        match objects::phase(&pod) {
+            PodPhase::Ready => Ok(pod),
+            _ => self.wait_ready(&pod_name, pod.metadata.uid.as_deref()).await,
+        }
+    }
+
     async fn delete_policy(&self, name: &str) -> Result<(), RuntimeError> {
         match self.policies.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
@@ -335,36 +573,21 @@ impl KubeRuntime {
     /// Waits until no Pod `name` (with `uid`, when given) exists: a terminating Pod still
     /// holds its name and its volume.
     async fn wait_pod_gone(&self, name: &str, uid: Option<&str>) -> Result<(), RuntimeError> {
-        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
-        loop {
-            match self.pods.get_opt(name).await.map_err(|e| api_error("reading a Pod", e))? {
-                None => return Ok(()),
-                Some(p) if uid.is_some() && p.metadata.uid.as_deref() != uid => return Ok(()),
-                Some(_) if tokio::time::Instant::now() > deadline => {
-                    return Err(RuntimeError::Timeout(format!(
-                        "Pod {name} was deleted but still exists after {} s; check the node (`kubectl describe pod {name}`)",
-                        GONE_TIMEOUT.as_secs()
-                    )));
-                }
-                Some(_) => tokio::time::sleep(POLL).await,
-            }
-        }
+        // A Pod of that name with another uid is a replacement: the one we deleted is gone.
+        let same = |p: &Pod| uid.is_none() || p.metadata.uid.as_deref() == uid;
+        wait_gone(
+            &self.pods,
+            name,
+            same,
+            || format!("Pod {name}"),
+            || format!("check the node (`kubectl describe pod {name}`)"),
+        )
+        .await
     }
 
     async fn wait_claim_gone(&self, name: &str) -> Result<(), RuntimeError> {
-        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
-        loop {
-            match self.claims.get_opt(name).await.map_err(|e| api_error("reading a PVC", e))? {
-                None => return Ok(()),
-                Some(_) if tokio::time::Instant::now() > deadline => {
-                    return Err(RuntimeError::Timeout(format!(
-                        "PVC {name} was deleted but still exists after {} s; a Pod may still use it (`kubectl describe pvc {name}`)",
-                        GONE_TIMEOUT.as_secs()
-                    )));
-                }
-                Some(_) => tokio::time::sleep(POLL).await,
-            }
-        }
+        let hint = || format!("a Pod may still use it (`kubectl describe pvc {name}`)");
+        wait_gone(&self.claims, name, |_| true, || format!("PVC {name}"), hint).await
     }
 
     /// Waits for Pod `name` (with `uid`) to be Running and Ready. Failures say what to check.
@@ -746,6 +969,17 @@ impl Runtime for KubeRuntime {
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| api_error(&format!("renewing sandbox {id}"), e))?;
+        if let Some(claim) = pod.metadata.annotations.as_ref().and_then(|a| a.get(claim::CLAIM_ANNOTATION)) {
+            // The claim's own shutdown time is the backstop that works with no server running.
+            let patch = serde_json::json!({
+                "metadata": {"annotations": {objects::EXPIRES_ANNOTATION: expires.to_string()}},
+                "spec": {"lifecycle": {"shutdownTime": claim::rfc3339(expires)}},
+            });
+            self.sandbox_claims
+                .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| api_error(&format!("renewing sandbox claim {claim}"), e))?;
+        }
         Self::info_of(&patched)
     }
 
@@ -798,6 +1032,36 @@ impl Runtime for KubeRuntime {
     }
 }
 
+/// Waits until no object `name` for which `same` holds exists any more; `what` names it and
+/// `hint` says what to check when it outlives `GONE_TIMEOUT`.
+async fn wait_gone<K>(
+    api: &Api<K>,
+    name: &str,
+    same: impl Fn(&K) -> bool,
+    what: impl Fn() -> String,
+    hint: impl Fn() -> String,
+) -> Result<(), RuntimeError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+    loop {
+        match api.get_opt(name).await.map_err(|e| api_error(&format!("reading {}", what()), e))? {
+            None => return Ok(()),
+            Some(o) if !same(&o) => return Ok(()),
+            Some(_) if tokio::time::Instant::now() > deadline => {
+                return Err(RuntimeError::Timeout(format!(
+                    "{} was deleted but still exists after {} s; {}",
+                    what(),
+                    GONE_TIMEOUT.as_secs(),
+                    hint()
+                )));
+            }
+            Some(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
 /// Runs a lifecycle step to its end even when the caller stops waiting (a dropped HTTP
 /// request): a Pod is then either ready or cleaned up, never left Pending.
 async fn detached<T: Send + 'static>(
@@ -809,6 +1073,9 @@ async fn detached<T: Send + 'static>(
 impl KubeRuntime {
     async fn create_now(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         let spec = self.prepare(spec)?;
+        if self.config.model == SandboxModel::Claim && spec.workspace.is_none() {
+            return self.create_claimed(spec).await;
+        }
         let id = SandboxId::from_random(random()?);
         let names = objects::sandbox_names(&id, &spec);
         if let (Some(w), Some(pvc)) = (&spec.workspace, &names.pvc) {

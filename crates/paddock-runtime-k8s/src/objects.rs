@@ -94,7 +94,7 @@ pub fn thread_labels(thread: &ThreadId, mode: NamingMode) -> BTreeMap<String, St
     labels
 }
 
-fn pod_labels(id: &SandboxId, spec: &SandboxSpec) -> BTreeMap<String, String> {
+pub fn pod_labels(id: &SandboxId, spec: &SandboxSpec) -> BTreeMap<String, String> {
     let mut labels = match &spec.workspace {
         Some(w) => thread_labels(&w.thread, w.naming),
         None => BTreeMap::from([(MANAGED_BY.to_owned(), "paddock".to_owned())]),
@@ -127,22 +127,35 @@ pub fn pod(
     created_unix_ms: u64,
     expires_unix_ms: Option<u64>,
 ) -> Result<Pod, serde_json::Error> {
-    let r = &spec.resources;
-    let env: Vec<Value> =
-        command_env(&spec.env, &BTreeMap::new()).into_iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
-    let cpu_request = shape.cpu_request_millicpus.map_or(r.millicpus, |c| c.min(r.millicpus));
-    let workspace_volume = match &names.pvc {
-        Some(claim) => json!({"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}),
-        None => match r.workspace_bytes {
-            Some(b) => json!({"name": "workspace", "emptyDir": {"sizeLimit": b.to_string()}}),
-            None => json!({"name": "workspace", "emptyDir": {}}),
+    let pod_spec = pod_spec(shape, spec, names.pvc.as_deref(), true);
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.pod,
+            "namespace": shape.namespace,
+            "labels": pod_labels(id, spec),
+            "annotations": sandbox_annotations(names, spec, created_unix_ms, expires_unix_ms)?,
         },
-    };
+        "spec": pod_spec,
+    }))
+}
+
+/// The annotations that carry a sandbox's state on its Pod.
+pub fn sandbox_annotations(
+    names: &Names,
+    spec: &SandboxSpec,
+    created_unix_ms: u64,
+    expires_unix_ms: Option<u64>,
+) -> Result<BTreeMap<String, String>, serde_json::Error> {
     let mut annotations = BTreeMap::from([
         (SPEC_ANNOTATION.to_owned(), serde_json::to_string(spec)?),
         (CREATED_ANNOTATION.to_owned(), created_unix_ms.to_string()),
-        (NETPOL_ANNOTATION.to_owned(), names.network_policy.clone()),
     ]);
+    // A claimed Pod's policy belongs to its template, not to Paddock: it has no name here.
+    if !names.network_policy.is_empty() {
+        annotations.insert(NETPOL_ANNOTATION.into(), names.network_policy.clone());
+    }
     if let Some(e) = expires_unix_ms {
         annotations.insert(EXPIRES_ANNOTATION.into(), e.to_string());
     }
@@ -152,6 +165,27 @@ pub fn pod(
     if let Some(pvc) = &names.pvc {
         annotations.insert(WORKSPACE_ANNOTATION.into(), pvc.clone());
     }
+    Ok(annotations)
+}
+
+/// The hardened Pod spec of a sandbox: `pvc` is its workspace claim (else an emptyDir);
+/// `with_env` bakes the spec's environment in (a warm-pool template cannot: commands get it
+/// at exec time instead, as they do anyway).
+pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: bool) -> Value {
+    let r = &spec.resources;
+    let env: Vec<Value> = if with_env {
+        command_env(&spec.env, &BTreeMap::new()).into_iter().map(|(k, v)| json!({"name": k, "value": v})).collect()
+    } else {
+        Vec::new()
+    };
+    let cpu_request = shape.cpu_request_millicpus.map_or(r.millicpus, |c| c.min(r.millicpus));
+    let workspace_volume = match pvc {
+        Some(claim) => json!({"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}),
+        None => match r.workspace_bytes {
+            Some(b) => json!({"name": "workspace", "emptyDir": {"sizeLimit": b.to_string()}}),
+            None => json!({"name": "workspace", "emptyDir": {}}),
+        },
+    };
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
@@ -193,7 +227,7 @@ pub fn pod(
             workspace_volume,
         ],
     });
-    if let (Some(image), Some(_)) = (&shape.chown_image, &names.pvc) {
+    if let (Some(image), Some(_)) = (&shape.chown_image, pvc) {
         let owner = format!("{}:{}", spec.user.uid, spec.user.gid);
         pod_spec["initContainers"] = json!([{
             "name": "workspace-owner",
@@ -223,17 +257,7 @@ pub fn pod(
     if let Some(rc) = &shape.runtime_class {
         pod_spec["runtimeClassName"] = json!(rc);
     }
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": names.pod,
-            "namespace": shape.namespace,
-            "labels": pod_labels(id, spec),
-            "annotations": annotations,
-        },
-        "spec": pod_spec,
-    }))
+    pod_spec
 }
 
 /// A thread's workspace: one RWO claim, created once and kept across sandboxes.

@@ -18,7 +18,7 @@ use paddock_core::runtime::{
     ExecOutcome, ExecRequest, FileErrorKind, FileKind, FileOp, FileReply, Runtime, RuntimeError, SandboxId,
 };
 use paddock_core::spec::SandboxSpec;
-use paddock_runtime_k8s::{KubeConfig, KubeRuntime};
+use paddock_runtime_k8s::{KubeConfig, KubeRuntime, SandboxModel};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GATE: &str = "PADDOCK_K8S_TESTS";
@@ -354,6 +354,34 @@ async fn cluster_concurrent_acquires_make_one_pod() {
     .await;
 }
 
+/// The API server's addresses (its Service and its endpoint) as `host port` pairs.
+async fn api_server_addresses(client: &Client) -> Vec<String> {
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), "default");
+    let svc = services.get("kubernetes").await.unwrap();
+    let mut out = vec![format!("{} 443", svc.spec.unwrap().cluster_ip.unwrap())];
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let lp = ListParams::default().labels("kubernetes.io/service-name=kubernetes");
+    for slice in slices.list(&lp).await.unwrap().items {
+        let port = slice.ports.iter().flatten().find_map(|p| p.port).unwrap_or(6443);
+        for e in slice.endpoints {
+            out.extend(e.addresses.into_iter().map(|a| format!("{a} {port}")));
+        }
+    }
+    out
+}
+
+/// A plain Pod reaches the API server (the control); the sandbox reaches none of its addresses.
+async fn api_server_unreachable(rt: &dyn Runtime, id: &SandboxId, client: &Client, ns: &str) {
+    let addresses = api_server_addresses(client).await;
+    assert!(addresses.len() >= 2, "the Service and at least one endpoint: {addresses:?}");
+    for a in &addresses {
+        let probe = format!("timeout 3 nc {a} </dev/null");
+        assert_eq!(plain_exec(client, ns, "plain-client", &probe).await, 0, "control: a plain Pod reaches {a}");
+        let o = sh(rt, id, &probe).await;
+        assert_ne!(o.outcome.exit_code, 0, "the sandbox must not reach the API server at {a}: {}", o.stdout);
+    }
+}
+
 /// A Pod outside Paddock (no policy) in the same namespace, as a control.
 async fn plain_pod(client: &Client, ns: &str, name: &str, command: &str) -> String {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -438,6 +466,7 @@ async fn cluster_deny_policy_blocks_other_pods() {
         assert_ne!(o.outcome.exit_code, 0, "egress stays denied: {}", o.stdout);
         let o = sh(&rt, &sbx.id, "nslookup kubernetes.default.svc.cluster.local 10.244.0.1").await;
         assert_ne!(o.outcome.exit_code, 0, "no DNS either: {}", o.stdout);
+        api_server_unreachable(&rt, &sbx.id, &client, &ns).await;
 
         // Ingress: a server in the sandbox is unreachable from a plain Pod.
         let _server = rt.exec(&sbx.id, ExecRequest::shell(serve)).await.unwrap();
@@ -481,9 +510,10 @@ async fn cluster_expired_sandboxes_are_reaped() {
         cfg.reap_interval = Duration::from_millis(500);
         let rt = Arc::new(KubeRuntime::new(client.clone(), cfg));
         let reaper = rt.spawn_reaper();
-        let mut spec = small_spec();
-        spec.timeout_secs = Some(1);
-        let short = rt.create(spec).await.unwrap();
+        // Short-lived only once it runs: a Pod may take more than a second to start on a busy
+        // node, and the reaper rightly deletes a sandbox that expires while starting.
+        let short = rt.create(small_spec()).await.unwrap();
+        rt.renew(&short.id, Duration::from_secs(1)).await.unwrap();
         let mut gone = false;
         for _ in 0..40 {
             if matches!(rt.get(&short.id).await, Err(RuntimeError::NotFound(_))) {
@@ -640,6 +670,105 @@ async fn cluster_large_environments_reach_the_command() {
         let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec").await;
         assert_eq!(o.stdout.lines().count(), 1, "the staged file is gone: {}", o.stdout);
         assert!(!o.stdout.contains(".args"), "{}", o.stdout);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_claim_model_serves_from_a_warm_pool() {
+    if !enabled("cluster_claim_model_serves_from_a_warm_pool") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let resource =
+            |kind: &str| ApiResource::from_gvk(&GroupVersionKind::gvk("extensions.agents.x-k8s.io", "v1beta1", kind));
+        let claims: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource("SandboxClaim"));
+        let pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource("SandboxWarmPool"));
+        let mut cfg = config(&ns);
+        cfg.model = SandboxModel::Claim;
+        cfg.warm_pool = 1;
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let said = rt.preflight().await.unwrap();
+        assert!(said.contains("warm pool"), "{said}");
+        // The default profile's pool fills up on its own; only a ready warm Pod is handed out.
+        let pool = pools.list(&ListParams::default()).await.unwrap().items.remove(0);
+        let pool_name = pool.metadata.name.clone().unwrap();
+        let mut ready = 0;
+        for _ in 0..240 {
+            let p = pools.get(&pool_name).await.unwrap();
+            ready = p.data.pointer("/status/readyReplicas").and_then(|v| v.as_u64()).unwrap_or(0);
+            if ready >= 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_eq!(ready, 1, "the warm pool of {pool_name} has its one ready Pod");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+        // A default sandbox is that warm Pod, adopted: same name, now Paddock's.
+        let mut spec = SandboxSpec::default();
+        spec.env.insert("GREETING".into(), "from-the-spec".into());
+        spec.timeout_secs = Some(600);
+        let started = std::time::Instant::now();
+        let sbx = rt.create(spec).await.unwrap();
+        eprintln!("claimed from the warm pool in {:?}", started.elapsed());
+        let o = sh(&rt, &sbx.id, "id -u; hostname; echo $GREETING").await;
+        let lines: Vec<&str> = o.stdout.lines().collect();
+        assert_eq!(lines[0], "1000", "{}", o.stderr);
+        assert!(lines[1].starts_with(&pool_name), "served by a warm Pod: {}", lines[1]);
+        assert_eq!(lines[2], "from-the-spec", "the spec's environment reaches commands of a warm Pod");
+        assert_eq!(rt.list().await.unwrap().iter().filter(|i| i.id == sbx.id).count(), 1);
+        let claim_name = format!("paddock-{}", sbx.id);
+        assert!(claims.get_opt(&claim_name).await.unwrap().is_some());
+
+        // Deny-all holds on a claimed Pod: no other Pod, no API server.
+        plain_pod(&client, &ns, "plain-client", "exec sleep 3600").await;
+        api_server_unreachable(&rt, &sbx.id, &client, &ns).await;
+
+        // Renew moves the claim's own shutdown time too.
+        let renewed = rt.renew(&sbx.id, Duration::from_secs(7200)).await.unwrap();
+        let c = claims.get(&claim_name).await.unwrap();
+        let shutdown = c.data.pointer("/spec/lifecycle/shutdownTime").and_then(|v| v.as_str()).unwrap().to_owned();
+        assert_eq!(shutdown, paddock_runtime_k8s::claim::rfc3339(renewed.expires_unix_ms.unwrap()));
+
+        // Another profile has no warm Pods: it starts one from its template.
+        let cold = rt.create(small_spec()).await.unwrap();
+        assert_eq!(sh(&rt, &cold.id, "id -u").await.stdout, "1000\n");
+
+        // Destroy deletes the claim in the foreground: claim and Pod are gone on return.
+        let pod_name = lines[1].to_owned();
+        rt.destroy(&sbx.id).await.unwrap();
+        assert!(claims.get_opt(&claim_name).await.unwrap().is_none(), "the claim is gone");
+        assert!(pods.get_opt(&pod_name).await.unwrap().is_none(), "its Pod is gone");
+        assert!(matches!(rt.get(&sbx.id).await, Err(RuntimeError::NotFound(_))));
+
+        // An expired claimed sandbox is reaped like any other.
+        let short = rt.create(SandboxSpec { timeout_secs: Some(600), ..Default::default() }).await.unwrap();
+        rt.renew(&short.id, Duration::from_secs(1)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Whichever comes first deletes it: Paddock's reaper or the controller acting on the
+        // claim's own shutdown time.
+        rt.reap_expired().await.unwrap();
+        let mut gone = false;
+        for _ in 0..120 {
+            if claims.get_opt(&format!("paddock-{}", short.id)).await.unwrap().is_none() {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert!(gone, "the expired sandbox's claim was deleted");
+
+        // A claim whose Pod never got Paddock's labels (its server died) is reaped once old.
+        let orphan_id = SandboxId::parse("sbx-0000000000aa").unwrap();
+        let orphan =
+            paddock_runtime_k8s::claim::claim(&ns, &orphan_id, &pool_name, &SandboxSpec::default(), 1, None).unwrap();
+        claims.create(&PostParams::default(), &orphan).await.unwrap();
+        assert!(rt.reap_expired().await.unwrap() >= 1);
+        let c = claims.get_opt("paddock-sbx-0000000000aa").await.unwrap();
+        assert!(c.is_none_or(|c| c.metadata.deletion_timestamp.is_some()), "the orphan claim is being deleted");
+        rt.destroy(&cold.id).await.unwrap();
     })
     .await;
 }

@@ -114,7 +114,9 @@ impl LocalRuntime {
     }
 
     async fn run_supervisor(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
-        let mut child = tokio::process::Command::new(&self.exe)
+        let mut command = tokio::process::Command::new(&self.exe);
+        paddock_sys::process::inherit_only_stdio(command.as_std_mut());
+        let mut child = command
             .arg("__supervise")
             .arg("--data-dir")
             .arg(self.dd.root())

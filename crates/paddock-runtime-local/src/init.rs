@@ -48,10 +48,10 @@ pub fn child_main(setup: ChildSetup) -> ! {
     let ChildSetup { go, status, control, plan, seccomp, oom_counter, uid, gid, hostname } = setup;
     let mut status = File::from(status);
     match build(go, &plan, &seccomp, uid, gid, &hostname) {
-        Ok(sigchld) => {
+        Ok((sigchld, readiness)) => {
             let _ = status.write_all(b"ok\n");
             drop(status);
-            let code = Init { control, sigchld, oom_counter, running: HashMap::new() }.run();
+            let code = Init { control, sigchld, readiness, oom_counter, running: HashMap::new() }.run();
             sp::exit_now(code)
         }
         Err(message) => {
@@ -68,7 +68,7 @@ fn build(
     uid: u32,
     gid: u32,
     hostname: &str,
-) -> Result<OwnedFd, String> {
+) -> Result<(OwnedFd, Option<OwnedFd>), String> {
     // If the supervisor dies, the sandbox must not outlive it unsupervised.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
@@ -81,6 +81,7 @@ fn build(
     plan.enter().map_err(|e| format!("building the sandbox filesystem failed: {e}"))?;
     rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     sp::bring_up_loopback().map_err(|e| e.to_string())?;
+    let readiness = readiness_listener();
     // Blocked before anything is forked, so no child's exit is missed.
     let sigchld = sp::signal_fd(&[Signal::CHILD.as_raw()]).map_err(|e| e.to_string())?;
     paddock_sys::ids::drop_to(uid, gid).map_err(|e| format!("dropping privileges failed: {e}"))?;
@@ -91,7 +92,29 @@ fn build(
     paddock_sys::fence::apply_landlock(&LandlockPolicy::default()).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
-    Ok(sigchld)
+    Ok((sigchld, readiness))
+}
+
+/// The port the code-interpreter SDK probes (`bash -c 'exec 3<>/dev/tcp/127.0.0.1/44771'`)
+/// before it trusts `/code`, which the server answers for every sandbox.
+pub const CODE_READINESS_PORT: u16 = 44771;
+
+/// A listener on the sandbox's own `127.0.0.1:44771` that accepts and at once closes every
+/// connection, so the SDK's readiness probe succeeds. Non-blocking (the init never waits on
+/// it) and close-on-exec (commands do not inherit it). A sandbox without it still works: only
+/// the probe fails, so a failure to bind is not fatal.
+fn readiness_listener() -> Option<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrV4, SocketFlags, SocketType};
+    let socket = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .ok()?;
+    rustix::net::bind(&socket, &SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, CODE_READINESS_PORT)).ok()?;
+    rustix::net::listen(&socket, 64).ok()?;
+    Some(socket)
 }
 
 struct Exec {
@@ -106,6 +129,8 @@ struct Exec {
 struct Init {
     control: OwnedFd,
     sigchld: OwnedFd,
+    /// See [`readiness_listener`].
+    readiness: Option<OwnedFd>,
     oom_counter: Option<File>,
     running: HashMap<u32, Exec>,
 }
@@ -122,10 +147,13 @@ impl Init {
                 .min()
                 .map(|d| d.saturating_duration_since(now));
             let listening: Vec<u32> = self.running.iter().filter(|(_, e)| e.listening).map(|(p, _)| *p).collect();
-            let (control_ready, sigchld_ready, conns_ready) = {
+            let (control_ready, sigchld_ready, conns_ready, probe_ready) = {
                 let mut fds =
                     vec![PollFd::new(&self.control, PollFlags::IN), PollFd::new(&self.sigchld, PollFlags::IN)];
                 fds.extend(listening.iter().map(|p| PollFd::new(&self.running[p].connection, PollFlags::IN)));
+                if let Some(l) = &self.readiness {
+                    fds.push(PollFd::new(l, PollFlags::IN));
+                }
                 let ts = timeout
                     .map(|d| rustix::time::Timespec::try_from(d.max(Duration::from_millis(1))).unwrap_or_default());
                 match rustix::event::poll(&mut fds, ts.as_ref()) {
@@ -135,8 +163,12 @@ impl Init {
                 let ready = |f: &PollFd<'_>| !f.revents().is_empty();
                 let conns: Vec<u32> =
                     listening.iter().zip(&fds[2..]).filter(|(_, f)| ready(f)).map(|(p, _)| *p).collect();
-                (ready(&fds[0]), ready(&fds[1]), conns)
+                let probe = self.readiness.is_some() && fds.last().is_some_and(ready);
+                (ready(&fds[0]), ready(&fds[1]), conns, probe)
             };
+            if probe_ready {
+                self.answer_probes();
+            }
             if sigchld_ready {
                 sp::drain_signalfd(&self.sigchld);
             }
@@ -148,6 +180,25 @@ impl Init {
             self.enforce_deadlines();
             if control_ready && !self.on_control() {
                 return 0;
+            }
+        }
+    }
+
+    /// Accepts and closes every pending readiness probe; never blocks.
+    fn answer_probes(&mut self) {
+        let Some(listener) = &self.readiness else { return };
+        for _ in 0..64 {
+            match rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC) {
+                Ok(conn) => drop(conn),
+                // A prober that gave up before it was accepted.
+                Err(rustix::io::Errno::CONNABORTED) => {}
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return,
+                // Anything else (out of descriptors, memory) would leave the connection queued
+                // and the listener readable: stop listening rather than spin.
+                Err(_) => {
+                    self.readiness = None;
+                    return;
+                }
             }
         }
     }

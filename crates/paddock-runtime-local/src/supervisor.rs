@@ -42,7 +42,9 @@ const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Entry point of `paddock __supervise`: reads the spec from stdin, reports readiness as one
 /// JSON line on stdout, then serves until the sandbox ends. Returns the process exit code.
 pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
-    if let Err(e) = sp::close_inherited_fds() {
+    // The starter passed stdio only (`inherit_only_stdio`); this also covers a supervisor
+    // started by hand, so its commands never receive a descriptor of its starter.
+    if let Err(e) = sp::cloexec_inherited_fds() {
         eprintln!("{e}");
         return 1;
     }

@@ -3,8 +3,10 @@
 //! `Runtime::file`/`read_file`/`write_file`, and bytes flow through the runtime's streams so
 //! nothing is buffered whole.
 
+mod code;
 mod commands;
 mod files;
+mod session;
 mod text;
 
 use std::collections::HashMap;
@@ -44,6 +46,13 @@ pub fn router() -> Router<AppState> {
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/directories/list", get(files::list))
         .route("/metrics", get(metrics))
+        .route("/code", post(code::run).delete(code::interrupt))
+        .route("/code/context", post(code::create_context))
+        .route("/code/contexts", get(code::list_contexts).delete(code::delete_contexts))
+        .route("/code/contexts/{context}", get(code::get_context).delete(code::delete_context))
+        .route("/session", post(session::create))
+        .route("/session/{session}/run", post(session::run))
+        .route("/session/{session}", axum::routing::delete(session::delete))
 }
 
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
@@ -110,8 +119,6 @@ pub(crate) fn unserved_execd_feature(path: &str) -> String {
     } else {
         match first {
             "pty" => "interactive terminals (PTY) are not supported by Paddock yet: run commands with POST /command (commands.run), or in the background and read their logs".into(),
-            "session" => "bash sessions are not supported by Paddock yet: run each command with POST /command, passing cwd and envs".into(),
-            "code" => "the code interpreter (/code) is not supported by Paddock yet: run python3 -c or node -e through POST /command".into(),
             "proxy" => "execd's own port proxy is not served: ask GET /v1/sandboxes/{id}/endpoints/{port} for the port's endpoint".into(),
             "metrics" => "streamed metrics are not supported: poll GET /metrics (get_metrics)".into(),
             _ => "this is not an execd route Paddock serves".into(),

@@ -190,10 +190,19 @@ fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
     }
 }
 
+/// A refusal sent before the request's body was read: the connection is closed after it, and
+/// says so, since hyper cannot reuse a connection with an unread body in it and a client that
+/// sent its next request on it would see the server hang up without an answer.
+fn refuse(e: ApiError) -> Response {
+    let mut response = e.into_response();
+    response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
+}
+
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match api_key_ok(&state, &req) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => refuse(e),
     }
 }
 
@@ -210,11 +219,9 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     };
     match token_ok {
         Some(true) => next.run(req).await,
-        Some(false) => {
-            ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
-        }
+        Some(false) => refuse(ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox")),
         None => match api_key_ok(&state, &req) {
-            Err(e) => e.into_response(),
+            Err(e) => refuse(e),
             Ok(()) => next.run(req).await,
         },
     }
@@ -229,7 +236,7 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
 async fn local_only(port: u16, req: Request, next: Next) -> Response {
     match check_local(port, &req) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => refuse(e),
     }
 }
 

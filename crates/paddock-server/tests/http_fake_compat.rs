@@ -10,13 +10,10 @@ use fake::server::{Server, assert_error};
 use serde_json::{Value, json};
 
 /// Every execd, egress and lifecycle route the SDK 1.1.1 may call that Paddock does not serve.
-const UNSERVED_EXECD: [(&str, &str, &str); 12] = [
+const UNSERVED_EXECD: [(&str, &str, &str); 9] = [
     ("POST", "/pty", "PTY"),
     ("GET", "/pty/abc/ws", "PTY"),
-    ("POST", "/session", "sessions"),
-    ("POST", "/session/s1/run", "sessions"),
-    ("POST", "/code/context", "code interpreter"),
-    ("GET", "/code/contexts", "code interpreter"),
+    ("GET", "/code/no/such/route", "not an execd route"),
     ("GET", "/v1/isolated/capabilities", "isolated sessions"),
     ("POST", "/v1/isolated/session", "isolated sessions"),
     ("GET", "/v1/filesystem/1000/1000/files/info", "another uid/gid"),

@@ -195,16 +195,32 @@ pub fn redirect_stdio(input: impl std::os::fd::AsFd, output: impl std::os::fd::A
     rustix::stdio::dup2_stderr(&output).map_err(|e| SysError::call("dup2 stderr", e))
 }
 
-/// Closes every descriptor above stderr. The supervisor calls this first thing, so that no
-/// descriptor its starter leaked (without close-on-exec) can reach the sandbox.
-///
-/// Must run before this process creates any descriptor it wants to keep.
-pub fn close_inherited_fds() -> Result<()> {
-    // SAFETY: close_range only closes descriptors. The documented precondition (called before
-    // this process opened anything of its own) means no live Rust object owns any of them.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+/// Makes a child started from `command` inherit stdin, stdout and stderr only: between fork
+/// and exec, the child marks every other descriptor close-on-exec. Rust opens everything
+/// close-on-exec already; this catches what the starting process itself inherited (from a
+/// shell, a service manager) or what a C library opened without the flag.
+pub fn inherit_only_stdio(command: &mut std::process::Command) {
+    // SAFETY: the hook runs in the forked child between fork and exec. It makes one
+    // async-signal-safe system call and allocates nothing, not even on error, and takes no
+    // lock. Marking descriptors close-on-exec closes none, so `std`'s exec-error pipe and every
+    // descriptor the child still uses before exec keep working.
+    unsafe { std::os::unix::process::CommandExt::pre_exec(command, cloexec_above_stderr) };
+}
+
+/// Marks every descriptor above stderr close-on-exec, so no descriptor this process inherited
+/// reaches a program it later executes. Unlike closing them, this cannot pull a descriptor
+/// from under an object that owns it, so it is sound to call at any time.
+pub fn cloexec_inherited_fds() -> Result<()> {
+    cloexec_above_stderr().map_err(|e| SysError::call("close_range", e))
+}
+
+fn cloexec_above_stderr() -> std::io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets descriptor flags; it reads and
+    // writes no memory of ours and invalidates no descriptor.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_uint) };
     if ret != 0 {
-        return Err(SysError::call("close_range", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -212,11 +228,13 @@ pub fn close_inherited_fds() -> Result<()> {
 /// Gives the calling process a private copy of its mount namespace (all mounts private), so
 /// what it mounts next is seen by it and its children only, never by the host.
 ///
-/// The caller must be single-threaded.
+/// Fails unless the caller is single-threaded: another thread would share the filesystem
+/// context this changes.
 pub fn unshare_mount_namespace() -> Result<()> {
+    ensure_single_threaded("unsharing the mount namespace")?;
     // SAFETY: CLONE_NEWNS (which implies CLONE_FS) only changes this process's view of mounts
-    // and its filesystem context; in a single-threaded caller (documented precondition) no
-    // other thread shares that context.
+    // and its filesystem context; the caller was just checked to be single-threaded, so no
+    // other thread shares that context (and only this thread could start one).
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
         .map_err(|e| SysError::call("unshare mount namespace", e))?;
     rustix::mount::mount_change(

@@ -12,7 +12,10 @@
 //!    true`) and `{"argv":["/bin/true"]}` (no shell) until the stream ends, `GET …/ping` as the
 //!    floor of any request, and the library's `exec /bin/true`, all interleaved;
 //! 3. the same round trip with 32 clients at once (32 threads, one connection each), against one
-//!    sandbox and spread over several: per-request percentiles and requests per second.
+//!    sandbox and spread over several: per-request percentiles and requests per second;
+//! 4. the code interpreter: `POST …/code/context {"language":"python"}` (a Python driver started
+//!    in the sandbox) until its 200, the first `POST …/code` run in it, and the round trip of a
+//!    run in a warm context, each until `execution_complete`.
 //!
 //! Every sandbox the server made is deleted through the API; after the server is killed, a
 //! runtime opened on its data directory removes anything still there, then the directory goes.
@@ -149,16 +152,52 @@ impl Client {
 
     /// `POST …/command` with `body`, its event stream read to the end; times from `t0`.
     fn command(&self, sandbox: &str, body: &Value, t0: Instant) -> Result<Streamed> {
+        self.stream(sandbox, "/command", body, t0)
+    }
+
+    /// `POST …/code/context {"language":"python"}`: the new context's id.
+    fn code_context(&self, sandbox: &str) -> Result<String> {
         let mut r = self
             .agent
-            .post(self.execd(sandbox, "/command"))
+            .post(self.execd(sandbox, "/code/context"))
+            .header("content-type", "application/json")
+            .send(json!({"language": "python"}).to_string())
+            .context("POST …/code/context")?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().context("reading the answer to POST …/code/context")?;
+        if status != 200 {
+            bail!("POST /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}/code/context answered {status}: {text}");
+        }
+        let v: Value = serde_json::from_str(&text).context("POST …/code/context answered no JSON")?;
+        v["id"].as_str().map(str::to_owned).ok_or_else(|| anyhow!("POST …/code/context answered no id: {text}"))
+    }
+
+    fn delete_code_context(&self, sandbox: &str, context: &str) -> Result<()> {
+        let mut r = self
+            .agent
+            .delete(self.execd(sandbox, &format!("/code/contexts/{context}")))
+            .call()
+            .context("DELETE …/code/contexts/{id}")?;
+        let status = r.status().as_u16();
+        let _ = r.body_mut().read_to_string();
+        if status != 200 {
+            bail!("DELETE /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}/code/contexts/{context} answered {status}");
+        }
+        Ok(())
+    }
+
+    /// `POST …{path}` with `body`, its event stream read to the end; times from `t0`.
+    fn stream(&self, sandbox: &str, path: &str, body: &Value, t0: Instant) -> Result<Streamed> {
+        let mut r = self
+            .agent
+            .post(self.execd(sandbox, path))
             .header("content-type", "application/json")
             .send(body.to_string())
-            .with_context(|| format!("POST …/command {body}"))?;
+            .with_context(|| format!("POST …{path} {body}"))?;
         let status = r.status().as_u16();
         if status != 200 {
             let text = r.body_mut().read_to_string().unwrap_or_default();
-            bail!("POST /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}/command {body} answered {status}: {text}");
+            bail!("POST /v1/sandboxes/{sandbox}/proxy/{EXECD_PORT}{path} {body} answered {status}: {text}");
         }
         let mut s = Streamed { init: None, first_stdout: None, end: Duration::ZERO };
         let mut ended = None;
@@ -392,14 +431,48 @@ async fn measure(
         for (kind, spread) in [(Kind::Command, 1), (Kind::Argv, 1), (Kind::Command, SPREAD), (Kind::Argv, SPREAD)] {
             concurrent.push(concurrent_round_trip(client, &sandbox, kind, spread, per_client, stop).await?);
         }
-        Ok::<_, anyhow::Error>((exec_out, concurrent))
+        let code = code_interpreter(cfg, client, &sandbox).await?;
+        Ok::<_, anyhow::Error>((exec_out, concurrent, code))
     }
     .await;
     let c = client.clone();
     let deleted = blocking(move || c.delete(&sandbox)).await;
-    let (exec_out, concurrent) = measured?;
+    let (exec_out, concurrent, code) = measured?;
     deleted?;
-    Ok(HttpOut { server: String::new(), clients: CLIENTS, cold: cold_out, exec: exec_out, concurrent })
+    Ok(HttpOut { server: String::new(), clients: CLIENTS, cold: cold_out, exec: exec_out, concurrent, code })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. the code interpreter
+
+async fn code_interpreter(cfg: &Config, client: &Client, sandbox: &str) -> Result<CodeOut> {
+    let n = cfg.warmup + cfg.iterations;
+    let mut progress = Progress::new("[5/5] HTTP: code interpreter (Python context create, first run, warm run)", n);
+    let (mut create, mut first, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    let run = |c: &Client, id: &str, context: &str, code: &str| -> Result<Duration> {
+        let t0 = Instant::now();
+        Ok(c.stream(id, "/code", &json!({"code": code, "context": {"id": context, "language": "python"}}), t0)?.end)
+    };
+    for i in 0..n {
+        let (c, id) = (client.clone(), sandbox.to_owned());
+        let (made, ran, again) = blocking(move || {
+            let t0 = Instant::now();
+            let context = c.code_context(&id)?;
+            let made = t0.elapsed();
+            let ran = run(&c, &id, &context, "x = 1\nx + 1")?;
+            let again = run(&c, &id, &context, "x + 1")?;
+            c.delete_code_context(&id, &context)?;
+            Ok((made, ran, again))
+        })
+        .await?;
+        if i >= cfg.warmup {
+            create.push(made);
+            first.push(ran);
+            warm.push(again);
+        }
+        progress.tick(i + 1);
+    }
+    Ok(CodeOut { context_create: Stats::of(&create), first_run: Stats::of(&first), warm_run: Stats::of(&warm) })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -694,6 +767,17 @@ pub(super) struct HttpOut {
     cold: HttpColdOut,
     exec: HttpExecOut,
     concurrent: Vec<ConcurrentOut>,
+    code: CodeOut,
+}
+
+#[derive(Serialize)]
+struct CodeOut {
+    /// `POST …/code/context {"language":"python"}` → 200 (a Python driver started and ready).
+    context_create: Stats,
+    /// The first `POST …/code` in that context (`x = 1; x + 1`) until `execution_complete`.
+    first_run: Stats,
+    /// A second run in the same, warm context (`x + 1`).
+    warm_run: Stats,
 }
 
 #[derive(Serialize)]
@@ -831,5 +915,10 @@ impl HttpOut {
                 r.requests_per_s
             );
         }
+        println!();
+        println!("HTTP API: code interpreter (Python), 1 client      {:>10} {:>10} {:>10}", "p50", "p90", "p99");
+        row("POST /code/context (driver started, ready)", &self.code.context_create);
+        row("first POST /code run in it", &self.code.first_run);
+        row("POST /code run, warm context", &self.code.warm_run);
     }
 }

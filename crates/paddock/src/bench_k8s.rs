@@ -43,9 +43,16 @@ struct Report {
     kubectl_exec: Stats,
     /// The local runtime's exec round trip on this machine, for the 3× aim.
     local_exec_round_trip: Option<Stats>,
+    /// `create` in the keeper model: policy + Pod to Ready (no PVC).
+    keeper_create: Stats,
+    /// `create` in the claim model with a ready Pod waiting in the warm pool.
+    claim_from_warm_pool: Stats,
+    /// `create` in the claim model on a profile whose pool is empty (the controller starts a Pod).
+    claim_without_pool: Stats,
     ratio_exec_vs_kubectl_p50: f64,
     ratio_exec_vs_local_p50: Option<f64>,
     ratio_cold_acquire_vs_bare_pod_p50: f64,
+    ratio_warm_claim_vs_keeper_create_p50: f64,
 }
 
 fn thread(label: &str) -> Result<ThreadId> {
@@ -88,7 +95,7 @@ pub async fn run(
 
     // 1. Cold acquire against a bare Pod, interleaved so both see the same cluster.
     let (mut cold, mut bare) = (Vec::new(), Vec::new());
-    let mut progress = Progress::new("[1/3] cold acquire (new PVC + Pod) vs a bare Pod", n);
+    let mut progress = Progress::new("[1/4] cold acquire (new PVC + Pod) vs a bare Pod", n);
     for i in 0..n {
         let t = thread("cold")?;
         let t0 = Instant::now();
@@ -107,7 +114,7 @@ pub async fn run(
     let info = rt.acquire(&t, spec()).await.context("acquiring the bench sandbox")?;
     let measured = async {
         let (mut warm, mut exec, mut kubectl) = (Vec::new(), Vec::new(), Vec::new());
-        let mut progress = Progress::new("[2/3] warm re-acquire", n);
+        let mut progress = Progress::new("[2/4] warm re-acquire", n);
         for i in 0..n {
             let t0 = Instant::now();
             let again = rt.acquire(&t, spec()).await?;
@@ -118,7 +125,7 @@ pub async fn run(
             progress.tick(i + 1);
         }
         let pod = rt.pod_name(&info.id).await?;
-        let mut progress = Progress::new("[3/3] exec round trip vs kubectl exec", n);
+        let mut progress = Progress::new("[3/4] exec round trip vs kubectl exec", n);
         exec_true(rt.as_ref(), &info.id).await?; // warm-up
         for i in 0..n {
             exec.push(exec_true(rt.as_ref(), &info.id).await?);
@@ -143,6 +150,40 @@ pub async fn run(
     let removed = rt.destroy_workspace(&t).await;
     let (warm, exec, kubectl) = measured?;
     removed.context("removing the bench workspace")?;
+
+    // 4. The claim model: a warm pool's Pod vs one the controller starts vs a keeper Pod.
+    let claims = rt.with_model(paddock_runtime_k8s::SandboxModel::Claim, 1);
+    // A profile of its own on a runtime that keeps no Pods warm: every claim starts one.
+    let cold_claims = rt.with_model(paddock_runtime_k8s::SandboxModel::Claim, 0);
+    let cold_spec = || {
+        let mut s = spec();
+        s.resources.memory_bytes = 96 << 20;
+        s
+    };
+    let (mut keeper, mut warm_claim, mut cold_claim) = (Vec::new(), Vec::new(), Vec::new());
+    let mut progress = Progress::new("[4/4] create: warm-pool claim vs empty-pool claim vs keeper Pod", n);
+    for i in 0..n {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while claims.default_pool_ready().await? < 1 {
+            if Instant::now() > deadline {
+                bail!("the warm pool has no ready Pod after 120 s; check the agent-sandbox controller");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (samples, runtime, spec) in [
+            (&mut warm_claim, &claims, SandboxSpec::default()),
+            (&mut cold_claim, &cold_claims, cold_spec()),
+            (&mut keeper, rt.as_ref(), spec()),
+        ] {
+            let t0 = Instant::now();
+            let info = runtime.create(spec).await.context("creating a bench sandbox")?;
+            samples.push(t0.elapsed());
+            runtime.destroy(&info.id).await.context("destroying a bench sandbox")?;
+        }
+        progress.tick(i + 1);
+    }
+    claims.drain_pools().await.context("removing the bench warm pools")?;
+    cold_claims.drain_pools().await.context("removing the bench warm pools")?;
 
     let local_exec = match local {
         Some(local) => {
@@ -171,6 +212,10 @@ pub async fn run(
         ratio_exec_vs_kubectl_p50: exec.p50_ms / kubectl.p50_ms,
         ratio_exec_vs_local_p50: local_exec.as_ref().map(|l| exec.p50_ms / l.p50_ms),
         ratio_cold_acquire_vs_bare_pod_p50: cold.p50_ms / bare.p50_ms,
+        ratio_warm_claim_vs_keeper_create_p50: Stats::of(&warm_claim).p50_ms / Stats::of(&keeper).p50_ms,
+        keeper_create: Stats::of(&keeper),
+        claim_from_warm_pool: Stats::of(&warm_claim),
+        claim_without_pool: Stats::of(&cold_claim),
         cold_acquire: cold,
         bare_pod_ready: bare,
         warm_reacquire: warm,
@@ -192,6 +237,9 @@ pub async fn run(
     if let Some(l) = &report.local_exec_round_trip {
         row("  local runtime exec round trip", l);
     }
+    row("create, keeper model (policy + Pod)", &report.keeper_create);
+    row("create, claim from a warm pool", &report.claim_from_warm_pool);
+    row("create, claim on an empty pool", &report.claim_without_pool);
     println!(
         "ratios (p50): cold acquire / bare Pod {:.2}x; exec / kubectl exec {:.2}x{}",
         report.ratio_cold_acquire_vs_bare_pod_p50,
@@ -200,9 +248,11 @@ pub async fn run(
     );
     let aim = |ok: bool| if ok { "hit" } else { "MISS" };
     println!(
-        "aims: re-acquire <= 20 ms p50: {} ({:.1} ms); exec within 3x of local: {}",
+        "aims: re-acquire <= 20 ms p50: {} ({:.1} ms); warm-pool claim <= 200 ms p50: {} ({:.0} ms); exec within 3x of local: {}",
         aim(report.warm_reacquire.p50_ms <= 20.0),
         report.warm_reacquire.p50_ms,
+        aim(report.claim_from_warm_pool.p50_ms <= 200.0),
+        report.claim_from_warm_pool.p50_ms,
         report
             .ratio_exec_vs_local_p50
             .map(|r| format!("{} ({r:.1}x)", aim(r <= 3.0)))

@@ -79,6 +79,21 @@ pub struct KubeOpts {
     /// How long a new sandbox Pod may take to be Running and Ready.
     #[arg(long, global = true, default_value = "120s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
+    /// Where a created sandbox's Pod comes from: `keeper` (Paddock creates it) or `claim` (a
+    /// SandboxClaim on an agent-sandbox warm pool; needs agent-sandbox installed). Workspaces
+    /// always use keeper Pods.
+    #[arg(long, global = true, value_enum, default_value = "keeper")]
+    pub model: ModelKind,
+    /// Pre-started Pods per warm pool (with --model claim): the default profile and the first
+    /// four other profiles used keep this many.
+    #[arg(long, global = true, default_value_t = 0)]
+    pub warm_pool: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelKind {
+    Keeper,
+    Claim,
 }
 
 impl KubeOpts {
@@ -95,6 +110,11 @@ impl KubeOpts {
             ready_timeout: self.ready_timeout,
             chown_workspace: self.chown_workspace,
             cpu_request_millicpus: self.cpu_request,
+            model: match self.model {
+                ModelKind::Keeper => paddock_runtime_k8s::SandboxModel::Keeper,
+                ModelKind::Claim => paddock_runtime_k8s::SandboxModel::Claim,
+            },
+            warm_pool: self.warm_pool,
             ..Default::default()
         }
     }

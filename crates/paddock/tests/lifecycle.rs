@@ -272,6 +272,20 @@ async fn connect_reaches_a_server_inside_the_sandbox_only() {
 }
 
 #[tokio::test]
+async fn the_code_interpreter_readiness_probe_is_answered_inside_and_the_listener_is_not_inherited() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    // The probe of the code-interpreter SDK, verbatim; repeated, since the init accepts and closes.
+    let probe = "for i in 1 2 3; do bash -c 'exec 3<>/dev/tcp/127.0.0.1/${JUPYTER_PORT:-44771}' && echo ok; done; \
+                 ls /proc/self/fd | tr '\\n' ' '";
+    let out = sh(&env.rt, &id, probe).await;
+    assert_eq!(out.stdout, "ok\nok\nok\n0 1 2 3 ", "{}", out.stderr);
+    // Only loopback inside the sandbox: the host's 44771 is not the sandbox's.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", 44771)).is_err(), "the probe port is open on the host");
+    common::assert_confined(&env.rt, &id).await;
+}
+
+#[tokio::test]
 async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     let env = Env::new();
     let t = thread("sized");
@@ -330,4 +344,24 @@ async fn sandboxes_get_their_own_descriptor_limit_not_their_starters() {
     let id = env.confined(SandboxSpec::default()).await;
     let (soft, hard) = paddock_runtime_local::supervisor::SANDBOX_NOFILE;
     assert_eq!(sh(&env.rt, &id, "ulimit -Sn; ulimit -Hn").await.stdout, format!("{soft}\n{hard}\n"));
+}
+
+/// A descriptor the starting process holds without close-on-exec (as one inherited from a shell
+/// or a service manager would be) reaches neither the supervisor's commands nor anything else
+/// in the sandbox.
+#[tokio::test]
+async fn a_leaked_descriptor_of_the_starter_never_reaches_the_sandbox() {
+    let env = Env::new();
+    let marker = env.data().join("leak-marker");
+    std::fs::write(&marker, "host secret").unwrap();
+    let leaked = std::fs::File::open(&marker).unwrap();
+    rustix::io::fcntl_setfd(&leaked, rustix::io::FdFlags::empty()).unwrap();
+    let id = env.confined(SandboxSpec::default()).await;
+    let out = sh(&env.rt, &id, "ls -l /proc/self/fd/ | grep -- '->'").await;
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(!out.stdout.contains("leak-marker"), "the starter's descriptor reached the sandbox: {}", out.stdout);
+    let fds = out.stdout.lines().count();
+    // stdin, stdout, stderr and the directory `ls` reads; nothing else.
+    assert!(fds <= 4, "a command holds more than stdio: {}", out.stdout);
+    drop(leaked);
 }

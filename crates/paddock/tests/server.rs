@@ -740,3 +740,28 @@ fn the_descriptor_limit_is_raised_and_health_reports_exhaustion() {
     }
     assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }
+
+/// A refusal sent before the body is read ends the connection and says so, so a client that
+/// keeps connections alive opens a new one instead of sending its next request into a
+/// connection the server is about to drop (the SDK's httpx saw "Server disconnected").
+#[test]
+fn a_refused_request_with_a_body_closes_its_connection_and_says_so() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let body = br#"{"image": {"uri": "host"}}"#;
+    let mut conn = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let head = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.port,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body).unwrap();
+    // Without `Connection: close` from the client, only the server's own close ends this read.
+    let (answer, _) = read_until_closed(&mut conn);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+        "the refusal must announce the close: {answer}"
+    );
+}

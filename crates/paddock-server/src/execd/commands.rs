@@ -65,6 +65,8 @@ const ENV_FILE_CAP: u64 = 256 << 10;
 #[derive(Default)]
 pub struct Commands {
     sandboxes: Mutex<HashMap<String, PerSandbox>>,
+    /// Code-interpreter contexts and bash sessions (`/code`, `/session`).
+    pub(super) contexts: super::code::Contexts,
 }
 
 #[derive(Default)]
@@ -183,6 +185,7 @@ impl Commands {
     /// Drops what is kept about a deleted sandbox's commands.
     pub fn forget_sandbox(&self, id: &str) {
         lock(&self.sandboxes).remove(id);
+        self.contexts.forget_sandbox(id);
     }
 
     fn get(&self, sandbox: &SandboxId, command: &str) -> ApiResult<Arc<Command>> {
@@ -457,7 +460,7 @@ fn invalid_body(message: impl Into<String>) -> ApiError {
 }
 
 /// `~` is the sandbox user's home, `/workspace`; relative paths the runtime resolves itself.
-fn expand_home(path: String) -> String {
+pub(super) fn expand_home(path: String) -> String {
     match path.strip_prefix('~') {
         Some("") => "/workspace".into(),
         Some(rest) if rest.starts_with('/') => format!("/workspace{rest}"),
@@ -465,7 +468,7 @@ fn expand_home(path: String) -> String {
     }
 }
 
-fn stream_headers(mut r: Response) -> Response {
+pub(super) fn stream_headers(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -539,7 +542,7 @@ pub async fn run(
 
 /// The variables in the sandbox's env file (`ENV_FILE`), read through the runtime like any
 /// file of the sandbox; none when it does not exist (or cannot be read by the sandbox user).
-async fn persisted_env(state: &AppState, sandbox: &SandboxId) -> ApiResult<BTreeMap<String, String>> {
+pub(super) async fn persisted_env(state: &AppState, sandbox: &SandboxId) -> ApiResult<BTreeMap<String, String>> {
     let reader = match state.rt.read_file(sandbox, ENV_FILE).await {
         Ok(r) => r,
         Err(RuntimeError::File { .. }) => return Ok(BTreeMap::new()),

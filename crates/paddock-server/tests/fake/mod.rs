@@ -173,7 +173,8 @@ impl Execution for FakeExecution {
     async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
         let pid = rustix::process::Pid::from_raw(self.pid as i32).unwrap();
         let sig = rustix::process::Signal::from_named_raw(signal).unwrap();
-        rustix::process::kill_process(pid, sig).map_err(|e| RuntimeError::System(e.to_string()))
+        // To the process group, as the real runtimes do.
+        rustix::process::kill_process_group(pid, sig).map_err(|e| RuntimeError::System(e.to_string()))
     }
     async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError> {
         use std::os::unix::process::ExitStatusExt;
@@ -232,6 +233,7 @@ impl Runtime for FakeRuntime {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .map_err(|e| RuntimeError::InvalidArgument(format!("{}: {e}", request.argv[0])))?;
         let pid = child.id().unwrap();

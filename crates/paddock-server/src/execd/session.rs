@@ -1,0 +1,97 @@
+//! `/session`: persistent bash sessions (the SDK's `create_session` / `run_in_session` /
+//! `delete_session`). A session is a bash driver of `code` (one shell per session, so `cd`,
+//! variables and exports persist between runs); its runs stream events like `/command`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::code::{Kind, Language, start_run};
+use super::commands::expand_home;
+use super::sandbox_of;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+#[derive(Deserialize)]
+struct CreateSession {
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RunInSession {
+    command: Option<String>,
+    cwd: Option<String>,
+    /// Milliseconds; the run is interrupted after it.
+    timeout: Option<i64>,
+}
+
+fn invalid_body(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "SESSION_NOT_FOUND",
+        format!("no bash session {id:?} in this sandbox: create one with POST /session"),
+    )
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], hint: &str) -> ApiResult<T> {
+    // The SDK sends no body at all when it has nothing to say.
+    let body = if body.iter().all(u8::is_ascii_whitespace) { &b"{}"[..] } else { body };
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid session request: {e}: {hint}")))
+}
+
+/// `POST /session {cwd?}` → 200 `{session_id}`.
+pub async fn create(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let req: CreateSession = parse(&body, "send {} or {\"cwd\": \"/workspace\"}")?;
+    let cwd = req.cwd.filter(|c| !c.is_empty()).map(expand_home);
+    let ctx = state.commands.contexts.create(&state, &sandbox, Language::Bash, Kind::Session, cwd).await?;
+    Ok(axum::Json(json!({"session_id": ctx.id})).into_response())
+}
+
+/// `POST /session/{session}/run {command, cwd?, timeout?}`: the run's events, as `/command`'s.
+pub async fn run(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let id = params.get("session").map_or("", String::as_str);
+    let req: RunInSession = parse(&body, "send {\"command\": \"...\"}")?;
+    let command = req
+        .command
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| invalid_body("no command given: send a non-empty \"command\""))?;
+    let timeout = match req.timeout {
+        None | Some(0) => None,
+        Some(t) if t > 0 => Some(Duration::from_millis(t as u64)),
+        Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
+    };
+    let ctx = state.commands.contexts.get(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
+    let cwd = req.cwd.filter(|c| !c.is_empty()).map(expand_home);
+    Ok(start_run(state, sandbox, ctx, command, cwd, timeout))
+}
+
+/// `DELETE /session/{session}`: ends the session's shell.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<StatusCode> {
+    let sandbox = sandbox_of(&state, &params).await?;
+    let id = params.get("session").map_or("", String::as_str);
+    state.commands.contexts.remove(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
+    Ok(StatusCode::OK)
+}
