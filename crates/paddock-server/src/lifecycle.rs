@@ -555,8 +555,11 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
     };
     let page = number(&page, 1, "page", usize::MAX)?;
     let page_size = number(&page_size, 20, "pageSize", 200)?;
-    // Sandboxes made with the CLI since the last reconcile are listed too.
-    adopt_all(&state).await?;
+    // Sandboxes made with the CLI since the last reconcile are listed too; if the runtime
+    // cannot list them now, the known ones are still listed (the reaper tries again).
+    if let Err(e) = adopt_all(&state).await {
+        tracing::warn!("listing the runtime's sandboxes to adopt: {}", e.message);
+    }
     let mut items = Vec::new();
     for row in state.store.list().await? {
         let row = refresh(&state, row).await?;
