@@ -11,10 +11,14 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// `None` only when serving without auth was asked for explicitly (loopback only).
     pub api_key: Option<String>,
+    /// Where the key can be found, for the 401 message (e.g. "the file /var/lib/paddock/api-key").
+    pub api_key_location: String,
     /// Session length when a create request gives no timeout.
     pub default_timeout: Duration,
     /// Longest session a create request may ask for.
     pub max_timeout: Duration,
+    /// Whether a create may ask for no expiry at all (`timeout: null`).
+    pub allow_no_expiry: bool,
     /// Largest upload accepted by the execd file API, bytes.
     pub max_upload_bytes: u64,
     /// How long runtime calls may take before the request fails with `TIMEOUT`.
@@ -74,8 +78,10 @@ mod tests {
             listen: "127.0.0.1:8080".parse().unwrap(),
             data_dir: "/tmp/x".into(),
             api_key: Some("k".into()),
+            api_key_location: "the file /tmp/x/api-key".into(),
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(28800),
+            allow_no_expiry: true,
             max_upload_bytes: 1 << 30,
             deadlines: Default::default(),
             header_timeout: Duration::from_secs(30),

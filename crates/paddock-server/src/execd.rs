@@ -18,7 +18,7 @@ use axum::routing::{get, post};
 use paddock_core::runtime::SandboxId;
 use serde::Serialize;
 
-pub use commands::{Commands, MAX_RUNNING_PER_SANDBOX};
+pub use commands::{Commands, ENTRYPOINT_EXITED, ENV_FILE, MAX_RUNNING_PER_SANDBOX};
 
 use crate::error::ApiResult;
 use crate::state::AppState;
@@ -27,6 +27,10 @@ use crate::store::now_ms;
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
 pub fn router() -> Router<AppState> {
     Router::new()
+        // Everything not routed below: an honest 501, never a forward into the sandbox. (Any
+        // more specific route wins over the catch-all.)
+        .route("/", axum::routing::any(not_served))
+        .route("/{*rest}", axum::routing::any(not_served))
         .route("/ping", get(ping))
         .route("/command", post(commands::run).delete(commands::interrupt))
         .route("/command/status/{cmd}", get(commands::status))
@@ -54,7 +58,15 @@ pub fn router() -> Router<AppState> {
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
 /// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
 async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
-    let sandbox = sandbox_of(&state, &params).await?;
+    let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
+    // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
+    if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
+        return Err(crate::error::ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "SANDBOX_FAILED",
+            format!("sandbox {sandbox} has failed: {}", row.message.as_deref().unwrap_or("its entrypoint ended")),
+        ));
+    }
     match state.rt.get(&sandbox).await?.state {
         paddock_core::runtime::SandboxState::Running => Ok(()),
         paddock_core::runtime::SandboxState::Paused => Err(crate::error::ApiError::new(
@@ -74,6 +86,44 @@ async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, 
 async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
     let id = params.get("id").map_or("", String::as_str);
     Ok(state.sandbox(id).await?.0)
+}
+
+/// `501 NOT_SUPPORTED` for an execd route Paddock does not serve, naming the feature and what
+/// to use instead. Without it the request fell through to the port proxy and came back as a
+/// 502 blaming the sandbox, which the SDK also retried for seconds.
+async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> crate::error::ApiError {
+    let path = uri.path();
+    // The part after `/proxy/44772`, however the router was reached (direct or proxy mode).
+    let rest = path.split_once("/proxy/44772").map_or(path, |(_, r)| r);
+    not_supported(&method, rest, unserved_execd_feature(rest))
+}
+
+/// The 501 every unimplemented sandbox route answers.
+pub(crate) fn not_supported(method: &axum::http::Method, path: &str, what: String) -> crate::error::ApiError {
+    let path = if path.is_empty() { "/" } else { path };
+    crate::error::ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "NOT_SUPPORTED",
+        format!("{method} {path}: {what} (README, \"OpenSandbox compatibility\", lists what Paddock serves)"),
+    )
+}
+
+/// What an execd path Paddock does not serve is for, and what to use instead.
+pub(crate) fn unserved_execd_feature(path: &str) -> String {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let under = |p: &str| path == p || path.starts_with(&format!("{p}/"));
+    if under("/v1/isolated") {
+        "isolated sessions are not supported by Paddock: create another sandbox for each isolated task".into()
+    } else if under("/v1/filesystem") {
+        "file operations as another uid/gid (files_with_identity) are not supported: files belong to the sandbox user; use the plain file API".into()
+    } else {
+        match first {
+            "pty" => "interactive terminals (PTY) are not supported by Paddock yet: run commands with POST /command (commands.run), or in the background and read their logs".into(),
+            "proxy" => "execd's own port proxy is not served: ask GET /v1/sandboxes/{id}/endpoints/{port} for the port's endpoint".into(),
+            "metrics" => "streamed metrics are not supported: poll GET /metrics (get_metrics)".into(),
+            _ => "this is not an execd route Paddock serves".into(),
+        }
+    }
 }
 
 /// User and group names of a sandbox, from its own `/etc/passwd` and `/etc/group`.

@@ -13,7 +13,7 @@ mod proxy;
 pub mod secrets;
 pub mod state;
 pub mod store;
-mod time_fmt;
+pub mod time_fmt;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,10 +177,16 @@ fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
     match req.headers().get(API_KEY_HEADER) {
         None => Err(ApiError::unauthorized(
             "MISSING_API_KEY",
-            "missing API key: send it in the OPEN-SANDBOX-API-KEY header (it is printed when the server starts)",
+            format!(
+                "missing API key: send it in the OPEN-SANDBOX-API-KEY header (the SDK reads OPEN_SANDBOX_API_KEY); this server's key is {}",
+                state.config.api_key_location
+            ),
         )),
         Some(v) if constant_time_eq(v.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::unauthorized("INVALID_API_KEY", "invalid API key in OPEN-SANDBOX-API-KEY")),
+        Some(_) => Err(ApiError::unauthorized(
+            "INVALID_API_KEY",
+            format!("invalid API key in OPEN-SANDBOX-API-KEY: this server's key is {}", state.config.api_key_location),
+        )),
     }
 }
 

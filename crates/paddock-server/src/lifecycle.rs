@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, patch, post};
+use axum::routing::{any, delete, get, patch, post};
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{RuntimeError, SandboxInfo, SandboxState};
 use paddock_core::spec::SandboxSpec;
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
+use crate::execd::ENTRYPOINT_EXITED;
 use crate::state::AppState;
 use crate::store::{SandboxRow, now_ms};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
@@ -33,11 +34,21 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/renew-expiration", post(renew))
         .route("/sandboxes/{id}/endpoints/{port}", get(endpoint))
+        .route("/sandboxes/{id}/diagnostics/logs", get(diagnostic_logs))
+        .route("/sandboxes/{id}/diagnostics/events", get(diagnostic_events))
         .route("/metrics/events", post(|| async { StatusCode::NO_CONTENT }))
         .route("/workspaces/{thread}/acquire", post(acquire))
         .route("/workspaces/{thread}/release", post(release))
         .route("/workspaces/{thread}", delete(destroy_workspace))
         .route("/capabilities", get(capabilities))
+        .route("/sandboxes/{id}/snapshots", any(not_served))
+        .route("/snapshots", any(not_served))
+        .route("/snapshots/{id}", any(not_served))
+        .route("/sandboxes/{id}/networkpolicy", any(not_served))
+        .route("/templates", any(not_served))
+        .route("/templates/{id}", any(not_served))
+        .route("/pools", any(not_served))
+        .route("/pools/{name}", any(not_served))
         .route("/openapi.json", get(openapi))
 }
 
@@ -45,6 +56,39 @@ pub fn router() -> Router<AppState> {
 /// ask instead of assuming (pause, persistent workspaces, images, network modes, metrics).
 async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core::runtime::Capabilities> {
     axum::Json(state.rt.capabilities())
+}
+
+/// OpenSandbox lifecycle routes Paddock does not implement, as the paths they are served at.
+const NOT_SERVED: [(&str, &str); 8] = [
+    (
+        "/sandboxes/{id}/snapshots",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/snapshots",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/snapshots/{id}",
+        "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
+    ),
+    (
+        "/sandboxes/{id}/networkpolicy",
+        "network policies are not supported: every sandbox has loopback only (deny-all); the egress endpoint's GET /policy shows it",
+    ),
+    ("/templates", "templates are not supported: create sandboxes from an image"),
+    ("/templates/{id}", "templates are not supported: create sandboxes from an image"),
+    ("/pools", "pools are not supported: sandboxes start in milliseconds, so create them on demand"),
+    ("/pools/{name}", "pools are not supported: sandboxes start in milliseconds, so create them on demand"),
+];
+
+/// `501 NOT_SUPPORTED` for a lifecycle route Paddock does not implement: an honest answer
+/// instead of a 404 that reads like a wrong id.
+async fn not_served(method: axum::http::Method, matched: axum::extract::MatchedPath) -> ApiError {
+    let route = matched.as_str();
+    let route = route.strip_prefix("/v1").unwrap_or(route);
+    let what = NOT_SERVED.iter().find(|(p, _)| *p == route).map_or("not supported by Paddock", |(_, w)| w);
+    crate::execd::not_supported(&method, route, what.to_owned())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -58,8 +102,8 @@ pub struct CreateSandboxRequest {
     snapshot_id: Option<String>,
     template_id: Option<String>,
     platform: Option<Platform>,
-    /// Absent: the server's default session length. `null`: as long as the server allows (its
-    /// maximum session length). A number: that many seconds, at least 60, at most the maximum.
+    /// Absent: the server's default session length. `null`: no expiry, until deleted (when the
+    /// server allows it). A number: that many seconds, at least 60, at most the maximum.
     #[serde(default, deserialize_with = "explicit_null")]
     timeout: Option<Option<i64>>,
     #[serde(default)]
@@ -218,7 +262,6 @@ struct Planned {
     image: String,
     entrypoint: Vec<String>,
     thread: Option<ThreadId>,
-    timeout_secs: u64,
 }
 
 fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
@@ -263,19 +306,24 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let image = image_ref.clone().unwrap_or_else(|| "default".into());
     let max = state.config.max_timeout.as_secs();
     let timeout_secs = match req.timeout {
-        None => state.config.default_timeout.as_secs(),
-        Some(None) => max,
+        None => Some(state.config.default_timeout.as_secs()),
+        Some(None) if state.config.allow_no_expiry => None,
+        Some(None) => {
+            return Err(ApiError::bad_request(format!(
+                "timeout null (no expiry) is not allowed by this server: give a timeout of at most {max}s, or have its operator start it with --allow-no-expiry true"
+            )));
+        }
         Some(Some(t)) if t < 60 => {
             return Err(ApiError::bad_request(format!("timeout {t}s is below the minimum of 60s")));
         }
         Some(Some(t)) if t as u64 > max => {
             return Err(ApiError::bad_request(format!(
-                "timeout {t}s is above this server's maximum session length of {max}s"
+                "timeout {t}s is above this server's maximum session length of {max}s: ask for less, or have its operator raise it with --max-timeout"
             )));
         }
-        Some(Some(t)) => t as u64,
+        Some(Some(t)) => Some(t as u64),
     };
-    let mut spec = SandboxSpec { image: image_ref, timeout_secs: Some(timeout_secs), ..Default::default() };
+    let mut spec = SandboxSpec { image: image_ref, timeout_secs, ..Default::default() };
     spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
@@ -324,6 +372,9 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     validate_metadata(&req.metadata)?;
     spec.labels = req.metadata;
+    // Marks the sandbox as the API's, so that a reconcile never adopts it while its row is
+    // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
+    spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let thread = req
         .extensions
@@ -334,7 +385,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     if entrypoint.is_empty() || entrypoint[0].is_empty() {
         return Err(ApiError::bad_request("entrypoint must name a program, e.g. [\"tail\",\"-f\",\"/dev/null\"]"));
     }
-    Ok(Planned { spec, image, entrypoint, thread, timeout_secs })
+    Ok(Planned { spec, image, entrypoint, thread })
 }
 
 /// Metadata follows Kubernetes label rules, so it can become labels on the Kubernetes runtime.
@@ -417,18 +468,18 @@ async fn record(
         message: None,
         image: planned.image.clone(),
         entrypoint: planned.entrypoint.clone(),
-        metadata: planned.spec.labels.clone(),
+        metadata: user_labels(&planned.spec.labels),
         extensions,
         created_at_ms: info.created_unix_ms as i64,
-        expires_at_ms: Some(info.created_unix_ms as i64 + planned.timeout_secs as i64 * 1000),
+        // The runtime's own expiry, so the row and the sandbox never disagree (none: no expiry).
+        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
         updated_at_ms: now,
     };
     if let Err(e) = state.store.insert(&row).await {
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }
-    if let Err(e) = state.commands.spawn_background(state, &info.id, planned.entrypoint.clone(), BTreeMap::new()).await
-    {
+    if let Err(e) = state.commands.spawn_entrypoint(state, &info.id, planned.entrypoint.clone()).await {
         // Nothing half-made stays behind: the sandbox and its row go with the failed start.
         let _ = state.rt.destroy(&info.id).await;
         state.store.delete(&row.id).await?;
@@ -439,11 +490,15 @@ async fn record(
 
 /// Brings a row in line with what the runtime says, and returns it.
 async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
-    if matches!(row.state.as_str(), "Terminated" | "Failed") {
+    // A sandbox Failed by its entrypoint still exists and may yet be deleted or expire; any
+    // other Failed or Terminated row is final.
+    let entrypoint_failed = row.state == "Failed" && row.reason.as_deref() == Some(ENTRYPOINT_EXITED);
+    if row.state == "Terminated" || (row.state == "Failed" && !entrypoint_failed) {
         return Ok(row);
     }
     let Ok(id) = paddock_core::runtime::SandboxId::parse(&row.id) else { return Ok(row) };
     let (new_state, reason, message) = match state.rt.get(&id).await {
+        Ok(info) if entrypoint_failed && info.state != SandboxState::Failed => return Ok(row),
         Ok(info) => match info.state {
             SandboxState::Running => ("Running", "SANDBOX_RUNNING", None),
             SandboxState::Paused => ("Paused", "SANDBOX_PAUSED", None),
@@ -500,6 +555,11 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
     };
     let page = number(&page, 1, "page", usize::MAX)?;
     let page_size = number(&page_size, 20, "pageSize", 200)?;
+    // Sandboxes made with the CLI since the last reconcile are listed too; if the runtime
+    // cannot list them now, the known ones are still listed (the reaper tries again).
+    if let Err(e) = adopt_all(&state).await {
+        tracing::warn!("listing the runtime's sandboxes to adopt: {}", e.message);
+    }
     let mut items = Vec::new();
     for row in state.store.list().await? {
         let row = refresh(&state, row).await?;
@@ -554,15 +614,29 @@ async fn patch_metadata(
     Ok(axum::Json(sandbox_json(&row)).into_response())
 }
 
+/// A sandbox whose entrypoint ended keeps that state: pausing or resuming it would hide why.
+fn refuse_failed(row: &SandboxRow) -> ApiResult<()> {
+    if row.state == "Failed" {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} has failed ({}): delete it and create another",
+            row.id,
+            row.message.as_deref().unwrap_or("no reason recorded")
+        )));
+    }
+    Ok(())
+}
+
 async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, _) = state.sandbox(&id).await?;
+    let (sid, row) = state.sandbox(&id).await?;
+    refuse_failed(&refresh(&state, row).await?)?;
     state.rt.pause(&sid).await?;
     state.store.set_state(&id, "Paused", Some("SANDBOX_PAUSED"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, _) = state.sandbox(&id).await?;
+    let (sid, row) = state.sandbox(&id).await?;
+    refuse_failed(&refresh(&state, row).await?)?;
     state.rt.resume(&sid).await?;
     state.store.set_state(&id, "Running", Some("SANDBOX_RUNNING"), None).await?;
     Ok(StatusCode::ACCEPTED)
@@ -590,12 +664,13 @@ async fn renew(
     if ttl <= 0 {
         return Err(ApiError::bad_request("expiresAt is in the past: renew to a time in the future"));
     }
-    let max = state.config.max_timeout;
-    if ttl as u128 > max.as_millis() {
-        return Err(ApiError::bad_request(format!(
-            "expiresAt is more than this server's maximum session length ({}s) away: renew to an earlier time",
-            max.as_secs()
-        )));
+    // The SDK's contract: a renewal may shorten or extend, and the create-time maximum
+    // (--max-timeout) does not apply. Only a year bounds it, as it bounds every lifetime.
+    const YEAR_MS: i64 = 366 * 24 * 3600 * 1000;
+    if ttl > YEAR_MS {
+        return Err(ApiError::bad_request(
+            "expiresAt is more than a year away: renew to an earlier time, or create the sandbox with timeout null for no expiry",
+        ));
     }
     state.rt.renew(&sid, Duration::from_millis(ttl as u64)).await?;
     state.store.set_expires(&id, Some(at)).await?;
@@ -624,6 +699,15 @@ async fn endpoint(
     if proxy && q.expires.is_some() {
         return Err(ApiError::bad_request("use_server_proxy and expires cannot be combined"));
     }
+    // A signed endpoint promises to stop working at `expires`; handing out one that does not
+    // would be a silent difference, so it is refused like the create fields Paddock lacks.
+    if q.expires.is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
+            "signed endpoints (expires) are not supported by Paddock yet: ask without expires; the endpoint's token opens only this sandbox, until it is deleted",
+        ));
+    }
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -638,6 +722,118 @@ async fn endpoint(
         json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: state.token_key.token(&row.id) } })
     };
     Ok(axum::Json(body).into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Diagnostics (OpenSandbox's diagnostic API: logs and events, inline)
+
+#[derive(Debug, Deserialize)]
+struct DiagnosticQuery {
+    scope: Option<String>,
+}
+
+/// The scopes each diagnostic kind answers; `all` is both.
+const LOG_SCOPES: [&str; 3] = ["container", "entrypoint", "all"];
+const EVENT_SCOPES: [&str; 3] = ["lifecycle", "runtime", "all"];
+
+fn diagnostic_scope(q: DiagnosticQuery, allowed: &[&str]) -> ApiResult<String> {
+    let scope = q.scope.unwrap_or_else(|| "all".into());
+    if !allowed.contains(&scope.as_str()) {
+        return Err(ApiError::bad_request(format!("scope {scope:?} is not one of {}", allowed.join(", "))));
+    }
+    Ok(scope)
+}
+
+fn diagnostic(
+    id: &str,
+    kind: &str,
+    scope: String,
+    content: String,
+    truncated: bool,
+    warnings: Vec<String>,
+) -> Response {
+    let mut body = json!({
+        "sandboxId": id, "kind": kind, "scope": scope, "delivery": "inline",
+        "contentType": "text/plain; charset=utf-8", "truncated": truncated,
+        "contentLength": content.len(), "content": content,
+    });
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    axum::Json(body).into_response()
+}
+
+/// What is known of a sandbox's entrypoint: this server's memory (up to 1 MiB of output) when
+/// it started it, else the state database (the newest 64 KiB, kept across restarts).
+async fn entrypoint_record(state: &AppState, id: &str) -> ApiResult<Option<crate::store::EntrypointLog>> {
+    match state.commands.entrypoint_log(id, usize::MAX) {
+        Some(log) => Ok(Some(log)),
+        None => Ok(state.store.entrypoint_log(id).await?),
+    }
+}
+
+/// `GET /sandboxes/{id}/diagnostics/logs?scope=`: the entrypoint's output (stdout and stderr
+/// together), running or ended.
+async fn diagnostic_logs(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<DiagnosticQuery>,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let scope = diagnostic_scope(q, &LOG_SCOPES)?;
+    let mut warnings = Vec::new();
+    let (content, truncated) = match entrypoint_record(&state, &id).await? {
+        Some(log) => (String::from_utf8_lossy(&log.tail).into_owned(), log.truncated),
+        None if row.entrypoint.is_empty() => {
+            warnings.push("this sandbox runs no entrypoint (it was made with the CLI): there is no log".to_owned());
+            (String::new(), false)
+        }
+        None => {
+            warnings.push(
+                "no output of the entrypoint is known: it was started by a server older than this one".to_owned(),
+            );
+            (String::new(), false)
+        }
+    };
+    Ok(diagnostic(&id, "logs", scope, content, truncated, warnings))
+}
+
+/// `GET /sandboxes/{id}/diagnostics/events?scope=`: the sandbox's lifecycle as text, one
+/// event a line: created, entrypoint started and ended, its state now.
+async fn diagnostic_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<DiagnosticQuery>,
+) -> ApiResult<Response> {
+    let (_, row) = state.sandbox(&id).await?;
+    let scope = diagnostic_scope(q, &EVENT_SCOPES)?;
+    let row = refresh(&state, row).await?;
+    let mut lines =
+        vec![format!("{} Created: sandbox {} from image {}", rfc3339(row.created_at_ms), row.id, row.image)];
+    if let Some(log) = entrypoint_record(&state, &id).await? {
+        lines.push(format!("{} EntrypointStarted: {}", rfc3339(log.started_at_ms), log.command));
+        if let Some(at) = log.finished_at_ms {
+            let how = match (log.exit_code, &log.error) {
+                (_, Some(e)) => e.clone(),
+                (Some(c), None) => format!("exit status {c}"),
+                (None, None) => "ended".to_owned(),
+            };
+            lines.push(format!("{} EntrypointExited: {how}", rfc3339(at)));
+        }
+    }
+    let mut now = format!("{} {}", rfc3339(row.updated_at_ms), row.state);
+    if let Some(r) = &row.reason {
+        now.push_str(&format!(": {r}"));
+    }
+    if let Some(m) = &row.message {
+        now.push_str(&format!(": {m}"));
+    }
+    lines.push(now);
+    match row.expires_at_ms {
+        Some(e) => lines.push(format!("{} Expires", rfc3339(e))),
+        None => lines.push("- NoExpiry: the sandbox lives until deleted".to_owned()),
+    }
+    Ok(diagnostic(&id, "events", scope, lines.join("\n") + "\n", false, Vec::new()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -706,8 +902,83 @@ async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Background work
 
-/// Brings every stored sandbox in line with the runtime; run at start and by the reaper.
+/// The label the server puts on the sandboxes it creates.
+const ORIGIN_LABEL: &str = "paddock.dev/origin";
+/// How long a sandbox the API made may lack a row before it counts as orphaned (its create
+/// died between the runtime and the store) and is adopted like any other: longer than a
+/// create may take.
+const ADOPT_API_SANDBOX_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// A sandbox's labels as its metadata: without the ones Paddock reserves for itself.
+fn user_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.iter().filter(|(k, _)| !k.starts_with("paddock.dev/")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Gives a sandbox the runtime has and the store does not (made with the CLI on this data
+/// directory, or by a server on the same cluster) a row, so the API sees and manages it; it
+/// runs no entrypoint. A sandbox the API is creating right now is left alone.
+async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<SandboxRow>> {
+    let from_api = info.spec.labels.get(ORIGIN_LABEL).is_some_and(|v| v == "api");
+    let age = Duration::from_millis((now_ms() as u64).saturating_sub(info.created_unix_ms));
+    if from_api && age < ADOPT_API_SANDBOX_AFTER {
+        return Ok(None);
+    }
+    let (state_name, reason) = match info.state {
+        SandboxState::Running => ("Running", "SANDBOX_RUNNING"),
+        SandboxState::Paused => ("Paused", "SANDBOX_PAUSED"),
+        SandboxState::Failed => ("Failed", "SANDBOX_FAILED"),
+    };
+    let mut extensions = BTreeMap::new();
+    if let Some(w) = &info.workspace {
+        extensions.insert("workspace".to_owned(), w.thread.to_string());
+    }
+    let row = SandboxRow {
+        id: info.id.to_string(),
+        state: state_name.into(),
+        reason: Some(reason.into()),
+        message: info.failure.clone(),
+        image: info.spec.image.clone().unwrap_or_else(|| "default".into()),
+        entrypoint: Vec::new(),
+        metadata: user_labels(&info.spec.labels),
+        extensions,
+        created_at_ms: info.created_unix_ms as i64,
+        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
+        updated_at_ms: now_ms(),
+    };
+    // Another request may have adopted it (or the API recorded it) in the meantime.
+    if state.store.insert(&row).await.is_err() {
+        return Ok(state.store.get(&row.id).await?);
+    }
+    tracing::info!(sandbox = %row.id, "adopted a sandbox made outside this server");
+    Ok(Some(row))
+}
+
+/// The row of a sandbox the runtime has but the store does not yet, adopted now.
+pub async fn adopt_one(state: &AppState, id: &paddock_core::runtime::SandboxId) -> ApiResult<Option<SandboxRow>> {
+    match state.rt.get(id).await {
+        Ok(info) => adopt(state, &info).await,
+        Err(RuntimeError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Adopts every sandbox of the runtime the store does not know.
+async fn adopt_all(state: &AppState) -> ApiResult<()> {
+    let known: std::collections::HashSet<String> = state.store.list().await?.into_iter().map(|r| r.id).collect();
+    for info in state.rt.list().await? {
+        if !known.contains(info.id.as_str()) {
+            adopt(state, &info).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Brings every stored sandbox in line with the runtime, and adopts the runtime's sandboxes
+/// the store does not know; run at start and by the reaper.
 pub async fn reconcile(state: &AppState) {
+    if let Err(e) = adopt_all(state).await {
+        tracing::warn!("listing the runtime's sandboxes to adopt: {}", e.message);
+    }
     let Ok(rows) = state.store.list().await else { return };
     let mut counts: HashMap<String, i64> = HashMap::new();
     for row in rows {
@@ -787,6 +1058,14 @@ fn lifecycle_paths() -> Value {
                 "required": ["expiresAt"], "additionalProperties": false,
                 "properties": {"expiresAt": {"type": "string", "format": "date-time"}}}}}},
             "responses": {"200": {"description": "The new expiry"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/diagnostics/logs": {"get": {"summary": "The entrypoint's output (OpenSandbox diagnostics)",
+            "parameters": [id.clone(), {"name": "scope", "in": "query", "schema": {"type": "string", "enum": LOG_SCOPES}}],
+            "responses": {"200": ok("Inline text", json!({"$ref": "#/components/schemas/Diagnostic"})),
+                "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/diagnostics/events": {"get": {"summary": "The sandbox's lifecycle events (OpenSandbox diagnostics)",
+            "parameters": [id.clone(), {"name": "scope", "in": "query", "schema": {"type": "string", "enum": EVENT_SCOPES}}],
+            "responses": {"200": ok("Inline text", json!({"$ref": "#/components/schemas/Diagnostic"})),
+                "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/endpoints/{port}": {"get": {"summary": "Where to reach a port of the sandbox",
             "parameters": [id.clone(), {"name": "port", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}},
                 {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
@@ -796,12 +1075,18 @@ fn lifecycle_paths() -> Value {
 
 fn lifecycle_schemas() -> Value {
     json!({
+        "Diagnostic": {"type": "object", "required": ["sandboxId", "kind", "scope", "delivery", "contentType", "truncated"],
+            "properties": {"sandboxId": {"type": "string"}, "kind": {"type": "string", "enum": ["logs", "events"]},
+                "scope": {"type": "string"}, "delivery": {"type": "string", "enum": ["inline"]},
+                "contentType": {"type": "string"}, "truncated": {"type": "boolean"}, "content": {"type": "string"},
+                "contentLength": {"type": "integer"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
         "CreateRequest": {"type": "object",
             "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
             "properties": {
                 "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {}}},
                 "entrypoint": {"type": "array", "items": {"type": "string"}},
-                "timeout": {"type": ["integer", "null"], "minimum": 60},
+                "timeout": {"type": ["integer", "null"], "minimum": 60,
+                    "description": "Seconds, at most the server's --max-timeout; absent: --default-timeout; null: no expiry (unless the server runs with --allow-no-expiry false)"},
                 "resourceLimits": {"type": "object", "additionalProperties": {"type": "string"}},
                 "resourceRequests": {"type": "object", "additionalProperties": {"type": "string"}},
                 "env": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
@@ -824,7 +1109,7 @@ fn workspace_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Paddock", "version": env!("CARGO_PKG_VERSION"),
-            "description": "Paddock's workspace API. The OpenSandbox lifecycle and execd APIs are served as well; see their specification."},
+            "description": "Paddock's workspace API and the OpenSandbox lifecycle routes it serves; the execd API is served under /v1/sandboxes/{id}/proxy/44772. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, network policies, and execd's sessions, code interpreter, PTY, isolation) answer 501 NOT_SUPPORTED and are not listed here."},
         "servers": [{"url": "/v1"}],
         "security": [{"apiKey": []}],
         "paths": {

@@ -20,7 +20,7 @@ use tower::{Layer, ServiceExt};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use crate::{API_KEY_HEADER, SANDBOX_TOKEN_HEADER};
+use crate::{API_KEY_HEADER, EGRESS_PORT, SANDBOX_TOKEN_HEADER};
 
 pub fn router(max_upload: u64) -> Router<AppState> {
     let max_upload = usize::try_from(max_upload).unwrap_or(usize::MAX);
@@ -49,7 +49,25 @@ async fn upload_limit(max_upload: usize, req: Request, next: Next) -> Response {
 /// The egress policy API of a sandbox. Sandboxes have no egress at all for now, so the policy
 /// is deny-all and cannot be changed; saying so beats pretending to accept rules.
 fn egress_router() -> Router<AppState> {
-    Router::new().route("/policy", get(egress_policy).patch(egress_change).delete(egress_change))
+    Router::new()
+        .route("/policy", get(egress_policy).patch(egress_change).delete(egress_change))
+        .route("/", any(egress_not_served))
+        .route("/{*rest}", any(egress_not_served))
+}
+
+/// `501 NOT_SUPPORTED` for egress routes Paddock does not serve (the credential vault, ...).
+async fn egress_not_served(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let path = uri.path();
+    let rest = path.split_once(&format!("/proxy/{EGRESS_PORT}")).map_or(path, |(_, r)| r);
+    crate::execd::not_supported(&method, rest, unserved_egress_feature(rest))
+}
+
+fn unserved_egress_feature(path: &str) -> String {
+    if path.trim_start_matches('/').starts_with("credential-vault") {
+        "the credential vault is not supported: sandboxes have no network egress, so there is nothing to inject credentials into".into()
+    } else {
+        "this is not an egress route Paddock serves: GET /policy shows the (deny-all) policy".into()
+    }
 }
 
 fn deny_all() -> serde_json::Value {
@@ -69,7 +87,10 @@ async fn egress_policy(State(state): State<AppState>, Path(p): Path<HashMap<Stri
 
 async fn egress_change(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
     state.sandbox(p.get("id").map(String::as_str).unwrap_or_default()).await?;
-    Err(ApiError::bad_request(
+    // An unbuilt feature, not a bad request: 501 like every other route Paddock does not serve.
+    Err(ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "NOT_SUPPORTED",
         "egress rules are not supported yet: every sandbox is deny-all (loopback only); GET /policy shows it",
     ))
 }
@@ -86,6 +107,17 @@ async fn forward(
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::bad_request("the port must be a number from 1 to 65535"))?;
     let (sid, _) = state.sandbox(id).await?;
+    // The execd and egress ports are answered by this server, never by the sandbox: a path
+    // their routers do not match (the bare port, a trailing slash) is unserved, not a 502.
+    if port == crate::EXECD_PORT || port == EGRESS_PORT {
+        let rest = p.get("rest").map(|r| format!("/{r}")).unwrap_or_default();
+        let what = if port == EGRESS_PORT {
+            unserved_egress_feature(&rest)
+        } else {
+            crate::execd::unserved_execd_feature(&rest)
+        };
+        return Err(crate::execd::not_supported(req.method(), &rest, what));
+    }
     if req.headers().contains_key(header::UPGRADE) {
         return Err(ApiError::bad_request("WebSocket and other upgrades are not proxied yet: use plain HTTP"));
     }

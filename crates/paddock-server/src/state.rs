@@ -31,7 +31,11 @@ impl AppState {
     pub async fn sandbox(&self, id: &str) -> ApiResult<(SandboxId, SandboxRow)> {
         let sid = SandboxId::parse(id)
             .map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
-        match self.store.get(id).await? {
+        if let Some(row) = self.store.get(id).await? {
+            return Ok((sid, row));
+        }
+        // One made with the CLI on this data directory is as much this server's.
+        match crate::lifecycle::adopt_one(self, &sid).await? {
             Some(row) => Ok((sid, row)),
             None => Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes"))),
         }

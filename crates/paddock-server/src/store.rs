@@ -25,6 +25,20 @@ pub struct SandboxRow {
     pub updated_at_ms: i64,
 }
 
+/// What is kept of a sandbox's entrypoint: its newest output and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntrypointLog {
+    pub command: String,
+    pub tail: Vec<u8>,
+    /// Older output was dropped (only the newest is kept).
+    pub truncated: bool,
+    pub exit_code: Option<i32>,
+    /// How it ended, in words, when not a plain success.
+    pub error: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
@@ -156,7 +170,44 @@ impl Store {
 
     pub async fn delete(&self, id: &str) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM sandboxes WHERE id = ?").bind(id).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM entrypoint_logs WHERE id = ?").bind(id).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Stores (replacing) what is kept of a sandbox's entrypoint, while its row exists.
+    pub async fn put_entrypoint_log(&self, id: &str, log: &EntrypointLog) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO entrypoint_logs (id, command, tail, truncated, exit_code, error, started_at_ms, finished_at_ms)
+             SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)",
+        )
+        .bind(id)
+        .bind(&log.command)
+        .bind(&log.tail)
+        .bind(log.truncated)
+        .bind(log.exit_code)
+        .bind(&log.error)
+        .bind(log.started_at_ms)
+        .bind(log.finished_at_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn entrypoint_log(&self, id: &str) -> Result<Option<EntrypointLog>, sqlx::Error> {
+        let row = sqlx::query("SELECT * FROM entrypoint_logs WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        row.map(|r| {
+            Ok(EntrypointLog {
+                command: r.try_get("command")?,
+                tail: r.try_get("tail")?,
+                truncated: r.try_get("truncated")?,
+                exit_code: r.try_get("exit_code")?,
+                error: r.try_get("error")?,
+                started_at_ms: r.try_get("started_at_ms")?,
+                finished_at_ms: r.try_get("finished_at_ms")?,
+            })
+        })
+        .transpose()
     }
 }
 
@@ -194,8 +245,24 @@ mod tests {
         assert_eq!(got.state, "Paused");
         assert_eq!(got.metadata["k"], "v");
         assert_eq!(got.entrypoint, ["tail", "-f", "/dev/null"]);
+        let log = EntrypointLog {
+            command: "sh -c exit 3".into(),
+            tail: b"bye\n".to_vec(),
+            truncated: false,
+            exit_code: Some(3),
+            error: Some("exit status 3".into()),
+            started_at_ms: 5,
+            finished_at_ms: Some(6),
+        };
+        store.put_entrypoint_log("sbx-a", &log).await.unwrap();
+        store.put_entrypoint_log("sbx-none", &log).await.unwrap();
+        assert!(store.entrypoint_log("sbx-none").await.unwrap().is_none(), "only for a sandbox with a row");
+        drop(store);
+        let store = Store::open(&path).await.unwrap();
+        assert_eq!(store.entrypoint_log("sbx-a").await.unwrap(), Some(log));
         store.delete("sbx-a").await.unwrap();
         assert!(store.get("sbx-a").await.unwrap().is_none());
+        assert!(store.entrypoint_log("sbx-a").await.unwrap().is_none(), "goes with its sandbox");
         assert!(store.insert(&row("sbx-b")).await.is_ok());
         assert!(store.insert(&row("sbx-b")).await.is_err(), "ids are unique");
     }

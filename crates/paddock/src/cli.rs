@@ -86,6 +86,9 @@ pub enum Command {
     Pause { id: String },
     /// Let a paused sandbox run again.
     Resume { id: String },
+    /// Show what `paddock serve` recorded of a sandbox's entrypoint: its state, why it failed,
+    /// and its newest output (up to 64 KiB; a running entrypoint's is at most a few seconds old).
+    Logs { id: String },
     /// Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces).
     Serve(crate::serve::ServeArgs),
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
@@ -407,12 +410,80 @@ pub async fn run(cli: Cli) -> Result<u8> {
             output::line(json, "resumed", &id);
             Ok(0)
         }
+        Command::Logs { id } => logs(rt, &cli.data_dir, &id, json).await,
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
         Command::Serve(_) | Command::Bench(_) | Command::Check { .. } | Command::ReapPvcs { .. } => {
             unreachable!("handled above")
         }
     }
+}
+
+/// `paddock logs ID`: the entrypoint's record from the server's state database on this data
+/// directory; only sandboxes created through the API run an entrypoint.
+async fn logs(rt: &dyn Runtime, data_dir: &std::path::Path, id: &str, json: bool) -> Result<u8> {
+    use paddock_server::time_fmt::rfc3339;
+    let sid = sandbox_id(id)?;
+    let db = data_dir.join("server.db");
+    let no_record = || {
+        anyhow!(
+            "sandbox {id} has no entrypoint log: only sandboxes created through `paddock serve` (the API) run an entrypoint, and none was recorded for it in {}",
+            db.display()
+        )
+    };
+    if !db.exists() {
+        rt.get(&sid).await?;
+        return Err(no_record());
+    }
+    let store = paddock_server::store::Store::open(&db)
+        .await
+        .with_context(|| format!("opening the server's state database {}", db.display()))?;
+    let Some(row) = store.get(id).await? else {
+        rt.get(&sid).await?;
+        return Err(no_record());
+    };
+    let log = store.entrypoint_log(id).await?;
+    let output = log.as_ref().map(|l| String::from_utf8_lossy(&l.tail).into_owned()).unwrap_or_default();
+    if json {
+        let entrypoint = log.as_ref().map(|l| {
+            serde_json::json!({
+                "command": l.command, "startedAt": rfc3339(l.started_at_ms),
+                "finishedAt": l.finished_at_ms.map(rfc3339), "exitCode": l.exit_code, "error": l.error,
+            })
+        });
+        let value = serde_json::json!({
+            "id": row.id, "state": row.state, "reason": row.reason, "message": row.message,
+            "entrypoint": entrypoint, "output": output, "truncated": log.as_ref().is_some_and(|l| l.truncated),
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(0);
+    }
+    let mut head = format!("sandbox {}: {}", row.id, row.state);
+    if let Some(r) = &row.reason {
+        head.push_str(&format!(" ({r})"));
+    }
+    eprintln!("{head}");
+    if let Some(m) = &row.message {
+        eprintln!("  {m}");
+    }
+    match &log {
+        Some(l) => {
+            let end = match (l.finished_at_ms, &l.error, l.exit_code) {
+                (None, _, _) => "still running".to_owned(),
+                (Some(at), Some(e), _) => format!("ended {}: {e}", rfc3339(at)),
+                (Some(at), None, code) => format!("ended {}: exit status {}", rfc3339(at), code.unwrap_or(0)),
+            };
+            eprintln!("  entrypoint `{}`, started {}, {end}", l.command, rfc3339(l.started_at_ms));
+            if l.truncated {
+                eprintln!("  (older output was dropped; the newest is below)");
+            }
+        }
+        None => eprintln!("  no entrypoint output recorded"),
+    }
+    // The output itself goes to stdout, so it can be piped.
+    print!("{output}");
+    std::io::stdout().flush()?;
+    Ok(0)
 }
 
 async fn workspace(rt: &dyn Runtime, naming: NamingMode, cmd: WorkspaceCommand, json: bool) -> Result<u8> {

@@ -31,9 +31,14 @@ pub struct ServeArgs {
     /// Session length of sandboxes created without a timeout.
     #[arg(long, default_value = "3600s", value_parser = parse_duration)]
     default_timeout: Duration,
-    /// Longest session a create request may ask for.
-    #[arg(long, default_value = "28800s", value_parser = parse_duration)]
+    /// Longest session a create request may ask for. 24 h by default, so the defaults of the
+    /// OpenSandbox SDK's pool (a 24 h idle timeout) work.
+    #[arg(long, default_value = "86400s", value_parser = parse_duration)]
     max_timeout: Duration,
+    /// Whether a create may ask for no expiry (`timeout: null`, the SDK's `timeout=None`): the
+    /// sandbox then lives until deleted. `--allow-no-expiry false` refuses such creates.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    allow_no_expiry: bool,
     /// Largest file upload accepted.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     max_upload: u64,
@@ -109,34 +114,41 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
     // Read here rather than by clap, so a key given on the command line is told apart from one
     // in the environment (only the former is visible to other users).
     let env_key = std::env::var("PADDOCK_API_KEY").ok().filter(|k| !k.is_empty());
-    let (api_key, key_note, key_from_file) = if args.insecure_no_auth {
+    let (api_key, key_note, key_from_file, location) = if args.insecure_no_auth {
         anyhow::ensure!(
             env_key.is_none(),
             "PADDOCK_API_KEY is set but --insecure-no-auth asks for no key: unset one of them"
         );
-        (None, "no API key (--insecure-no-auth)".to_owned(), false)
+        (None, "no API key (--insecure-no-auth)".to_owned(), false, "none (--insecure-no-auth)".to_owned())
     } else if let Some(k) = args.api_key {
         eprintln!(
             "paddock: warning: --api-key puts the key in the process list, where every local user can read it (ps); \
              use --api-key-file PATH or the PADDOCK_API_KEY environment variable instead"
         );
-        (Some(k), "the API key given with --api-key".to_owned(), false)
+        let location = "the one given to `paddock serve` with --api-key".to_owned();
+        (Some(k), "the API key given with --api-key".to_owned(), false, location)
     } else if let Some(path) = &args.api_key_file {
-        (Some(key_from(path)?), format!("the API key in {}", path.display()), false)
+        let location =
+            format!("in the file {} (its first line)", std::path::absolute(path).unwrap_or(path.clone()).display());
+        (Some(key_from(path)?), format!("the API key in {}", path.display()), false, location)
     } else if let Some(k) = env_key {
-        (Some(k), "the API key given in PADDOCK_API_KEY".to_owned(), false)
+        let location = "the one in PADDOCK_API_KEY of the environment `paddock serve` was started with".to_owned();
+        (Some(k), "the API key given in PADDOCK_API_KEY".to_owned(), false, location)
     } else {
         let (k, created) = stored_key(data_dir)?;
-        let path = data_dir.join("api-key");
-        let verb = if created { "created and stored in" } else { "stored in" };
-        (Some(k), format!("the API key {verb} {}", path.display()), true)
+        let path = std::path::absolute(data_dir.join("api-key")).unwrap_or(data_dir.join("api-key"));
+        let verb = if created { "created just now and stored in" } else { "stored in" };
+        let location = format!("in the file {} (readable by root only)", path.display());
+        (Some(k), format!("the API key {verb} the file {} (0600)", path.display()), true, location)
     };
     let config = ServerConfig {
         listen: args.listen,
         data_dir: data_dir.to_path_buf(),
         api_key: api_key.clone(),
+        api_key_location: location,
         default_timeout: args.default_timeout,
         max_timeout: args.max_timeout,
+        allow_no_expiry: args.allow_no_expiry,
         max_upload_bytes: args.max_upload,
         deadlines: paddock_server::deadline::Deadlines {
             call: args.call_timeout,
@@ -149,7 +161,8 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         workspace_inodes: args.workspace_inodes,
     };
     let state = paddock_server::build_state(config, rt).await?;
-    let key_file = key_from_file.then(|| data_dir.join("api-key"));
+    let key_file =
+        key_from_file.then(|| std::path::absolute(data_dir.join("api-key")).unwrap_or(data_dir.join("api-key")));
     let data = data_dir.display().to_string();
     paddock_server::serve(state, args.drain_timeout, move |addr| {
         eprintln!("paddock: serving on http://{addr} (data in {data})");

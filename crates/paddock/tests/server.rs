@@ -451,7 +451,7 @@ fn refuses_to_start_with_impossible_timeouts() {
     assert!(!out.status.success());
     let mut err = String::new();
     out.stderr.as_slice().read_to_string(&mut err).unwrap();
-    assert!(err.contains("30s") && err.contains("28800s"), "the message names both values: {err}");
+    assert!(err.contains("30s") && err.contains("86400s"), "the message names both values: {err}");
     let out = Command::new(common::EXE)
         .args(["--data-dir", dir.path().to_str().unwrap(), "serve", "--listen", "0.0.0.0:0", "--insecure-no-auth"])
         .output()

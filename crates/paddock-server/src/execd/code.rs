@@ -525,7 +525,9 @@ fn room_error(sandbox: &SandboxId, kind: Kind) -> ApiError {
 async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> ApiResult<Driver> {
     let nonce = random_hex(12);
     let language = ctx.language;
-    let mut env = std::collections::BTreeMap::new();
+    // Variables persisted with set_env reach contexts and sessions started later, as commands.
+    let mut env = super::commands::persisted_env(state, sandbox).await?;
+    env.insert("EXECD_ENVS".to_owned(), super::commands::ENV_FILE.to_owned());
     env.insert("PADDOCK_CODE_NONCE".to_owned(), nonce.clone());
     if language == Language::Python {
         env.insert("PYTHONIOENCODING".to_owned(), "utf-8".to_owned());

@@ -44,6 +44,21 @@ pub const MAX_RUNNING_PER_SANDBOX: usize = 128;
 /// Events buffered between the command and a slow client before the command is slowed down.
 const STREAM_BUFFER: usize = 64;
 const SIGKILL: i32 = 9;
+/// The file `commands.set_env` appends `KEY=VALUE` lines to, named to every command as
+/// `EXECD_ENVS` (as OpenSandbox's execd does). It lives in the sandbox's own `/tmp`, which the
+/// sandbox user can write on every runtime and which goes with the sandbox.
+pub const ENV_FILE: &str = "/tmp/.paddock/envs";
+/// Entrypoint output kept in the state database (the newest bytes), for the CLI and a
+/// restarted server; the server's memory keeps `LOG_CAP`.
+pub const ENTRYPOINT_TAIL_STORED: usize = 64 << 10;
+/// How often a running entrypoint's new output is written to the state database: often enough
+/// for `paddock logs` to follow it, rarely enough that a chatty entrypoint in every sandbox does
+/// not keep the database busy (at most 64 KiB per sandbox each time).
+const ENTRYPOINT_PERSIST_EVERY: Duration = Duration::from_secs(5);
+/// Why a sandbox whose entrypoint ended is Failed.
+pub const ENTRYPOINT_EXITED: &str = "ENTRYPOINT_EXITED";
+/// Largest env file read; a bigger one is refused rather than truncated to a surprise.
+const ENV_FILE_CAP: u64 = 256 << 10;
 
 /// Commands started through the execd API, per sandbox, for status, logs and interrupt. Also
 /// caches what is looked up once per sandbox (its shell, its user and group names).
@@ -63,6 +78,8 @@ struct PerSandbox {
     names: Option<Arc<Names>>,
     /// The last CPU reading (nanoseconds used, at Unix ms), for CPU use as a rate.
     cpu_sample: Option<(u64, u64)>,
+    /// The sandbox's entrypoint, kept apart so that it is never forgotten with old commands.
+    entrypoint: Option<Arc<Command>>,
 }
 
 struct Command {
@@ -73,6 +90,42 @@ struct Command {
     /// Signals for the task that owns the execution (it alone may touch it).
     signals: mpsc::UnboundedSender<i32>,
     status: Mutex<Status>,
+    /// Woken when the command ends (`status.running` turns false).
+    ended: tokio::sync::Notify,
+}
+
+impl Command {
+    async fn wait_ended(&self) {
+        loop {
+            // Created before the check, so an end in between is not missed.
+            let ended = self.ended.notified();
+            if !lock(&self.status).running {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// What is kept of it now: the newest `keep` bytes of its log and how it ended.
+    fn snapshot(&self, keep: usize) -> crate::store::EntrypointLog {
+        let s = lock(&self.status);
+        let (tail, truncated) = match &s.log {
+            Some(log) => {
+                let from = log.end().saturating_sub(keep as u64);
+                (log.read_from(from), from > 0)
+            }
+            None => (Vec::new(), false),
+        };
+        crate::store::EntrypointLog {
+            command: self.content.clone(),
+            tail,
+            truncated,
+            exit_code: s.exit_code,
+            error: s.error.clone(),
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: s.finished_at_ms,
+        }
+    }
 }
 
 struct Status {
@@ -109,21 +162,24 @@ fn new_command_id() -> String {
 }
 
 impl Commands {
-    /// Starts `argv` (run directly, not through a shell) in the background, its combined output
-    /// kept in a bounded log; returns the command id.
-    pub async fn spawn_background(
-        &self,
-        state: &AppState,
-        id: &SandboxId,
-        argv: Vec<String>,
-        env: BTreeMap<String, String>,
-    ) -> ApiResult<String> {
+    /// Starts a sandbox's entrypoint (`argv`, run directly) in the background: its output is
+    /// kept in a bounded log, copied to the state database every few seconds, and when it
+    /// ends the sandbox is marked Failed with its exit status and last output.
+    pub async fn spawn_entrypoint(&self, state: &AppState, id: &SandboxId, argv: Vec<String>) -> ApiResult<()> {
         let content = argv.join(" ");
+        let env = BTreeMap::from([("EXECD_ENVS".to_owned(), ENV_FILE.to_owned())]);
         let request = ExecRequest { argv, cwd: None, env, timeout_ms: None, stdin: false };
         let started = self.start(state, id, request, content, true).await?;
-        let id = started.command.id.clone();
-        tokio::spawn(collect_log(started));
-        Ok(id)
+        lock(&self.sandboxes).entry(id.as_str().to_owned()).or_default().entrypoint = Some(started.command.clone());
+        tokio::spawn(watch_entrypoint(state.clone(), id.clone(), started));
+        Ok(())
+    }
+
+    /// What this server holds of a sandbox's entrypoint (its newest `keep` bytes of output),
+    /// when it started it.
+    pub fn entrypoint_log(&self, sandbox: &str, keep: usize) -> Option<crate::store::EntrypointLog> {
+        let command = lock(&self.sandboxes).get(sandbox).and_then(|s| s.entrypoint.clone())?;
+        Some(command.snapshot(keep))
     }
 
     /// Drops what is kept about a deleted sandbox's commands.
@@ -231,6 +287,7 @@ impl Commands {
                 finished_at_ms: None,
                 log: background.then(|| TailLog::new(LOG_CAP)),
             }),
+            ended: tokio::sync::Notify::new(),
         });
         self.insert(sandbox, command.clone());
         let (done_tx, done) = oneshot::channel();
@@ -270,6 +327,7 @@ async fn supervise(
             Err(e) => s.error = Some(e.to_string()),
         }
     }
+    command.ended.notify_waiters();
     let _ = done.send(outcome);
 }
 
@@ -306,6 +364,81 @@ async fn collect_log(started: Started) {
         _ = done => {}
     }
     let _ = tokio::time::timeout(DRAIN_BACKGROUND_AFTER_EXIT, both).await;
+}
+
+/// Keeps an entrypoint's output, copies it to the state database while it runs, and when it
+/// ends marks the sandbox Failed with the reason: a sandbox whose entrypoint is gone must not
+/// look healthy.
+async fn watch_entrypoint(state: AppState, sandbox: SandboxId, started: Started) {
+    let command = started.command.clone();
+    let persist = async {
+        let mut stored_end = 0;
+        let mut tick = tokio::time::interval(ENTRYPOINT_PERSIST_EVERY);
+        loop {
+            tick.tick().await;
+            let end = lock(&command.status).log.as_ref().map_or(0, TailLog::end);
+            if end != stored_end {
+                stored_end = end;
+                let log = command.snapshot(ENTRYPOINT_TAIL_STORED);
+                if let Err(e) = state.store.put_entrypoint_log(sandbox.as_str(), &log).await {
+                    tracing::warn!(%sandbox, "storing the entrypoint's output: {e}");
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = collect_log(started) => {}
+        () = persist => {}
+    }
+    // Its pipes may close long before it ends.
+    command.wait_ended().await;
+    let log = command.snapshot(ENTRYPOINT_TAIL_STORED);
+    if let Err(e) = state.store.put_entrypoint_log(sandbox.as_str(), &log).await {
+        tracing::warn!(%sandbox, "storing the entrypoint's output: {e}");
+    }
+    // Without an exit status the runtime lost the command (the sandbox was deleted, expired
+    // or failed); the sandbox's own state says so, not the entrypoint's.
+    let Some(code) = log.exit_code else { return };
+    match state.rt.get(&sandbox).await {
+        Ok(info) if info.state != paddock_core::runtime::SandboxState::Failed => {}
+        _ => return,
+    }
+    let message = entrypoint_failure(&sandbox, &log, code);
+    match state.store.get(sandbox.as_str()).await {
+        Ok(Some(row)) if matches!(row.state.as_str(), "Running" | "Paused") => {
+            tracing::info!(%sandbox, "{message}");
+            if let Err(e) = state.store.set_state(&row.id, "Failed", Some(ENTRYPOINT_EXITED), Some(&message)).await {
+                tracing::warn!(%sandbox, "recording the entrypoint's exit: {e}");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Most of an entrypoint's last output quoted in a Failed sandbox's status message.
+const LAST_OUTPUT_IN_MESSAGE: usize = 1024;
+
+/// The status message of a sandbox whose entrypoint ended: how, and its last output.
+fn entrypoint_failure(sandbox: &SandboxId, log: &crate::store::EntrypointLog, code: i32) -> String {
+    let how = log.error.clone().unwrap_or_else(|| format!("exit status {code}"));
+    let text = String::from_utf8_lossy(&log.tail);
+    let text = text.trim_end();
+    let mut start = text.len().saturating_sub(LAST_OUTPUT_IN_MESSAGE);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    let last = &text[start..];
+    let hint = if code == 127 { " (127: the program was not found in the sandbox)" } else { "" };
+    let mut message = format!("the entrypoint `{}` ended: {how}{hint}", log.command);
+    if last.is_empty() {
+        message.push_str("; it wrote no output");
+    } else {
+        message.push_str(&format!("; its last output: {}{last}", if start > 0 || log.truncated { "…" } else { "" }));
+    }
+    message.push_str(&format!(
+        " (all of it: GET /v1/sandboxes/{sandbox}/diagnostics/logs?scope=container, or `paddock logs {sandbox}`)"
+    ));
+    message
 }
 
 #[derive(Deserialize)]
@@ -386,7 +519,11 @@ pub async fn run(
         Some(t) if t > 0 => Some(t as u64),
         Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
     };
-    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env: req.envs, timeout_ms, stdin: false };
+    // Variables persisted with set_env, then the request's own, which win.
+    let mut env = persisted_env(&state, &sandbox).await?;
+    env.extend(req.envs);
+    env.entry("EXECD_ENVS".to_owned()).or_insert_with(|| ENV_FILE.to_owned());
+    let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env, timeout_ms, stdin: false };
     request.validate()?;
     let started = state.commands.start(&state, &sandbox, request, content, req.background).await?;
     let init = Event::init(&started.command.id, now_ms()).frame();
@@ -401,6 +538,29 @@ pub async fn run(
     tokio::spawn(stream_output(state, started, tx, Instant::now()));
     let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
     Ok(stream_headers(body.into_response()))
+}
+
+/// The variables in the sandbox's env file (`ENV_FILE`), read through the runtime like any
+/// file of the sandbox; none when it does not exist (or cannot be read by the sandbox user).
+pub(super) async fn persisted_env(state: &AppState, sandbox: &SandboxId) -> ApiResult<BTreeMap<String, String>> {
+    let reader = match state.rt.read_file(sandbox, ENV_FILE).await {
+        Ok(r) => r,
+        Err(RuntimeError::File { .. }) => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(ENV_FILE_CAP + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| RuntimeError::from_io(format!("reading {ENV_FILE} in sandbox {sandbox}"), &e))?;
+    if bytes.len() as u64 > ENV_FILE_CAP {
+        return Err(ApiError::bad_request(format!(
+            "the env file {ENV_FILE} ($EXECD_ENVS, written by set_env) is larger than {} KiB: delete it (DELETE /files?path={ENV_FILE}) or shorten it",
+            ENV_FILE_CAP >> 10
+        )));
+    }
+    Ok(super::text::parse_env_file(&String::from_utf8_lossy(&bytes)))
 }
 
 /// Reads from `pipe` when there is one; never completes otherwise.

@@ -364,6 +364,79 @@ fn class(p: &[char], at: usize, c: char) -> Option<(bool, usize)> {
     None
 }
 
+/// The `KEY=VALUE` entries of an env file as `commands.set_env` writes them: `KEY='value'`
+/// (literal, may span lines), `KEY="value"` (with `\\ \" \n \r \t \$` escapes) or
+/// `KEY=value` (to the end of the line, trimmed), optionally after `export `. Later entries win.
+/// Blank lines, `#` comments and anything malformed (no `=`, an invalid name, an unclosed
+/// quote, a NUL) are skipped: the file is written by code in the sandbox and must never stop
+/// a command from starting.
+pub fn parse_env_file(text: &str) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let line_end = rest.find('\n').unwrap_or(rest.len());
+        let line = rest[..line_end].trim_start();
+        let after_line = rest.get(line_end + 1..).unwrap_or("");
+        let Some((key, value_start)) = line.split_once('=') else {
+            rest = after_line;
+            continue;
+        };
+        let key = key.trim();
+        let key = key.strip_prefix("export ").map_or(key, str::trim_start);
+        let valid_key = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if line.starts_with('#') || !valid_key {
+            rest = after_line;
+            continue;
+        }
+        // Offset of the value in `rest`, so a quoted value may run past this line.
+        let offset = value_start.as_ptr() as usize - rest.as_ptr() as usize;
+        let value_text = &rest[offset..];
+        let (value, consumed) = match value_text.chars().next() {
+            Some('\'') => match value_text[1..].find('\'') {
+                Some(end) => (Some(value_text[1..1 + end].to_owned()), 1 + end + 1),
+                None => (None, value_start.len()),
+            },
+            Some('"') => {
+                let mut v = String::new();
+                let mut chars = value_text[1..].char_indices();
+                let mut end = None;
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '"' => {
+                            end = Some(1 + i + 1);
+                            break;
+                        }
+                        '\\' => match chars.next().map(|(_, e)| e) {
+                            Some('n') => v.push('\n'),
+                            Some('r') => v.push('\r'),
+                            Some('t') => v.push('\t'),
+                            Some(other) => v.push(other),
+                            None => break,
+                        },
+                        c => v.push(c),
+                    }
+                }
+                match end {
+                    Some(end) => (Some(v), end),
+                    None => (None, value_start.len()),
+                }
+            }
+            _ => (Some(value_start.trim().to_owned()), value_start.len()),
+        };
+        if let Some(v) = value.filter(|v| !v.contains('\0')) {
+            out.insert(key.to_owned(), v);
+        }
+        // Whatever follows a closing quote on its line is ignored.
+        let consumed_to = offset + consumed;
+        rest = match rest[consumed_to.min(rest.len())..].find('\n') {
+            Some(nl) => &rest[consumed_to + nl + 1..],
+            None => "",
+        };
+    }
+    out
+}
+
 /// The combined output of a background command: the newest `cap` bytes, addressed by absolute
 /// offsets so a reader's cursor stays valid while old bytes are dropped.
 #[derive(Debug)]
@@ -544,5 +617,20 @@ mod tests {
         assert_eq!(log.read_from(4), b"ef");
         assert_eq!(log.read_from(6), b"");
         assert_eq!(log.read_from(60), b"");
+    }
+
+    #[test]
+    fn env_files_parse_as_set_env_writes_them() {
+        let text = "A='plain value'\nB=\"it's \\\"q\\\" \\$HOME\\n2\"\n# comment\nC='multi\nline'\n\nexport D=bare  \nbad line\n1X=no\nA='later wins'\nF=\nE='unclosed\n";
+        let env = parse_env_file(text);
+        assert_eq!(env.get("A").map(String::as_str), Some("later wins"));
+        assert_eq!(env.get("B").map(String::as_str), Some("it's \"q\" $HOME\n2"));
+        assert_eq!(env.get("C").map(String::as_str), Some("multi\nline"));
+        assert_eq!(env.get("D").map(String::as_str), Some("bare"));
+        assert_eq!(env.get("F").map(String::as_str), Some(""));
+        assert!(!env.contains_key("1X") && !env.contains_key("E"), "{env:?}");
+        assert_eq!(env.len(), 5, "{env:?}");
+        assert!(parse_env_file("").is_empty());
+        assert!(parse_env_file("N='a\0b'\n").is_empty(), "a NUL cannot be passed to a program");
     }
 }

@@ -223,7 +223,12 @@ impl Runtime for FakeRuntime {
             .args(&request.argv[1..])
             .current_dir(cwd)
             .env_clear()
-            .envs(command_env(&info.spec.env, &request.env))
+            // A path in the sandbox's /tmp named in the environment (EXECD_ENVS) must lead
+            // where the fake's file calls look for it: the sandbox's directory on the host.
+            .envs(command_env(&info.spec.env, &request.env).into_iter().map(|(k, v)| match v.strip_prefix("/tmp/") {
+                Some(rest) => (k, self.dir(id).join("tmp").join(rest).display().to_string()),
+                None => (k, v),
+            }))
             .stdin(if request.stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

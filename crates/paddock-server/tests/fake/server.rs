@@ -23,13 +23,35 @@ pub struct Server {
 
 impl Server {
     pub async fn new() -> Self {
+        Self::with_config(|_| {}).await
+    }
+
+    /// A server whose configuration `change` adjusts first.
+    pub async fn with_config(change: impl FnOnce(&mut ServerConfig)) -> Self {
         let data = tempfile::tempdir().unwrap();
-        let config = ServerConfig {
+        let rt = Arc::new(FakeRuntime::new());
+        let mut config = Self::config(data.path());
+        change(&mut config);
+        let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
+        Self { app: paddock_server::app(state), rt, _data: data }
+    }
+
+    /// The same data directory and runtime under a new server, as after a restart.
+    pub async fn restarted(self) -> Self {
+        let config = Self::config(self._data.path());
+        let state = paddock_server::build_state(config, self.rt.clone()).await.unwrap();
+        Self { app: paddock_server::app(state), rt: self.rt, _data: self._data }
+    }
+
+    fn config(data: &std::path::Path) -> ServerConfig {
+        ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data.path().to_path_buf(),
+            data_dir: data.to_path_buf(),
             api_key: Some(KEY.into()),
+            api_key_location: format!("the file {}", data.join("api-key").display()),
             default_timeout: Duration::from_secs(3600),
             max_timeout: Duration::from_secs(7200),
+            allow_no_expiry: true,
             max_upload_bytes: 1 << 20,
             header_timeout: Duration::from_secs(30),
             max_connections: 64,
@@ -40,10 +62,7 @@ impl Server {
                 lifecycle: Duration::from_secs(10),
                 stream_idle: Duration::from_secs(2),
             },
-        };
-        let rt = Arc::new(FakeRuntime::new());
-        let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
-        Self { app: paddock_server::app(state), rt, _data: data }
+        }
     }
 
     pub async fn raw(&self, method: &str, uri: &str, content_type: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
@@ -57,6 +76,18 @@ impl Server {
         let res = self.app.clone().oneshot(req).await.unwrap();
         let status = res.status();
         (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
+    }
+
+    /// A request with exactly these headers (no API key unless given), for direct mode.
+    pub async fn with_headers(&self, method: &str, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = self.app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        let status = res.status();
+        let out = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
     }
 
     pub async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
