@@ -593,7 +593,8 @@ impl KubeRuntime {
 
     /// Waits for Pod `name` (with `uid`) to be Running and Ready. Failures say what to check.
     async fn wait_ready(&self, name: &str, uid: Option<&str>) -> Result<Pod, RuntimeError> {
-        let deadline = tokio::time::Instant::now() + self.config.ready_timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.ready_timeout;
         loop {
             let pod = self.pods.get_opt(name).await.map_err(|e| api_error("reading a starting Pod", e))?;
             let Some(pod) = pod.filter(|p| uid.is_none() || p.metadata.uid.as_deref() == uid) else {
@@ -613,6 +614,11 @@ impl KubeRuntime {
                 }
                 PodPhase::Starting(_) if tokio::time::Instant::now() > deadline => {
                     return Err(self.diagnose(&pod, None).await);
+                }
+                // Most Pods start within a few seconds: look often then, so a create does not
+                // wait a poll interval longer than the Pod took; back off after that.
+                PodPhase::Starting(_) if started.elapsed() < Duration::from_secs(4) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
                 }
                 PodPhase::Starting(_) => tokio::time::sleep(POLL).await,
             }
