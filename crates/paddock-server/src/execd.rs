@@ -24,6 +24,36 @@ use crate::error::ApiResult;
 use crate::state::AppState;
 use crate::store::now_ms;
 
+/// OpenSandbox's error for a body the route cannot use.
+pub(super) fn invalid_body(message: impl Into<String>) -> crate::error::ApiError {
+    crate::error::ApiError::new(axum::http::StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
+}
+
+/// OpenSandbox's error for a query parameter the route needs; `what` says what it carries.
+pub(super) fn missing_query(name: &str, what: &str) -> crate::error::ApiError {
+    crate::error::ApiError::new(
+        axum::http::StatusCode::BAD_REQUEST,
+        "MISSING_QUERY",
+        format!("missing query parameter '{name}': {what}"),
+    )
+}
+
+/// A fresh hex id of `N` random bytes, for ids and markers that must not collide (none is a
+/// secret). getrandom(2) does not fail for small requests once the kernel's pool is ready;
+/// should it, the time and a counter keep ids unique within this server.
+pub(super) fn unique_hex<const N: usize>() -> String {
+    let mut b = [0u8; N];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seed = (now_ms() as u64).rotate_left(20) ^ n;
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (seed >> ((i % 8) * 8)) as u8 ^ (i / 8) as u8;
+        }
+    }
+    hex::encode(b)
+}
+
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
 pub fn router() -> Router<AppState> {
     Router::new()

@@ -28,8 +28,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::commands::stream_headers;
-use super::sandbox_of;
 use super::text::{LineSplitter, parse_query, query_one};
+use super::{invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::store::now_ms;
@@ -364,19 +364,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let seed = (now_ms() as u64) ^ (n << 40) ^ u64::from(std::process::id());
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = (seed >> ((i % 8) * 8)) as u8 ^ (i as u8);
-        }
-    }
-    hex::encode(b)
-}
-
 #[derive(Default)]
 struct PerSandbox {
     contexts: HashMap<String, Arc<Context>>,
@@ -464,7 +451,7 @@ impl Contexts {
     ) -> ApiResult<Arc<Context>> {
         self.check_room(sandbox, kind)?;
         let ctx = Arc::new(Context {
-            id: random_hex(16),
+            id: super::unique_hex::<16>(),
             language,
             kind,
             cwd,
@@ -523,7 +510,7 @@ fn room_error(sandbox: &SandboxId, kind: Kind) -> ApiError {
 
 /// Starts a context's driver and waits until it says it is ready on both streams.
 async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> ApiResult<Driver> {
-    let nonce = random_hex(12);
+    let nonce = super::unique_hex::<12>();
     let language = ctx.language;
     // Variables persisted with set_env reach contexts and sessions started later, as commands.
     let mut env = super::commands::persisted_env(state, sandbox).await?;
@@ -980,10 +967,6 @@ pub(super) fn start_run(
     stream_headers(body.into_response())
 }
 
-fn invalid_body(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
-}
-
 fn context_not_found(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -1063,13 +1046,8 @@ pub async fn delete_contexts(
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
-    let language = language_query(raw.as_deref())?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter 'language': the language whose contexts to delete",
-        )
-    })?;
+    let language = language_query(raw.as_deref())?
+        .ok_or_else(|| missing_query("language", "the language whose contexts to delete"))?;
     state.commands.contexts.remove_language(&sandbox, language);
     Ok(StatusCode::OK)
 }
@@ -1131,13 +1109,7 @@ pub async fn interrupt(
 ) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
-    let id = query_one(&q, "id").ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter 'id': the context id from the run's init event",
-        )
-    })?;
+    let id = query_one(&q, "id").ok_or_else(|| missing_query("id", "the context id from the run's init event"))?;
     let ctx = state.commands.contexts.get(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;
     ctx.interrupt();
     Ok(StatusCode::OK)

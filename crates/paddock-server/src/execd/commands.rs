@@ -20,7 +20,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
-use super::{Names, sandbox_of};
+use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::store::now_ms;
@@ -150,15 +150,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn new_command_id() -> String {
-    let mut b = [0u8; 12];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        // Uniqueness within one server is all that is needed; time and a counter give it.
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        b[..8].copy_from_slice(&(now_ms() as u64).to_le_bytes());
-        b[8..].copy_from_slice(&(n as u32).to_le_bytes());
-    }
-    hex::encode(b)
+    super::unique_hex::<12>()
 }
 
 impl Commands {
@@ -455,10 +447,6 @@ struct RunCommandRequest {
     gid: Option<i64>,
 }
 
-fn invalid_body(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
-}
-
 /// `~` is the sandbox user's home, `/workspace`; relative paths the runtime resolves itself.
 pub(super) fn expand_home(path: String) -> String {
     match path.strip_prefix('~') {
@@ -654,13 +642,7 @@ pub async fn interrupt(
 ) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
-    let id = query_one(&q, "id").ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "MISSING_QUERY",
-            "missing query parameter 'id': the command id to interrupt",
-        )
-    })?;
+    let id = query_one(&q, "id").ok_or_else(|| missing_query("id", "the command id to interrupt"))?;
     let command = state.commands.get(&sandbox, id)?;
     if lock(&command.status).running {
         let _ = command.signals.send(SIGKILL);

@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::text::{
     BadRange, ByteRange, format_mode, glob_match, parse_mode, parse_query, parse_range, query_all, query_one,
 };
-use super::{Names, sandbox_of};
+use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::time_fmt::rfc3339;
@@ -39,20 +39,12 @@ const CHUNK: usize = 64 << 10;
 
 type Params = Path<HashMap<String, String>>;
 
-fn missing_query(name: &str, what: &str) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "MISSING_QUERY", format!("missing query parameter '{name}': {what}"))
-}
-
-fn invalid_request(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
-}
-
 fn not_supported(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", message)
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| invalid_request(format!("invalid request body: {e}: expected {shape}")))
+    serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}: expected {shape}")))
 }
 
 async fn stat(state: &AppState, sandbox: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
@@ -273,7 +265,7 @@ struct Permission {
 }
 
 fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
-    parse_mode(p.mode.unwrap_or(0)).map_err(invalid_request)
+    parse_mode(p.mode.unwrap_or(0)).map_err(invalid_body)
 }
 
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
@@ -436,7 +428,7 @@ pub async fn replace(
     let mut results = BTreeMap::new();
     for (path, item) in request {
         if item.old.is_empty() {
-            return Err(invalid_request("old content must not be empty"));
+            return Err(invalid_body("old content must not be empty"));
         }
         let s = stat(&state, &sandbox, &path).await?;
         let content = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
@@ -636,7 +628,7 @@ pub async fn download(
     let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or("invalid").to_owned());
     let line_mode = offset.is_some() || limit.is_some();
     if line_mode && range.is_some() {
-        return Err(invalid_request(
+        return Err(invalid_body(
             "line-based reading (offset/limit) and byte range (Range header) are mutually exclusive",
         ));
     }
@@ -741,13 +733,11 @@ fn multipart_error(e: &axum::extract::multipart::MultipartError, limit: u64) -> 
 
 /// A name no one else picks: the upload lands here and is renamed into place once complete.
 fn staging_path(path: &str) -> String {
-    let mut b = [0u8; 6];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
     let (dir, name) = match path.rfind('/') {
         Some(i) => path.split_at(i + 1),
         None => ("", path),
     };
-    format!("{dir}.{name}.paddock-upload-{}", hex::encode(b))
+    format!("{dir}.{name}.paddock-upload-{}", super::unique_hex::<6>())
 }
 
 fn base_name(path: &str) -> &str {

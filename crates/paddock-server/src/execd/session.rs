@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::code::{Kind, Language, start_run};
 use super::commands::expand_home;
-use super::sandbox_of;
+use super::{invalid_body, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -29,10 +29,6 @@ struct RunInSession {
     cwd: Option<String>,
     /// Milliseconds; the run is interrupted after it.
     timeout: Option<i64>,
-}
-
-fn invalid_body(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", message)
 }
 
 fn not_found(id: &str) -> ApiError {
