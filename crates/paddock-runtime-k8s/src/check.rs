@@ -196,7 +196,106 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
         report.network_policy = verdict.0.to_owned();
         report.push("networkpolicy", verdict.1, verdict.2);
     }
+    if !config.host_users_false {
+        report.push(
+            "user-namespaces",
+            "warn",
+            "off: sandbox Pods share the node's user ids (uid 1000 inside is uid 1000 on the node); where the nodes support it (Kubernetes >= 1.33 with containerd >= 2.0 or CRI-O >= 1.25, and idmap-capable volumes), --user-namespaces gives each Pod its own",
+        );
+    } else if probe && report.missing.is_empty() {
+        let (status, detail) = probe_user_namespaces(client, config).await;
+        report.push("user-namespaces", status, detail);
+    } else {
+        report.push(
+            "user-namespaces",
+            "warn",
+            "--user-namespaces is on but not probed: grant the missing verbs, or drop --no-probe",
+        );
+    }
     report
+}
+
+/// Whether a Pod with `hostUsers: false` starts on this cluster and really runs in a user
+/// namespace of its own: some runtimes refuse such Pods, and one that ignored the field would
+/// leave sandboxes sharing the node's ids while the operator believes otherwise.
+async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (&'static str, String) {
+    let ns = config.namespace.as_str();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut b = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let name = format!("paddock-probe-userns-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+    let outcome = async {
+        let mut pod =
+            probe_pod(ns, &name, "userns", config, &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"])
+                .map_err(|e| e.to_string())?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.host_users = Some(false);
+        }
+        pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("the API refused the Pod: {e}"))?;
+        wait_running_or_stuck(&pods, &name, Duration::from_secs(45)).await?;
+        let (code, out, err) = exec_in(&pods, &name, vec!["cat".into(), "/proc/self/uid_map".into()]).await?;
+        if code != 0 {
+            return Err(format!("reading /proc/self/uid_map failed: {}", String::from_utf8_lossy(&err).trim()));
+        }
+        Ok(String::from_utf8_lossy(&out).split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+    .await;
+    let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+    match outcome {
+        // The initial namespace maps every id to itself.
+        Ok(map) if map == "0 0 4294967295" => (
+            "fail",
+            "a Pod with hostUsers: false runs in the node's own user namespace: the container runtime ignores the field; run without --user-namespaces or upgrade the runtime".into(),
+        ),
+        Ok(map) => ("pass", format!("Pods run in a user namespace of their own (uid_map {map})")),
+        Err(why) => (
+            "fail",
+            format!("a Pod with hostUsers: false cannot run here ({why}); run without --user-namespaces, or use nodes whose runtime supports user namespaces (containerd >= 2.0, CRI-O >= 1.25)"),
+        ),
+    }
+}
+
+/// Waits until a probe Pod runs, or says why it cannot: its container's waiting reason, or
+/// the latest warning event about it.
+async fn wait_running_or_stuck(pods: &Api<Pod>, name: &str, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let pod = pods.get(name).await.map_err(|e| format!("reading probe Pod {name}: {e}"))?;
+        let status = pod.status.unwrap_or_default();
+        let waiting = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+            .find(|w| w.reason.as_deref().is_some_and(|r| r != "ContainerCreating"))
+            .map(|w| {
+                format!("{}: {}", w.reason.as_deref().unwrap_or_default(), w.message.as_deref().unwrap_or_default())
+            });
+        match status.phase.as_deref() {
+            Some("Running") => return Ok(()),
+            Some("Failed" | "Succeeded") => {
+                return Err(format!("the Pod ended: {}", status.message.or(status.reason).unwrap_or_default()));
+            }
+            _ if waiting.is_some() => return Err(waiting.unwrap_or_default()),
+            _ if Instant::now() > deadline => {
+                let events: Api<k8s_openapi::api::core::v1::Event> =
+                    Api::namespaced(pods.clone().into_client(), pod.metadata.namespace.as_deref().unwrap_or_default());
+                let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={name}"));
+                let last = events
+                    .list(&lp)
+                    .await
+                    .ok()
+                    .and_then(|l| l.items.into_iter().rfind(|e| e.type_.as_deref() == Some("Warning")))
+                    .and_then(|e| e.message);
+                return Err(format!(
+                    "not running after {} s{}",
+                    limit.as_secs(),
+                    last.map(|m| format!("; last warning: {}", m.trim())).unwrap_or_default()
+                ));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
 }
 
 async fn allowed(client: &Client, ns: &str, need: &Need) -> Result<bool, kube::Error> {

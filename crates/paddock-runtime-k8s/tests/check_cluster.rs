@@ -66,6 +66,25 @@ async fn check_passes_for_the_admin_and_names_exactly_the_missing_verbs_of_a_res
         assert!(report.ok(), "{report:#?}");
         assert!(report.missing.is_empty());
         assert_eq!(report.network_policy, "enforced", "{report:#?}");
+        let userns = report.items.iter().find(|i| i.check == "user-namespaces").unwrap();
+        assert_eq!(userns.status, "warn", "off by default, and said so: {userns:?}");
+
+        // With --user-namespaces the probe answers for this cluster: the dev cluster's
+        // containerd 1.6 cannot run `hostUsers: false` Pods, and check must say so (a cluster
+        // that can would pass with a real uid map).
+        let mut with_userns = config(&ns);
+        with_userns.host_users_false = true;
+        let report = check::run(&admin, &with_userns, true).await;
+        let userns = report.items.iter().find(|i| i.check == "user-namespaces").unwrap();
+        match userns.status {
+            "pass" => assert!(userns.detail.contains("uid_map") && !userns.detail.contains("0 0 4294967295")),
+            "fail" => {
+                assert!(!report.ok());
+                assert!(userns.detail.contains("--user-namespaces"), "the fix is named: {}", userns.detail);
+            }
+            other => panic!("user-namespaces probe gave {other}: {userns:?}"),
+        }
+        eprintln!("user-namespaces on this cluster: {} — {}", userns.status, userns.detail);
 
         // A service account whose Role grants all but two of the runtime's verbs.
         let withheld = ["create pods/portforward", "delete networkpolicies.networking.k8s.io"];
