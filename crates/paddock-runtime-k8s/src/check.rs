@@ -56,6 +56,8 @@ pub const NEEDED: &[Need] = &[
 /// Needed too with `--model claim` (agent-sandbox's objects).
 pub const CLAIM_NEEDED: &[Need] = &[
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "create"),
+    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "get"),
+    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "list"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "create"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "patch"),
     need("extensions.agents.x-k8s.io", "sandboxclaims", "", "create"),

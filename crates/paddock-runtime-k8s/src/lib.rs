@@ -9,7 +9,7 @@
 //! The server's Role in the namespace needs: `pods` create get list delete patch;
 //! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
 //! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list; with the
-//! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create, `sandboxwarmpools`
+//! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create get list, `sandboxwarmpools`
 //! create patch, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
@@ -132,6 +132,9 @@ pub struct KubeRuntime {
 const POLL: Duration = Duration::from_millis(250);
 /// Profiles (besides the default) whose warm pools get `warm_pool` Pods.
 const MAX_WARM_PROFILES: usize = 4;
+/// Profiles (templates + pools) one namespace holds at most; sandboxes of any further shape
+/// get keeper Pods.
+const MAX_PROFILES: usize = 32;
 /// How long a deleted Pod or PVC may take to disappear before we stop waiting.
 const GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -432,12 +435,31 @@ impl KubeRuntime {
     /// The default profile's pool keeps `warm_pool` Pods started; any other starts its Pods
     /// on demand (a pool of zero), so an unusual spec costs no idle Pods.
     async fn ensure_profile(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        self.claim_profile(spec, true)
+            .await?
+            .ok_or_else(|| RuntimeError::System("the default profile was refused".into()))
+    }
+
+    /// The pool of `spec`'s profile, made if needed; `None` when the namespace holds
+    /// `MAX_PROFILES` profiles already (the caller then starts a keeper Pod): every distinct
+    /// shape a client asks for would otherwise leave a template and a pool in the cluster.
+    /// `always` exempts a profile from that bound (the default one).
+    async fn claim_profile(&self, spec: &SandboxSpec, always: bool) -> Result<Option<String>, RuntimeError> {
         let pod_spec = self.profile_pod_spec(spec);
         let name = claim::profile_name(&pod_spec);
         if self.profiles.lock().unwrap_or_else(|p| p.into_inner()).contains(&name) {
-            return Ok(name);
+            return Ok(Some(name));
         }
         let ns = &self.config.namespace;
+        let exists = self.templates.get_opt(&name).await.map_err(|e| api_error("reading a SandboxTemplate", e))?;
+        if exists.is_none() && !always {
+            let lp = ListParams::default().labels(&format!("{}=paddock", objects::MANAGED_BY));
+            let made = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?;
+            if made.items.len() >= MAX_PROFILES {
+                tracing::info!(profile = name, "{MAX_PROFILES} sandbox profiles exist: this one gets a keeper Pod");
+                return Ok(None);
+            }
+        }
         let template = claim::template(ns, &name, &pod_spec)
             .map_err(|e| RuntimeError::System(format!("building SandboxTemplate {name}: {e}")))?;
         match self.templates.create(&PostParams::default(), &template).await {
@@ -472,7 +494,7 @@ impl KubeRuntime {
             Err(e) => return Err(api_error(&format!("creating SandboxWarmPool {name}"), e)),
         }
         self.profiles.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
-        Ok(name)
+        Ok(Some(name))
     }
 
     /// The Pod spec a profile's pool starts: the spec's environment is left out (a warm Pod
@@ -486,9 +508,11 @@ impl KubeRuntime {
 
     /// Claims a Pod from the spec's pool, waits for the controller to hand one over, and
     /// writes the sandbox's labels and annotations onto it.
-    async fn create_claimed(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    /// `Ok(None)`: no pool for this profile (too many exist); the caller makes a keeper Pod.
+    async fn create_claimed(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>, RuntimeError> {
+        let Some(pool) = self.claim_profile(spec, false).await? else { return Ok(None) };
+        let spec = spec.clone();
         let id = SandboxId::from_random(random()?);
-        let pool = self.ensure_profile(&spec).await?;
         let now = now_ms();
         let expires = spec.timeout_secs.map(|t| now + t * 1000);
         let name = claim::claim_name(&id);
@@ -499,7 +523,7 @@ impl KubeRuntime {
             .await
             .map_err(|e| api_error(&format!("creating SandboxClaim {name}"), e))?;
         match self.adopt_claimed(&id, &name, &spec, now, expires).await {
-            Ok(pod) => Self::info_of(&pod),
+            Ok(pod) => Self::info_of(&pod).map(Some),
             Err(e) => {
                 if let Err(cleanup) = self.delete_claim(&name, false).await {
                     tracing::warn!(error = %cleanup, claim = name, "cleaning up a claim that was not served");
@@ -1080,8 +1104,11 @@ async fn detached<T: Send + 'static>(
 impl KubeRuntime {
     async fn create_now(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         let spec = self.prepare(spec)?;
-        if self.config.model == SandboxModel::Claim && spec.workspace.is_none() {
-            return self.create_claimed(spec).await;
+        if self.config.model == SandboxModel::Claim
+            && spec.workspace.is_none()
+            && let Some(info) = self.create_claimed(&spec).await?
+        {
+            return Ok(info);
         }
         let id = SandboxId::from_random(random()?);
         let names = objects::sandbox_names(&id, &spec);

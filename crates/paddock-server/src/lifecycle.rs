@@ -476,6 +476,11 @@ async fn record(
         updated_at_ms: now,
     };
     if let Err(e) = state.store.insert(&row).await {
+        // Someone recorded it meanwhile (a concurrent acquire of the same thread, or the
+        // adoption of a sandbox the CLI made): that row stands, and the sandbox lives on.
+        if let Ok(Some(existing)) = state.store.get(info.id.as_str()).await {
+            return Ok(existing);
+        }
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }

@@ -356,3 +356,28 @@ async fn fake_runtime_contexts_and_sessions_per_sandbox_are_bounded() {
     let (status, body) = s.call("POST", &Server::execd(&id, "/session"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+#[tokio::test]
+async fn fake_runtime_deleting_a_context_stops_the_cell_it_is_running() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let ctx = context(&s, &id, "python").await;
+    let spin = "import os\nprint(os.getpid(), flush=True)\nwhile True:\n    pass";
+    let running = run(&s, &id, json!({"code": spin, "context": {"id": ctx}}));
+    let delete = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.call("DELETE", &Server::execd(&id, &format!("/code/contexts/{ctx}")), None).await
+    };
+    // The run ends because its driver is killed: a deleted context leaves nothing running
+    // that no one could interrupt any more.
+    let (ev, (status, _)) = tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(running, delete) })
+        .await
+        .expect("the spinning cell ended once its context was deleted");
+    assert_eq!(status, StatusCode::OK);
+    let pid: u32 = text(&ev, "stdout").trim().parse().unwrap_or_else(|_| panic!("{ev:?}"));
+    let t0 = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "driver {pid} still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

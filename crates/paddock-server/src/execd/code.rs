@@ -53,7 +53,16 @@ const PING_EVERY: Duration = Duration::from_secs(3);
 const STREAM_BUFFER: usize = 64;
 /// A marker longer than this is not one: results carry images, so it is generous, but it bounds
 /// what a sandbox can make the server buffer per context.
-const MAX_MARKER: usize = 16 << 20;
+const MAX_MARKER: usize = 8 << 20;
+/// Bytes of events one run may have queued for a client that reads slowly: beyond them the
+/// run (and so its driver, whose pipes fill) waits. Counting events alone would let a few
+/// large results pile up gigabytes in the server.
+const STREAM_BYTES: usize = 4 << 20;
+/// How long handing a cell to its driver may take before the driver counts as dead.
+const REQUEST_WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// A `text/plain` result larger than this travels once, as `text` (what every SDK reads),
+/// instead of under both keys.
+const DUPLICATE_TEXT_MAX: usize = 64 << 10;
 const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 /// The message the SDK's helpers recognise for a context that already runs something.
@@ -173,49 +182,61 @@ pub(super) enum Piece {
 }
 
 /// Splits a driver's stream into the user's output and marker lines (`\x1ePADDOCK-<nonce> JSON\n`).
-/// Output is passed on at once; only bytes that may begin a marker wait for more.
+/// Output is passed on at once; only bytes that may begin a marker wait for more. Linear in the
+/// bytes pushed: the buffer is consumed once per push, and a waiting marker is searched for its
+/// end only in bytes not searched before.
 pub(super) struct Framer {
     marker: Vec<u8>,
     pending: Vec<u8>,
+    /// Bytes of `pending` (a marker waiting for its newline) already searched for it.
+    scanned: usize,
 }
 
 impl Framer {
     pub(super) fn new(nonce: &str) -> Self {
-        Self { marker: format!("\x1ePADDOCK-{nonce} ").into_bytes(), pending: Vec::new() }
+        Self { marker: format!("\x1ePADDOCK-{nonce} ").into_bytes(), pending: Vec::new(), scanned: 0 }
     }
 
     pub(super) fn push(&mut self, data: &[u8]) -> Vec<Piece> {
         self.pending.extend_from_slice(data);
         let mut pieces = Vec::new();
         let mut output = Vec::new();
+        let mut at = 0;
         loop {
-            let Some(i) = self.pending.iter().position(|&b| b == 0x1e) else {
-                output.append(&mut self.pending);
+            let Some(i) = self.pending[at..].iter().position(|&b| b == 0x1e) else {
+                output.extend_from_slice(&self.pending[at..]);
+                at = self.pending.len();
                 break;
             };
-            output.extend(self.pending.drain(..i));
-            let rest = &self.pending[..];
+            output.extend_from_slice(&self.pending[at..at + i]);
+            at += i;
+            let rest = &self.pending[at..];
             if rest.len() < self.marker.len() {
                 if self.marker.starts_with(rest) {
                     break; // may be a marker: wait for more
                 }
             } else if rest.starts_with(&self.marker) {
-                if let Some(end) = rest.iter().position(|&b| b == b'\n') {
+                let from = self.scanned.max(self.marker.len());
+                if let Some(end) = rest[from..].iter().position(|&b| b == b'\n').map(|e| e + from) {
                     if !output.is_empty() {
                         pieces.push(Piece::Output(std::mem::take(&mut output)));
                     }
                     pieces.push(Piece::Marker(rest[self.marker.len()..end].to_vec()));
-                    self.pending.drain(..=end);
+                    at += end + 1;
+                    self.scanned = 0;
                     continue;
                 }
                 if rest.len() <= MAX_MARKER {
+                    self.scanned = rest.len();
                     break;
                 }
             }
-            // Not a marker: the byte is the user's.
+            // Not a marker (or one too long to be ours): the byte is the user's.
+            self.scanned = 0;
             output.push(0x1e);
-            self.pending.drain(..1);
+            at += 1;
         }
+        self.pending.drain(..at);
         if !output.is_empty() {
             pieces.push(Piece::Output(output));
         }
@@ -224,6 +245,7 @@ impl Framer {
 
     /// What is left once the stream ended: the user's.
     pub(super) fn finish(&mut self) -> Vec<u8> {
+        self.scanned = 0;
         std::mem::take(&mut self.pending)
     }
 }
@@ -352,10 +374,17 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Kills the driver now, whether or not a run holds the context: a deleted context must
+    /// not keep a cell running that nobody can interrupt any more.
+    fn kill(&self) {
+        self.signal(SIGKILL);
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
-        // A deleted context's driver dies with it, even if its run lock is still held.
-        self.signal(SIGKILL);
+        self.kill();
     }
 }
 
@@ -381,7 +410,9 @@ impl Contexts {
     /// Drops every context of a deleted sandbox (their drivers are killed).
     pub fn forget_sandbox(&self, id: &str) {
         let gone = lock(&self.sandboxes).remove(id);
-        drop(gone);
+        for ctx in gone.iter().flat_map(|s| s.contexts.values()) {
+            ctx.kill();
+        }
     }
 
     pub(super) fn get(&self, sandbox: &SandboxId, id: &str, kind: Kind) -> Option<Arc<Context>> {
@@ -395,7 +426,11 @@ impl Contexts {
             return None;
         }
         s.defaults.retain(|_, d| d != id);
-        s.contexts.remove(id)
+        let ctx = s.contexts.remove(id);
+        if let Some(c) = &ctx {
+            c.kill();
+        }
+        ctx
     }
 
     fn list(&self, sandbox: &SandboxId, language: Option<Language>) -> Vec<Arc<Context>> {
@@ -427,7 +462,9 @@ impl Contexts {
                 .collect();
             ids.iter().filter_map(|id| s.contexts.remove(id)).collect()
         };
-        drop(gone);
+        for ctx in &gone {
+            ctx.kill();
+        }
     }
 
     fn count(&self, sandbox: &SandboxId, kind: Kind) -> usize {
@@ -703,13 +740,25 @@ impl Output {
 
 /// Sends events to the client; once it is gone, the run is interrupted and drained quietly.
 struct Sink {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Frame>,
     gone: bool,
+    /// `STREAM_BYTES` of queued events; each frame holds its size until the body sends it.
+    budget: Arc<tokio::sync::Semaphore>,
 }
+
+/// An event on its way to the client, holding its share of the run's byte budget.
+type Frame = (Bytes, Option<tokio::sync::OwnedSemaphorePermit>);
 
 impl Sink {
     async fn send(&mut self, ctx: &Arc<Context>, event: Value) {
-        if !self.gone && self.tx.send(frame(event)).await.is_err() {
+        if self.gone {
+            return;
+        }
+        let bytes = frame(event);
+        let share = bytes.len().clamp(1, STREAM_BYTES) as u32;
+        // Closed only if the semaphore is dropped, which it is not while `self` lives.
+        let permit = self.budget.clone().acquire_many_owned(share).await.ok();
+        if self.tx.send((bytes, permit)).await.is_err() {
             self.gone = true;
             // Nobody waits for this run any more (E2B does the same).
             ctx.interrupt();
@@ -755,8 +804,16 @@ async fn run_cell(
     let Some(driver) = slot.as_mut() else { return };
     let count = ctx.count.fetch_add(1, Ordering::SeqCst) + 1;
     let mut exit_code: Option<i32> = None;
-    let mut died = driver.stdin.write_all(&ctx.language.request(&code, cwd.as_deref())).await.is_err()
-        || driver.stdin.flush().await.is_err();
+    // A driver that stopped reading its stdin (blocked writing output nobody reads between
+    // runs, such as a JavaScript timer's) must not hold the run for ever: after a while it
+    // counts as dead and is replaced.
+    let request = ctx.language.request(&code, cwd.as_deref());
+    let written = tokio::time::timeout(REQUEST_WRITE_TIMEOUT, async {
+        driver.stdin.write_all(&request).await?;
+        driver.stdin.flush().await
+    })
+    .await;
+    let mut died = !matches!(written, Ok(Ok(())));
     let (mut out_done, mut err_done) = (false, false);
     let (mut ob, mut eb) = (vec![0u8; 32 << 10], vec![0u8; 32 << 10]);
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
@@ -910,7 +967,11 @@ fn marker_events(json: &[u8], kind: Kind, count: u64, exit_code: &mut Option<i32
         Some(t @ ("result" | "display")) => {
             let mut results = v["data"].as_object().cloned().unwrap_or_default();
             let text = results.get("text/plain").cloned().unwrap_or(json!(""));
-            // SDK 1.1.1 (Python) reads `text` only; the JavaScript and C# SDKs `text/plain`.
+            // SDK 1.1.1 (Python) reads `text` only; the JavaScript and C# SDKs `text/plain`,
+            // then `text`: a large value goes once, as `text`.
+            if text.as_str().is_some_and(|t| t.len() > DUPLICATE_TEXT_MAX) {
+                results.remove("text/plain");
+            }
             results.insert("text".into(), text);
             let result = json!({"type": "result", "results": results});
             // Only the cell's value counts as its execution result (a figure is displayed).
@@ -953,17 +1014,19 @@ pub(super) fn start_run(
     timeout: Option<Duration>,
 ) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    let _ = tx.try_send(frame(json!({"type": "init", "text": ctx.id})));
+    let _ = tx.try_send((frame(json!({"type": "init", "text": ctx.id})), None));
     match ctx.driver.clone().try_lock_owned() {
         Ok(slot) => {
             let cell = Cell { code, cwd, timeout };
-            tokio::spawn(run_cell(state, sandbox, ctx, slot, cell, Sink { tx, gone: false }));
+            let budget = Arc::new(tokio::sync::Semaphore::new(STREAM_BYTES));
+            tokio::spawn(run_cell(state, sandbox, ctx, slot, cell, Sink { tx, gone: false, budget }));
         }
         Err(_) => {
-            let _ = tx.try_send(frame(error_event("RUNTIME_ERROR", BUSY, vec![])));
+            let _ = tx.try_send((frame(error_event("RUNTIME_ERROR", BUSY, vec![])), None));
         }
     }
-    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    // A frame's share of the budget is given back as the body takes it.
+    let body = Body::from_stream(ReceiverStream::new(rx).map(|(bytes, _share): Frame| Ok::<_, Infallible>(bytes)));
     stream_headers(body.into_response())
 }
 
@@ -1156,6 +1219,41 @@ mod tests {
         // An unfinished prefix at the end is returned by finish.
         assert_eq!(f.push(b"\x1ePAD"), vec![]);
         assert_eq!(f.finish(), b"\x1ePAD".to_vec());
+    }
+
+    #[test]
+    fn framer_passes_floods_of_separators_and_finds_a_marker_split_in_its_body() {
+        let mut f = Framer::new("abc");
+        // A megabyte of record separators is output, byte for byte (and in linear time: the
+        // buffer is consumed once per push).
+        let flood = vec![0x1e_u8; 1 << 20];
+        let got: Vec<u8> = f
+            .push(&flood)
+            .into_iter()
+            .flat_map(|p| match p {
+                Piece::Output(o) => o,
+                Piece::Marker(m) => panic!("no marker in a flood: {m:?}"),
+            })
+            .chain(f.finish())
+            .collect();
+        assert_eq!(got, flood);
+        // A marker whose JSON arrives in pieces is found once its newline comes, with the
+        // output around it kept in order.
+        let m = marker("abc", r#"{"t":"result","data":{"text/plain":"1"}}"#);
+        let (head, tail) = m.split_at(20);
+        let mut pieces = f.push(b"a");
+        pieces.extend(f.push(head));
+        pieces.extend(f.push(&tail[..5]));
+        pieces.extend(f.push(&tail[5..]));
+        pieces.extend(f.push(b"b"));
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Output(b"a".to_vec()),
+                Piece::Marker(br#"{"t":"result","data":{"text/plain":"1"}}"#.to_vec()),
+                Piece::Output(b"b".to_vec())
+            ]
+        );
     }
 
     #[test]
