@@ -29,16 +29,19 @@ use crate::objects::CONTAINER;
 /// succeeds without forking because a background job never leads a process group, so the pid
 /// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
 /// exit 127 for a missing program like a shell does. A command killed while the container's
-/// OOM-kill counter moved leaves a `TOKEN.oom` marker for `OOM_SCRIPT`.
+/// OOM-kill counter moved, or its memory peak rose to the limit, leaves a `TOKEN.oom` marker
+/// for `OOM_SCRIPT`.
 pub const WRAPPER: &str = r#"t=$1 d=$2 prog=$3; shift 3
 if [ "$#" = 0 ]; then a="/tmp/.paddock-exec/$t.args"; . "$a" || exit 126; rm -f "$a"; fi
 if ! cd "$d" 2>/dev/null; then
   printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$prog" "$d" >&2; exit 127
 fi
 mkdir -p /tmp/.paddock-exec 2>/dev/null
-oom() { n=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
-  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; done <"$f"; done; }
-oom; o=$n
+oom() { n= m= l=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
+  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; done <"$f"; done
+  for f in /sys/fs/cgroup/memory/memory.max_usage_in_bytes /sys/fs/cgroup/memory.peak; do [ -r "$f" ] && read -r m <"$f"; done
+  for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max; do [ -r "$f" ] && read -r l <"$f"; done; }
+oom; o=$n op=$m
 exec 3<&0
 setsid env -i "$@" <&3 3<&- &
 p=$!
@@ -46,7 +49,11 @@ exec 3<&-
 echo "$p" >"/tmp/.paddock-exec/$t" 2>/dev/null
 wait "$p"; c=$?
 rm -f "/tmp/.paddock-exec/$t"
-if [ "$c" = 137 ]; then oom; [ "$n" = "$o" ] || : >"/tmp/.paddock-exec/$t.oom"; fi
+if [ "$c" = 137 ]; then oom
+  # The kernel counts an OOM kill in the cgroup whose limit was hit, which may be the Pod's
+  # (the same limit, plus the pause container's pages): a new peak at the limit counts too.
+  full=; case "$m:$l" in *[!0-9:]*|:*|*:) ;; *) [ "$m" != "$op" ] && [ $((m + 4194304)) -ge "$l" ] && full=1;; esac
+  { [ "$n" != "$o" ] || [ -n "$full" ]; } && : >"/tmp/.paddock-exec/$t.oom"; fi
 exit "$c""#;
 
 /// `sh -c OOM paddock-oom TOKEN`: prints `oom` (once) when the command was OOM-killed.
