@@ -239,11 +239,12 @@ impl KubeRuntime {
     pub async fn reap_expired(&self) -> Result<usize, RuntimeError> {
         let now = now_ms();
         let mut n = 0;
-        for pod in self.list_pods().await? {
-            if pod.metadata.deletion_timestamp.is_none() && objects::expired(&pod, now) {
+        let pods = self.list_pods().await?;
+        for pod in &pods {
+            if pod.metadata.deletion_timestamp.is_none() && objects::expired(pod, now) {
                 let name = pod.metadata.name.as_deref().unwrap_or_default();
                 // One stubborn Pod must not keep the others alive.
-                match self.delete_sandbox_pod(&pod, false).await {
+                match self.delete_sandbox_pod(pod, false).await {
                     Ok(()) => {
                         tracing::info!(pod = name, "expired sandbox deleted");
                         n += 1;
@@ -253,25 +254,21 @@ impl KubeRuntime {
             }
         }
         if self.config.model == SandboxModel::Claim {
-            n += self.reap_orphan_claims(now).await?;
+            n += self.reap_orphan_claims(&pods, now).await?;
         }
         Ok(n)
     }
 
     /// Deletes claims whose Pod never got Paddock's labels (the server that made them died
     /// before writing them) once they are older than any create could take.
-    async fn reap_orphan_claims(&self, now: u64) -> Result<usize, RuntimeError> {
+    async fn reap_orphan_claims(&self, pods: &[Pod], now: u64) -> Result<usize, RuntimeError> {
         let lp = ListParams::default().labels(objects::SANDBOX_LABEL);
         let claims = self.sandbox_claims.list(&lp).await.map_err(|e| api_error("listing sandbox claims", e))?.items;
         if claims.is_empty() {
             return Ok(0);
         }
-        let live: HashSet<String> = self
-            .list_pods()
-            .await?
-            .iter()
-            .filter_map(|p| p.metadata.labels.as_ref()?.get(objects::SANDBOX_LABEL).cloned())
-            .collect();
+        let live: HashSet<String> =
+            pods.iter().filter_map(|p| p.metadata.labels.as_ref()?.get(objects::SANDBOX_LABEL).cloned()).collect();
         let grace = self.config.ready_timeout.as_millis() as u64 + 60_000;
         let mut n = 0;
         for c in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {

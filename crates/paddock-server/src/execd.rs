@@ -38,6 +38,15 @@ pub(super) fn missing_query(name: &str, what: &str) -> crate::error::ApiError {
     )
 }
 
+/// A request's `timeout` in milliseconds: none (or 0) means no limit; a negative one is refused.
+pub(super) fn timeout_ms(timeout: Option<i64>) -> crate::error::ApiResult<Option<u64>> {
+    match timeout {
+        None | Some(0) => Ok(None),
+        Some(t) if t > 0 => Ok(Some(t as u64)),
+        Some(t) => Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
+    }
+}
+
 /// A fresh hex id of `N` random bytes, for ids and markers that must not collide (none is a
 /// secret). getrandom(2) does not fail for small requests once the kernel's pool is ready;
 /// should it, the time and a counter keep ids unique within this server.

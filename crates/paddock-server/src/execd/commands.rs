@@ -502,11 +502,7 @@ pub async fn run(
         }
         _ => return Err(invalid_body("no command given: send a non-empty command string or argv list")),
     };
-    let timeout_ms = match req.timeout {
-        None | Some(0) => None,
-        Some(t) if t > 0 => Some(t as u64),
-        Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
-    };
+    let timeout_ms = super::timeout_ms(req.timeout)?;
     // Variables persisted with set_env, then the request's own, which win.
     let mut env = persisted_env(&state, &sandbox).await?;
     env.extend(req.envs);

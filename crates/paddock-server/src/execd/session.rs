@@ -71,11 +71,7 @@ pub async fn run(
         .command
         .filter(|c| !c.trim().is_empty())
         .ok_or_else(|| invalid_body("no command given: send a non-empty \"command\""))?;
-    let timeout = match req.timeout {
-        None | Some(0) => None,
-        Some(t) if t > 0 => Some(Duration::from_millis(t as u64)),
-        Some(t) => return Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
-    };
+    let timeout = super::timeout_ms(req.timeout)?.map(Duration::from_millis);
     let ctx = state.commands.contexts.get(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
     let cwd = req.cwd.filter(|c| !c.is_empty()).map(expand_home);
     Ok(start_run(state, sandbox, ctx, command, cwd, timeout))
