@@ -1,0 +1,18 @@
+//! OCI images for Paddock sandboxes: pulling from registries, importing `docker save` and OCI
+//! layout archives, and a content-addressed store of unpacked layers that overlayfs mounts as
+//! lower directories.
+#![forbid(unsafe_code)]
+
+mod error;
+mod import;
+mod oci;
+mod pull;
+mod reference;
+mod store;
+mod unpack;
+mod user;
+
+pub use error::ImageError;
+pub use pull::{Credentials, Progress, PullOptions, RegistryConfig, layer_downloads};
+pub use reference::normalize;
+pub use store::{Image, ImageConfig, ImageInfo, PruneReport, Store};

@@ -1,0 +1,454 @@
+//! Pulling from a registry with `oci-client`.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures_util::StreamExt;
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::error::{ImageError, Result};
+use crate::oci::{self, Descriptor, Manifest};
+use crate::reference::Ref;
+use crate::store::{Image, Store, hex_of, remove_any, sha256_digest};
+
+/// Registry credentials (basic auth, or exchanged for a bearer token when the registry asks).
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("username", &self.username).finish_non_exhaustive()
+    }
+}
+
+/// Where registries are reached.
+#[derive(Debug, Default, Clone)]
+pub struct RegistryConfig {
+    /// (registry host, mirror host[:port]): pulls from the registry try its mirrors first.
+    pub mirrors: Vec<(String, String)>,
+    /// Hosts (host or host:port) spoken to over plain HTTP. Loopback registries always are.
+    pub insecure: Vec<String>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct PullOptions {
+    pub auth: Option<Credentials>,
+    pub registries: RegistryConfig,
+}
+
+/// Pull progress, reported as it happens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// Asking `registry` for the manifest of `reference`.
+    Resolving { reference: String, registry: String },
+    /// The manifest names `layers` layers.
+    Resolved { digest: String, layers: usize },
+    /// Downloading a layer blob: `done` of `total` bytes (`total` 0 when unknown).
+    Layer { digest: String, done: u64, total: u64 },
+    /// A layer already in the store (or fetched by a concurrent pull).
+    Cached { digest: String },
+    /// A downloaded layer being unpacked.
+    Unpacking { digest: String },
+    /// All layers are in the store.
+    Done { digest: String, downloaded_bytes: u64 },
+}
+
+/// Layer blobs downloaded by this process (tests use it to show a concurrent pull downloads once).
+static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+
+/// How many layer blobs this process has downloaded from registries.
+pub fn layer_downloads() -> u64 {
+    DOWNLOADS.load(Ordering::Relaxed)
+}
+
+fn host_part(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// Docker's rule: a loopback registry speaks plain HTTP without being listed.
+fn plain_http(host: &str, insecure: &[String]) -> bool {
+    let h = host_part(host);
+    h == "localhost"
+        || h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || insecure.iter().any(|i| i == host || i == h)
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn map_oci(host: &str, what: &str, e: OciDistributionError) -> ImageError {
+    let unauthorized = || {
+        ImageError::Unauthorized(format!(
+            "{host} refused {what}: it needs credentials or yours are wrong; give them with \
+             --username and --password-stdin (or `image.auth` in the API)"
+        ))
+    };
+    match e {
+        OciDistributionError::AuthenticationFailure(m) => {
+            ImageError::Unauthorized(format!("{host} rejected the credentials for {what}: {m}"))
+        }
+        OciDistributionError::UnauthorizedError { .. } => unauthorized(),
+        OciDistributionError::RegistryError { envelope, url } => {
+            let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
+            if codes.iter().any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied)) {
+                unauthorized()
+            } else if codes.iter().any(|c| {
+                matches!(
+                    c,
+                    OciErrorCode::ManifestUnknown
+                        | OciErrorCode::NameUnknown
+                        | OciErrorCode::BlobUnknown
+                        | OciErrorCode::NotFound
+                )
+            }) {
+                ImageError::NotFound(format!("{what} is not in registry {host} ({url}); check the name and tag"))
+            } else if codes.iter().any(|c| matches!(c, OciErrorCode::Toomanyrequests)) {
+                ImageError::Registry(format!(
+                    "{host} rate-limits pulls ({envelope}); wait, log in, or configure a mirror with --registry-mirror"
+                ))
+            } else {
+                ImageError::Registry(format!("{host} answered {envelope} for {what}"))
+            }
+        }
+        OciDistributionError::ServerError { code, url, message } => match code {
+            401 | 403 => unauthorized(),
+            404 => ImageError::NotFound(format!("{what} is not in registry {host} ({url}); check the name and tag")),
+            _ => ImageError::Registry(format!("{host} answered HTTP {code} for {what}: {}", message.trim())),
+        },
+        OciDistributionError::DigestError(d) => ImageError::Corrupt(format!(
+            "{what} from {host} does not match its digest ({d}); the registry's copy is damaged"
+        )),
+        OciDistributionError::RequestError(r) => ImageError::Registry(format!(
+            "cannot reach registry {host} for {what}: {}; check the network, or point at a reachable mirror \
+             with --registry-mirror (--insecure-registry for a plain-HTTP one)",
+            chain(&r)
+        )),
+        OciDistributionError::IoError(io) => ImageError::io(format!("fetching {what} from {host}"), io),
+        other => ImageError::Registry(format!("{host}, {what}: {}", chain(&other))),
+    }
+}
+
+impl Store {
+    /// Pulls `reference` into the store and returns it. A digest reference already stored is
+    /// returned without the network; a tag is always resolved at the registry (its layers are
+    /// only fetched when missing) — check [`Store::lookup`] first to avoid even that.
+    pub async fn pull(
+        &self,
+        reference: &str,
+        opts: &PullOptions,
+        progress: &(dyn Fn(&Progress) + Send + Sync),
+    ) -> Result<Image> {
+        let r = Ref::parse(reference)?;
+        if r.digest.is_some()
+            && let Some(img) = self.lookup(reference)?
+        {
+            return Ok(img);
+        }
+        let store = self.clone();
+        let gc = tokio::task::spawn_blocking(move || {
+            store.clean_stale_tmp();
+            store.lock("gc.lock", false)
+        })
+        .await
+        .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
+        let mut hosts: Vec<String> = opts
+            .registries
+            .mirrors
+            .iter()
+            .filter(|(reg, _)| {
+                *reg == r.registry || (r.registry == crate::reference::DOCKER_HUB && reg == "index.docker.io")
+            })
+            .map(|(_, m)| m.clone())
+            .collect();
+        hosts.push(r.registry.clone());
+        let mut result = Err(ImageError::Registry("no registry to pull from".into()));
+        for (i, host) in hosts.iter().enumerate() {
+            result = self.pull_from(&r, host, opts, progress).await;
+            match &result {
+                Err(ImageError::Registry(_) | ImageError::NotFound(_)) if i + 1 < hosts.len() => continue,
+                _ => break,
+            }
+        }
+        drop(gc);
+        result
+    }
+
+    async fn pull_from(
+        &self,
+        r: &Ref,
+        host: &str,
+        opts: &PullOptions,
+        progress: &(dyn Fn(&Progress) + Send + Sync),
+    ) -> Result<Image> {
+        let name = r.to_string();
+        progress(&Progress::Resolving { reference: name.clone(), registry: host.to_string() });
+        // Crypto for HTTPS without aws-lc's C build: ring, once per process.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let protocol = if plain_http(host, &opts.registries.insecure) {
+            oci_client::client::ClientProtocol::Http
+        } else {
+            oci_client::client::ClientProtocol::Https
+        };
+        let client = Client::new(oci_client::client::ClientConfig {
+            protocol,
+            // Indexes are resolved here, to choose the variant and check digests ourselves.
+            platform_resolver: None,
+            connect_timeout: Some(std::time::Duration::from_secs(30)),
+            read_timeout: Some(std::time::Duration::from_secs(120)),
+            ..Default::default()
+        });
+        let auth = match &opts.auth {
+            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        // docker.io's API lives at registry-1.docker.io; oci-client maps it when the registry
+        // is spelled docker.io, which a mirror is not.
+        let oref = match &r.digest {
+            Some(d) => Reference::with_digest(host.to_string(), r.repository.clone(), d.clone()),
+            None => Reference::with_tag(host.to_string(), r.repository.clone(), r.tag.clone().unwrap_or_default()),
+        };
+        let (bytes, _) = client
+            .pull_manifest_raw(&oref, &auth, oci::ACCEPTED_MANIFESTS)
+            .await
+            .map_err(|e| map_oci(host, &format!("the manifest of {name}"), e))?;
+        let mut digest = sha256_digest(&bytes);
+        if let Some(want) = &r.digest
+            && *want != digest
+        {
+            return Err(ImageError::Corrupt(format!(
+                "{host} sent a manifest with digest {digest} for {name}; the registry's copy is damaged"
+            )));
+        }
+        let mut bytes = bytes.to_vec();
+        let mut manifest = parse_manifest(&bytes, &name)?;
+        if manifest.is_index() {
+            let entries = manifest.manifests.clone().unwrap_or_default();
+            let (os, arch) = oci::this_platform();
+            let entry = oci::select_platform(&entries).ok_or_else(|| {
+                let have: Vec<String> = entries
+                    .iter()
+                    .filter_map(|e| e.platform.as_ref().map(|p| format!("{}/{}", p.os, p.architecture)))
+                    .collect();
+                ImageError::NotFound(format!("{name} has no variant for {os}/{arch} (it has {})", have.join(", ")))
+            })?;
+            let child = oref.clone_with_digest(entry.digest.clone());
+            let (b, _) = client
+                .pull_manifest_raw(&child, &auth, oci::ACCEPTED_MANIFESTS)
+                .await
+                .map_err(|e| map_oci(host, &format!("the {os}/{arch} manifest of {name}"), e))?;
+            digest = sha256_digest(&b);
+            if digest != entry.digest {
+                return Err(ImageError::Corrupt(format!(
+                    "{host} sent manifest {digest} where the index of {name} names {}; the registry's copy is damaged",
+                    entry.digest
+                )));
+            }
+            bytes = b.to_vec();
+            manifest = parse_manifest(&bytes, &name)?;
+            if manifest.is_index() {
+                return Err(ImageError::Unsupported(format!("{name}: an index inside an index")));
+            }
+        }
+        let (config_desc, layers) = manifest_parts(&manifest, &name)?;
+        progress(&Progress::Resolved { digest: digest.clone(), layers: layers.len() });
+        if self.read_blob(&config_desc.digest)?.is_none() {
+            let mut config = Vec::new();
+            client
+                .pull_blob(&oref, config_desc.digest.as_str(), &mut config)
+                .await
+                .map_err(|e| map_oci(host, &format!("the config of {name}"), e))?;
+            self.write_blob(&config_desc.digest, &config)?;
+        }
+        let config = self.parse_config(&config_desc.digest)?;
+        let diff_ids = &config.rootfs.diff_ids;
+        if diff_ids.len() != layers.len() {
+            return Err(ImageError::Corrupt(format!(
+                "{name}: the manifest has {} layers but the config {}",
+                layers.len(),
+                diff_ids.len()
+            )));
+        }
+        let mut downloaded = 0;
+        for (desc, diff_id) in layers.iter().zip(diff_ids) {
+            downloaded += self.fetch_layer(&client, &oref, host, desc, diff_id, progress).await?;
+        }
+        self.write_blob(&digest, &bytes)?;
+        self.set_ref(&name, &digest)?;
+        progress(&Progress::Done { digest: digest.clone(), downloaded_bytes: downloaded });
+        self.load(&name, &digest)
+    }
+
+    /// Makes layer `diff_id` present, downloading `desc` unless it (or a concurrent pull)
+    /// already did; returns the bytes downloaded.
+    async fn fetch_layer(
+        &self,
+        client: &Client,
+        oref: &Reference,
+        host: &str,
+        desc: &Descriptor,
+        diff_id: &str,
+        progress: &(dyn Fn(&Progress) + Send + Sync),
+    ) -> Result<u64> {
+        let cached = || progress(&Progress::Cached { digest: desc.digest.clone() });
+        if self.has_layer(diff_id)? {
+            cached();
+            return Ok(0);
+        }
+        let store = self.clone();
+        let lock_name = format!("layer-{}.lock", hex_of(diff_id)?);
+        // Whoever holds this lock fetches the layer; the others wait, then find it there.
+        let _lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
+            .await
+            .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
+        if self.has_layer(diff_id)? {
+            cached();
+            return Ok(0);
+        }
+        let blob_path = self.tmp(&format!("layer-{}.blob", hex_of(diff_id)?));
+        remove_any(&blob_path)?;
+        let r = self.download(client, oref, host, desc, &blob_path, progress).await;
+        let r = match r {
+            Ok(n) => {
+                progress(&Progress::Unpacking { digest: desc.digest.clone() });
+                let (store, path, diff) = (self.clone(), blob_path.clone(), diff_id.to_string());
+                tokio::task::spawn_blocking(move || {
+                    let f = std::fs::File::open(&path)
+                        .map_err(|e| ImageError::io(format!("opening {}", path.display()), e))?;
+                    store.unpack_layer(std::io::BufReader::new(f), &diff)
+                })
+                .await
+                .map_err(|e| ImageError::Io(format!("unpack task failed: {e}")))?
+                .map(|_| n)
+            }
+            Err(e) => Err(e),
+        };
+        let _ = remove_any(&blob_path);
+        r
+    }
+
+    async fn download(
+        &self,
+        client: &Client,
+        oref: &Reference,
+        host: &str,
+        desc: &Descriptor,
+        path: &std::path::Path,
+        progress: &(dyn Fn(&Progress) + Send + Sync),
+    ) -> Result<u64> {
+        let what = format!("layer {}", desc.digest);
+        DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+        let mut stream =
+            client.pull_blob_stream(oref, desc.digest.as_str()).await.map_err(|e| map_oci(host, &what, e))?;
+        let total = u64::try_from(desc.size).ok().filter(|s| *s > 0).or(stream.content_length).unwrap_or(0);
+        let mut file = tokio::fs::File::create(path)
+            .await
+            .map_err(|e| ImageError::io(format!("creating {}", path.display()), e))?;
+        let mut hasher = Sha256::new();
+        let mut done = 0u64;
+        let mut reported = 0u64;
+        progress(&Progress::Layer { digest: desc.digest.clone(), done: 0, total });
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => ImageError::Corrupt(format!(
+                    "{what} from {host} does not match its digest ({e}); the registry's copy is damaged"
+                )),
+                _ => ImageError::Registry(format!("downloading {what} from {host}: {}", chain(&e))),
+            })?;
+            hasher.update(&chunk);
+            done += chunk.len() as u64;
+            if total > 0 && done > total {
+                return Err(ImageError::Corrupt(format!(
+                    "{what} from {host} is longer than the {total} bytes its manifest says"
+                )));
+            }
+            file.write_all(&chunk).await.map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
+            if done - reported >= 1 << 20 {
+                reported = done;
+                progress(&Progress::Layer { digest: desc.digest.clone(), done, total });
+            }
+        }
+        file.flush().await.map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
+        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+        if actual != desc.digest {
+            return Err(ImageError::Corrupt(format!(
+                "{what} from {host} has digest {actual}; the registry's copy is damaged (nothing was stored)"
+            )));
+        }
+        progress(&Progress::Layer { digest: desc.digest.clone(), done, total: total.max(done) });
+        Ok(done)
+    }
+}
+
+pub(crate) fn parse_manifest(bytes: &[u8], name: &str) -> Result<Manifest> {
+    let m: Manifest = serde_json::from_slice(bytes)
+        .map_err(|e| ImageError::Corrupt(format!("the manifest of {name} does not parse: {e}")))?;
+    if m.schema_version == 1 {
+        return Err(ImageError::Unsupported(format!(
+            "{name} uses Docker's schema 1 manifest, retired in 2019; push it again with a current tool"
+        )));
+    }
+    Ok(m)
+}
+
+/// The config descriptor and layers of an image manifest, digests checked for shape.
+pub(crate) fn manifest_parts<'a>(m: &'a Manifest, name: &str) -> Result<(&'a Descriptor, &'a [Descriptor])> {
+    let config =
+        m.config.as_ref().ok_or_else(|| ImageError::Corrupt(format!("the manifest of {name} names no config")))?;
+    let layers = m.layers.as_deref().unwrap_or_default();
+    for d in std::iter::once(config).chain(layers) {
+        hex_of(&d.digest)?;
+    }
+    for l in layers {
+        if !l.media_type.is_empty() && !l.media_type.contains("tar") && !l.media_type.contains("rootfs.diff") {
+            return Err(ImageError::Unsupported(format!(
+                "{name}: layer {} has media type {}, not a filesystem tarball (is it an artifact rather than a container image?)",
+                l.digest, l.media_type
+            )));
+        }
+    }
+    Ok((config, layers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_insecure_hosts_use_http() {
+        assert!(plain_http("127.0.0.1:5000", &[]));
+        assert!(plain_http("127.8.0.1", &[]));
+        assert!(plain_http("localhost:5000", &[]));
+        assert!(plain_http("[::1]:5000", &[]));
+        assert!(!plain_http("registry.example.com", &[]));
+        assert!(plain_http("registry.lan:5000", &["registry.lan".into()]));
+        assert!(plain_http("registry.lan:5000", &["registry.lan:5000".into()]));
+        assert!(!plain_http("registry.lan:5001", &["registry.lan:5000".into()]));
+    }
+
+    #[test]
+    fn pull_future_is_send() {
+        fn is_send<T: Send>(_: &T) {}
+        let store = Store { root: "/nonexistent".into() };
+        let opts = PullOptions::default();
+        let fut = store.pull("x", &opts, &|_| {});
+        is_send(&fut);
+    }
+}

@@ -1,0 +1,558 @@
+//! The content-addressed image store.
+//!
+//! Layout under the store directory (mode 0700: image files keep their owners, so only root
+//! may reach them):
+//!
+//! - `blobs/sha256/<hex>`: manifests and configs, each verified against its digest.
+//! - `layers/<hex>/`: one unpacked layer per `diff_id` (digest of its uncompressed tar), with
+//!   the tree in `root/` and its size in `meta.json`. Compressed layer blobs are not kept: the
+//!   unpacked tree is what sandboxes use.
+//! - `refs.json`: name → manifest digest. `leases.json`: holder (a sandbox id) → digest.
+//! - `locks/`: `gc.lock` (pulls and imports share it, prune takes it alone), `meta.lock`
+//!   (edits of the two JSON files) and one lock per layer being fetched.
+//! - `tmp/`: work in progress. Everything is published by renaming out of `tmp/`, so what is
+//!   in `blobs/` and `layers/` is complete; a killed pull leaves only `tmp/` entries, which the
+//!   next holder of the same layer lock (or prune) removes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{ImageError, Result};
+use crate::oci::{ConfigFile, Manifest};
+use crate::reference::Ref;
+use crate::unpack;
+
+/// An image in the store, ready to mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// The normalized reference it was found by.
+    pub name: String,
+    /// Digest of its (platform-specific) manifest.
+    pub digest: String,
+    /// Unpacked layer directories, lowest first.
+    pub layers: Vec<PathBuf>,
+    pub config: ImageConfig,
+}
+
+/// What of the image's config a sandbox applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ImageConfig {
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub user: Option<String>,
+}
+
+/// One image as `paddock image ls` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageInfo {
+    /// Names (tags or digest references) pointing at it; empty when only a lease keeps it.
+    pub names: Vec<String>,
+    pub digest: String,
+    /// Unpacked layers plus manifest and config; a layer shared by two images counts in both.
+    pub size: u64,
+    /// The image's own creation time from its config (RFC 3339), when it says.
+    pub created: Option<String>,
+    /// When it was last pulled or imported here.
+    pub stored_unix_ms: u64,
+    pub layers: usize,
+    /// Sandboxes using it.
+    pub holders: Vec<String>,
+}
+
+/// What `prune` removed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// Manifest digests no longer stored.
+    pub images: Vec<String>,
+    pub layers: usize,
+    pub blobs: usize,
+    pub temp_entries: usize,
+    /// Bytes of layers and blobs removed (temporary files not counted).
+    pub freed_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RefEntry {
+    pub digest: String,
+    #[serde(default)]
+    pub stored_unix_ms: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct LayerMeta {
+    diff_id: String,
+    size: u64,
+}
+
+/// The store; cheap to clone (a path), and safe to use from several processes at once.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub(crate) root: PathBuf,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A name unique to this process and call, for files in `tmp/` nobody else writes.
+pub(crate) fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}-{}-{tag}", std::process::id(), now_ms(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+pub(crate) fn hex_of(digest: &str) -> Result<&str> {
+    crate::reference::parse_digest(digest).map_err(ImageError::Corrupt)?;
+    Ok(&digest["sha256:".len()..])
+}
+
+pub(crate) fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// A held file lock; dropping it (or the process dying) releases it.
+pub(crate) struct Lock(#[allow(dead_code)] File);
+
+impl Store {
+    /// Opens the store at `dir`, creating it (mode 0700) if needed. The caller passes
+    /// `<data-dir>/images`.
+    pub fn open(dir: &Path) -> Result<Store> {
+        let io = |what: &str, e| ImageError::io(format!("{what} {}", dir.display()), e);
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| io("creating the image store", e))?;
+        // An existing directory keeps its mode under mkdir; image files keep their owners from
+        // the tarballs, so no one but root may traverse into them.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| io("restricting", e))?;
+        for sub in ["blobs/sha256", "layers", "locks", "tmp"] {
+            fs::create_dir_all(dir.join(sub)).map_err(|e| io("creating the image store", e))?;
+        }
+        Ok(Store { root: dir.to_path_buf() })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn blob_path(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self.root.join("blobs/sha256").join(hex_of(digest)?))
+    }
+
+    pub(crate) fn layer_dir(&self, diff_id: &str) -> Result<PathBuf> {
+        Ok(self.root.join("layers").join(hex_of(diff_id)?))
+    }
+
+    pub(crate) fn tmp(&self, name: &str) -> PathBuf {
+        self.root.join("tmp").join(name)
+    }
+
+    pub(crate) fn has_layer(&self, diff_id: &str) -> Result<bool> {
+        Ok(self.layer_dir(diff_id)?.join("meta.json").exists())
+    }
+
+    /// Takes a named lock, waiting for it; blocking, so async callers run it off the runtime.
+    pub(crate) fn lock(&self, name: &str, exclusive: bool) -> Result<Lock> {
+        let path = self.root.join("locks").join(name);
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| ImageError::io(format!("opening lock {}", path.display()), e))?;
+        let r = if exclusive { f.lock() } else { f.lock_shared() };
+        r.map_err(|e| ImageError::io(format!("locking {}", path.display()), e))?;
+        Ok(Lock(f))
+    }
+
+    /// Stores `bytes` as the blob `digest` after checking that they are.
+    pub(crate) fn write_blob(&self, digest: &str, bytes: &[u8]) -> Result<()> {
+        let actual = sha256_digest(bytes);
+        if actual != digest {
+            return Err(ImageError::Corrupt(format!(
+                "content that should be {digest} has digest {actual}; the source's copy is damaged, pull or import again from an intact source"
+            )));
+        }
+        let dest = self.blob_path(digest)?;
+        if dest.exists() {
+            return Ok(());
+        }
+        let tmp = self.tmp(&unique("blob"));
+        self.write_atomic(&tmp, &dest, bytes)
+    }
+
+    fn write_atomic(&self, tmp: &Path, dest: &Path, bytes: &[u8]) -> Result<()> {
+        let r = (|| -> io::Result<()> {
+            let mut f = File::create(tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            fs::rename(tmp, dest)
+        })();
+        if let Err(e) = r {
+            let _ = fs::remove_file(tmp);
+            return Err(ImageError::io(format!("writing {}", dest.display()), e));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        let path = self.blob_path(digest)?;
+        match fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ImageError::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn read_json<T: for<'de> Deserialize<'de> + Default>(&self, file: &str) -> Result<T> {
+        let path = self.root.join(file);
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                ImageError::Corrupt(format!("{} is not valid JSON ({e}); restore or delete it", path.display()))
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(T::default()),
+            Err(e) => Err(ImageError::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn write_json<T: Serialize>(&self, file: &str, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(value).map_err(|e| ImageError::Io(e.to_string()))?;
+        self.write_atomic(&self.tmp(&unique(file)), &self.root.join(file), &bytes)
+    }
+
+    pub(crate) fn refs(&self) -> Result<BTreeMap<String, RefEntry>> {
+        self.read_json("refs.json")
+    }
+
+    fn leases(&self) -> Result<BTreeMap<String, String>> {
+        self.read_json("leases.json")
+    }
+
+    /// Points `name` at `digest`.
+    pub(crate) fn set_ref(&self, name: &str, digest: &str) -> Result<()> {
+        let _meta = self.lock("meta.lock", true)?;
+        let mut refs = self.refs()?;
+        refs.insert(name.to_string(), RefEntry { digest: digest.to_string(), stored_unix_ms: now_ms() });
+        self.write_json("refs.json", &refs)
+    }
+
+    pub(crate) fn parse_manifest(&self, digest: &str) -> Result<Manifest> {
+        let bytes = self.read_blob(digest)?.ok_or_else(|| {
+            ImageError::NotFound(format!("manifest {digest} is not in the store; pull the image again"))
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ImageError::Corrupt(format!("stored manifest {digest} does not parse ({e}); pull the image again"))
+        })
+    }
+
+    pub(crate) fn parse_config(&self, digest: &str) -> Result<ConfigFile> {
+        let bytes = self.read_blob(digest)?.ok_or_else(|| {
+            ImageError::NotFound(format!("image config {digest} is not in the store; pull the image again"))
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ImageError::Corrupt(format!("image config {digest} does not parse ({e}); pull the image again"))
+        })
+    }
+
+    /// The image a manifest digest describes, when all of it is stored.
+    pub(crate) fn load(&self, name: &str, digest: &str) -> Result<Image> {
+        let manifest = self.parse_manifest(digest)?;
+        let config_digest = manifest
+            .config
+            .as_ref()
+            .map(|c| c.digest.clone())
+            .ok_or_else(|| ImageError::Corrupt(format!("manifest {digest} names no config")))?;
+        let config = self.parse_config(&config_digest)?;
+        let mut layers = Vec::new();
+        for diff_id in &config.rootfs.diff_ids {
+            if !self.has_layer(diff_id)? {
+                return Err(ImageError::NotFound(format!(
+                    "{name}: layer {diff_id} is not in the store (a pull did not finish); pull the image again"
+                )));
+            }
+            layers.push(self.layer_dir(diff_id)?.join("root"));
+        }
+        let c = config.config.unwrap_or_default();
+        Ok(Image {
+            name: name.to_string(),
+            digest: digest.to_string(),
+            layers,
+            config: ImageConfig {
+                env: c.env.unwrap_or_default(),
+                working_dir: c.working_dir.filter(|w| !w.is_empty()),
+                entrypoint: c.entrypoint.unwrap_or_default(),
+                cmd: c.cmd.unwrap_or_default(),
+                user: c.user.filter(|u| !u.is_empty()),
+            },
+        })
+    }
+
+    /// The stored image `reference` names, without touching the network. A digest reference
+    /// also finds an image pulled by tag from the same repository.
+    pub fn lookup(&self, reference: &str) -> Result<Option<Image>> {
+        let r = Ref::parse(reference)?;
+        let name = r.to_string();
+        let refs = self.refs()?;
+        let digest = match refs.get(&name) {
+            Some(e) => Some(e.digest.clone()),
+            None => r.digest.clone().filter(|d| {
+                refs.iter().any(|(n, e)| &e.digest == d && Ref::parse(n).is_ok_and(|o| o.repo_name() == r.repo_name()))
+            }),
+        };
+        match digest {
+            None => Ok(None),
+            Some(d) => match self.load(&name, &d) {
+                Ok(img) => Ok(Some(img)),
+                Err(ImageError::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Records that `holder` (a sandbox id) uses `image` until [`Store::release`]; `prune`
+    /// and `remove` leave a held image alone. A holder holds one image; leasing again replaces.
+    pub fn lease(&self, holder: &str, image: &Image) -> Result<()> {
+        let _meta = self.lock("meta.lock", true)?;
+        let mut leases = self.leases()?;
+        leases.insert(holder.to_string(), image.digest.clone());
+        self.write_json("leases.json", &leases)
+    }
+
+    /// Ends `holder`'s lease; releasing what is not held is fine.
+    pub fn release(&self, holder: &str) -> Result<()> {
+        let _meta = self.lock("meta.lock", true)?;
+        let mut leases = self.leases()?;
+        if leases.remove(holder).is_some() {
+            self.write_json("leases.json", &leases)?;
+        }
+        Ok(())
+    }
+
+    fn layer_size(&self, diff_id: &str) -> u64 {
+        let Ok(dir) = self.layer_dir(diff_id) else { return 0 };
+        fs::read(dir.join("meta.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<LayerMeta>(&b).ok())
+            .map_or(0, |m| m.size)
+    }
+
+    fn blob_size(&self, digest: &str) -> u64 {
+        self.blob_path(digest).ok().and_then(|p| fs::metadata(p).ok()).map_or(0, |m| m.len())
+    }
+
+    /// Every stored image with a name or a lease, names sorted.
+    pub fn list(&self) -> Result<Vec<ImageInfo>> {
+        let refs = self.refs()?;
+        let leases = self.leases()?;
+        let mut by_digest: BTreeMap<String, ImageInfo> = BTreeMap::new();
+        let blank = |digest: &str| ImageInfo {
+            names: Vec::new(),
+            digest: digest.to_string(),
+            size: 0,
+            created: None,
+            stored_unix_ms: 0,
+            layers: 0,
+            holders: Vec::new(),
+        };
+        for (name, e) in &refs {
+            let info = by_digest.entry(e.digest.clone()).or_insert_with(|| blank(&e.digest));
+            info.names.push(name.clone());
+            info.stored_unix_ms = info.stored_unix_ms.max(e.stored_unix_ms);
+        }
+        for (holder, digest) in &leases {
+            by_digest.entry(digest.clone()).or_insert_with(|| blank(digest)).holders.push(holder.clone());
+        }
+        for info in by_digest.values_mut() {
+            let Ok(manifest) = self.parse_manifest(&info.digest) else { continue };
+            info.size = self.blob_size(&info.digest);
+            if let Some(c) = &manifest.config {
+                info.size += self.blob_size(&c.digest);
+                if let Ok(config) = self.parse_config(&c.digest) {
+                    info.created = config.created.clone();
+                    info.layers = config.rootfs.diff_ids.len();
+                    info.size += config.rootfs.diff_ids.iter().map(|d| self.layer_size(d)).sum::<u64>();
+                }
+            }
+        }
+        let mut out: Vec<ImageInfo> = by_digest.into_values().collect();
+        out.sort_by(|a, b| a.names.first().cmp(&b.names.first()).then(a.digest.cmp(&b.digest)));
+        Ok(out)
+    }
+
+    /// Removes the name `reference` (its content goes at the next prune); refused while a
+    /// sandbox holds the image. See [`Store::remove_with`] to untag anyway.
+    pub fn remove(&self, reference: &str) -> Result<()> {
+        self.remove_with(reference, false)
+    }
+
+    /// [`Store::remove`]; with `force`, the name goes even while the image is held (the
+    /// content stays until the last lease is released and prune runs).
+    pub fn remove_with(&self, reference: &str, force: bool) -> Result<()> {
+        let r = Ref::parse(reference)?;
+        let name = r.to_string();
+        let _meta = self.lock("meta.lock", true)?;
+        let mut refs = self.refs()?;
+        let names: Vec<String> = if refs.contains_key(&name) {
+            vec![name.clone()]
+        } else if let Some(d) = &r.digest {
+            // `repo@digest` removes every name of that repository that points at the digest.
+            refs.iter()
+                .filter(|(n, e)| &e.digest == d && Ref::parse(n).is_ok_and(|o| o.repo_name() == r.repo_name()))
+                .map(|(n, _)| n.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if names.is_empty() {
+            return Err(ImageError::NotFound(format!("{name} is not in the store; `paddock image ls` lists what is")));
+        }
+        let digest = refs[&names[0]].digest.clone();
+        let holders: Vec<String> = self.leases()?.into_iter().filter(|(_, d)| *d == digest).map(|(h, _)| h).collect();
+        if !holders.is_empty() && !force {
+            return Err(ImageError::InUse(format!(
+                "{name} is used by sandbox(es) {}; remove them first, or pass --force to untag it anyway \
+                 (its content stays until they are gone)",
+                holders.join(", ")
+            )));
+        }
+        for n in names {
+            refs.remove(&n);
+        }
+        self.write_json("refs.json", &refs)
+    }
+
+    /// Removes every manifest, config and layer no name or lease references, and everything
+    /// in `tmp/`. Waits for running pulls and imports to finish first.
+    pub fn prune(&self) -> Result<PruneReport> {
+        let _gc = self.lock("gc.lock", true)?;
+        let _meta = self.lock("meta.lock", true)?;
+        let refs = self.refs()?;
+        let leases = self.leases()?;
+        let mut live_blobs = BTreeSet::new();
+        let mut live_layers = BTreeSet::new();
+        for digest in refs.values().map(|e| &e.digest).chain(leases.values()) {
+            live_blobs.insert(hex_of(digest)?.to_string());
+            let Ok(manifest) = self.parse_manifest(digest) else { continue };
+            if let Some(c) = &manifest.config {
+                live_blobs.insert(hex_of(&c.digest)?.to_string());
+                if let Ok(config) = self.parse_config(&c.digest) {
+                    for d in &config.rootfs.diff_ids {
+                        live_layers.insert(hex_of(d)?.to_string());
+                    }
+                }
+            }
+        }
+        let mut report = PruneReport::default();
+        let io = |p: &Path, e| ImageError::io(format!("pruning {}", p.display()), e);
+        for (dir, live, is_layer) in [("blobs/sha256", &live_blobs, false), ("layers", &live_layers, true)] {
+            let dir = self.root.join(dir);
+            for ent in fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+                let ent = ent.map_err(|e| io(&dir, e))?;
+                let name = ent.file_name().to_string_lossy().into_owned();
+                if live.contains(&name) {
+                    continue;
+                }
+                let digest = format!("sha256:{name}");
+                if is_layer {
+                    report.freed_bytes += self.layer_size(&digest);
+                    fs::remove_dir_all(ent.path()).map_err(|e| io(&ent.path(), e))?;
+                    report.layers += 1;
+                } else {
+                    report.freed_bytes += self.blob_size(&digest);
+                    if self.parse_manifest(&digest).is_ok_and(|m| m.config.is_some()) {
+                        report.images.push(digest);
+                    }
+                    fs::remove_file(ent.path()).map_err(|e| io(&ent.path(), e))?;
+                    report.blobs += 1;
+                }
+            }
+        }
+        // Nothing is in progress (we hold gc.lock alone), so all of tmp/ is debris, and so are
+        // the per-layer lock files nobody waits on.
+        let tmp = self.root.join("tmp");
+        for ent in fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
+            let p = ent.map_err(|e| io(&tmp, e))?.path();
+            let r = if p.is_dir() && !p.is_symlink() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            r.map_err(|e| io(&p, e))?;
+            report.temp_entries += 1;
+        }
+        let locks = self.root.join("locks");
+        for ent in fs::read_dir(&locks).map_err(|e| io(&locks, e))?.flatten() {
+            if ent.file_name().to_string_lossy().starts_with("layer-") {
+                let _ = fs::remove_file(ent.path());
+            }
+        }
+        Ok(report)
+    }
+
+    /// Removes `tmp/` files of processes that no longer exist (a pull killed half-way); the
+    /// per-layer work directories are cleaned by whoever takes that layer's lock next.
+    pub(crate) fn clean_stale_tmp(&self) {
+        let Ok(rd) = fs::read_dir(self.root.join("tmp")) else { return };
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let p = ent.path();
+                let _ = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            }
+        }
+    }
+
+    /// Unpacks a verified layer blob (read from `blob`) and publishes it as `diff_id`.
+    /// The caller holds the layer's lock and has checked the layer is not there yet.
+    pub(crate) fn unpack_layer(&self, blob: impl Read, diff_id: &str) -> Result<u64> {
+        let hex = hex_of(diff_id)?;
+        let work = self.tmp(&format!("layer-{hex}"));
+        remove_any(&work)?;
+        let r = (|| -> Result<u64> {
+            let root = work.join("root");
+            fs::create_dir_all(&root).map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
+                .map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
+            let unpacked = unpack::unpack(blob, &root)?;
+            if unpacked.diff_id != diff_id {
+                return Err(ImageError::Corrupt(format!(
+                    "layer should unpack to {diff_id} but its content is {}; the image's config and layers do not match, \
+                     pull or import it again from an intact source",
+                    unpacked.diff_id
+                )));
+            }
+            let meta = serde_json::to_vec(&LayerMeta { diff_id: diff_id.to_string(), size: unpacked.size })
+                .map_err(|e| ImageError::Io(e.to_string()))?;
+            fs::write(work.join("meta.json"), meta).map_err(|e| ImageError::io("writing layer metadata", e))?;
+            // Everything on disk before the rename makes the layer look complete.
+            let fd = rustix::fs::open(
+                &work,
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| ImageError::errno("opening the layer for sync", e))?;
+            rustix::fs::syncfs(&fd).map_err(|e| ImageError::errno("syncing the image store", e))?;
+            let dest = self.layer_dir(diff_id)?;
+            fs::rename(&work, &dest).map_err(|e| ImageError::io(format!("publishing {}", dest.display()), e))?;
+            Ok(unpacked.size)
+        })();
+        if r.is_err() {
+            let _ = remove_any(&work);
+        }
+        r
+    }
+}
+
+pub(crate) fn remove_any(p: &Path) -> Result<()> {
+    let r = match fs::symlink_metadata(p) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
+        Ok(_) => fs::remove_file(p),
+    };
+    r.map_err(|e| ImageError::io(format!("removing {}", p.display()), e))
+}
