@@ -16,3 +16,7 @@ pub use error::ImageError;
 pub use pull::{Credentials, Progress, PullOptions, RegistryConfig, layer_downloads};
 pub use reference::normalize;
 pub use store::{Image, ImageConfig, ImageInfo, PruneReport, Store};
+#[cfg(test)]
+mod tests;
+#[doc(hidden)]
+pub mod testutil;

@@ -1,0 +1,370 @@
+//! Unit tests of unpacking, the store, import and user resolution (they run as root: unpacking
+//! sets owners and overlay's trusted xattrs).
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::testutil::{Layer, config, gzip, manifest, sha256};
+use crate::{ImageError, Store};
+
+fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
+    fs::create_dir_all(dir).unwrap();
+    crate::unpack::unpack(tar, dir)
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 16];
+    rustix::fs::lgetxattr(path, name, &mut buf).ok().map(|n| buf[..n].to_vec())
+}
+
+#[test]
+fn whiteouts_become_char_devices_and_opaque_dirs_get_both_xattrs() {
+    let t = tempfile::tempdir().unwrap();
+    let tar = Layer::new().dir("a", 0o755).file("a/x", b"x").whiteout("gone").whiteout("a/old").opaque("a").tar();
+    let out = unpack_into(&tar, t.path()).unwrap();
+    assert_eq!(out.diff_id, sha256(&tar));
+    for p in ["gone", "a/old"] {
+        let m = fs::symlink_metadata(t.path().join(p)).unwrap();
+        assert!(m.file_type().is_char_device(), "{p} is a whiteout device");
+        assert_eq!(m.rdev(), 0);
+    }
+    assert!(!t.path().join(".wh.gone").exists());
+    assert!(!t.path().join("a/.wh..wh..opq").exists());
+    assert_eq!(xattr(&t.path().join("a"), "trusted.overlay.opaque").as_deref(), Some(&b"y"[..]));
+    assert_eq!(xattr(&t.path().join("a"), "user.overlay.opaque").as_deref(), Some(&b"y"[..]));
+    assert_eq!(fs::read(t.path().join("a/x")).unwrap(), b"x");
+}
+
+#[test]
+fn an_entry_through_an_earlier_symlink_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let layer = t.path().join("layer");
+    let target = outside.path().to_str().unwrap();
+    for tar in [
+        Layer::new().symlink("evil", target).file("evil/pwned", b"owned").tar(),
+        Layer::new().symlink("up", "..").file("up/pwned", b"owned").tar(),
+        Layer::new().dir("d", 0o755).symlink("d/l", target).file("d/l/pwned", b"owned").tar(),
+        // A directory entry through the symlink must not be created either.
+        Layer::new().symlink("evil", target).dir("evil/sub", 0o755).tar(),
+    ] {
+        let _ = fs::remove_dir_all(&layer);
+        let err = unpack_into(&tar, &layer).unwrap_err();
+        assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert!(!outside.path().join("pwned").exists());
+        assert!(!outside.path().join("sub").exists());
+        assert!(!t.path().join("pwned").exists());
+    }
+}
+
+#[test]
+fn dotdot_and_absolute_names_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let layer = t.path().join("layer");
+    for tar in [
+        Layer::new().raw(b"../escape", tar::EntryType::Regular, b"x").tar(),
+        Layer::new().raw(b"a/../../escape", tar::EntryType::Regular, b"x").tar(),
+        Layer::new().raw(b"/escape", tar::EntryType::Regular, b"x").tar(),
+        Layer::new().file("f", b"x").hardlink("h", "../escape").tar(),
+        Layer::new().link_kind(b"../escape", b"x", tar::EntryType::Symlink).tar(),
+    ] {
+        let _ = fs::remove_dir_all(&layer);
+        let err = unpack_into(&tar, &layer).unwrap_err();
+        assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+        assert!(!t.path().join("escape").exists());
+    }
+}
+
+#[test]
+fn setid_bits_are_stripped_owners_and_mtimes_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let tar = Layer::new()
+        .dir("bin", 0o2775)
+        .file_with("bin/su", b"#!", 0o4755, 1234, 5678, 1_000_000)
+        .file_with("bin/sg", b"#!", 0o2711, 0, 42, 1_000_000)
+        .dir("tmp", 0o1777)
+        .tar();
+    let out = unpack_into(&tar, t.path()).unwrap();
+    assert_eq!(out.size, 4);
+    let su = fs::metadata(t.path().join("bin/su")).unwrap();
+    assert_eq!(su.permissions().mode() & 0o7777, 0o755);
+    assert_eq!((su.uid(), su.gid(), su.mtime()), (1234, 5678, 1_000_000));
+    assert_eq!(fs::metadata(t.path().join("bin/sg")).unwrap().permissions().mode() & 0o7777, 0o711);
+    assert_eq!(fs::metadata(t.path().join("bin")).unwrap().permissions().mode() & 0o7777, 0o775);
+    assert_eq!(fs::metadata(t.path().join("tmp")).unwrap().permissions().mode() & 0o7777, 0o1777);
+    assert_eq!(fs::metadata(t.path().join("bin")).unwrap().mtime(), 1_600_000_000);
+}
+
+#[test]
+fn hard_links_symlinks_and_devices() {
+    let t = tempfile::tempdir().unwrap();
+    let tar = Layer::new()
+        .file("a", b"data")
+        .hardlink("b", "a")
+        .symlink("s", "/etc/passwd")
+        .hardlink("s2", "s")
+        .raw(b"dev/sda", tar::EntryType::Block, b"")
+        .raw(b"dev/null", tar::EntryType::Char, b"")
+        .file("deep/er/file", b"implicit parents")
+        .tar();
+    unpack_into(&tar, t.path()).unwrap();
+    let (a, b) = (fs::metadata(t.path().join("a")).unwrap(), fs::metadata(t.path().join("b")).unwrap());
+    assert_eq!(a.ino(), b.ino());
+    // The symlink is stored, not followed, even by a hard link to it.
+    assert_eq!(fs::read_link(t.path().join("s")).unwrap(), Path::new("/etc/passwd"));
+    assert!(fs::symlink_metadata(t.path().join("s2")).unwrap().file_type().is_symlink());
+    assert!(!t.path().join("dev/sda").exists() && !t.path().join("dev/null").exists());
+    assert_eq!(fs::read(t.path().join("deep/er/file")).unwrap(), b"implicit parents");
+    // A hard link to something not in the layer is refused.
+    let err = unpack_into(&Layer::new().hardlink("x", "missing").tar(), &t.path().join("2")).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+}
+
+#[test]
+fn compressed_layers_and_diff_id_mismatch() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    assert_eq!(fs::metadata(store.dir()).unwrap().permissions().mode() & 0o777, 0o700);
+    let tar = Layer::new().file("f", b"hello").tar();
+    let zst = zstd::encode_all(&tar[..], 1).unwrap();
+    store.unpack_layer(&gzip(&tar)[..], &sha256(&tar)).unwrap();
+    assert_eq!(fs::read(store.layer_dir(&sha256(&tar)).unwrap().join("root/f")).unwrap(), b"hello");
+    let other = Layer::new().file("g", b"zstd").tar();
+    let zst2 = zstd::encode_all(&other[..], 1).unwrap();
+    store.unpack_layer(&zst2[..], &sha256(&other)).unwrap();
+    // Content that is not what the config promised: refused, and nothing published.
+    let wrong = sha256(b"something else");
+    let err = store.unpack_layer(&zst[..], &wrong).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+    assert!(!store.has_layer(&wrong).unwrap());
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    // Garbage is not a tarball.
+    let err = store.unpack_layer(&b"not a tar at all, not at all, not at all"[..], &wrong).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+}
+
+/// Writes an OCI layout with one image of these layers; returns its manifest digest.
+fn write_layout(dir: &Path, name: &str, tars: &[Vec<u8>], user: Option<&str>) -> String {
+    let blobs: Vec<Vec<u8>> = tars.iter().map(|t| gzip(t)).collect();
+    let cfg = config(tars, user, &["PATH=/usr/bin", "LANG=C.UTF-8"]);
+    let man = manifest(&cfg, &blobs);
+    fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    for b in blobs.iter().chain([&cfg, &man]) {
+        fs::write(dir.join("blobs/sha256").join(&sha256(b)[7..]), b).unwrap();
+    }
+    fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": crate::oci::OCI_MANIFEST, "digest": sha256(&man), "size": man.len(),
+            "annotations": { "io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1.0" },
+        }],
+    });
+    fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    sha256(&man)
+}
+
+fn tar_dir(dir: &Path, out: &Path) {
+    let mut b = tar::Builder::new(fs::File::create(out).unwrap());
+    b.append_dir_all(".", dir).unwrap();
+    b.finish().unwrap();
+}
+
+fn passwd_layers() -> Vec<Vec<u8>> {
+    vec![
+        Layer::new()
+            .dir("etc", 0o755)
+            .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n")
+            .file("etc/group", b"root:x:0:\napp:x:1001:\nstaff:x:50:\n")
+            .tar(),
+        Layer::new()
+            .dir("etc", 0o755)
+            .file(
+                "etc/passwd",
+                b"root:x:0:0:root:/root:/bin/sh\napp:x:2000:2001::/home/app:/bin/sh\nweb:x:33:33::/:/x\n",
+            )
+            .tar(),
+    ]
+}
+
+#[test]
+fn import_an_oci_layout_directory_and_tar() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    let tars = vec![Layer::new().dir("etc", 0o755).file("etc/a", b"lower").file("etc/b", b"b").tar(), {
+        Layer::new().dir("etc", 0o755).file("etc/a", b"upper").whiteout("etc/b").tar()
+    }];
+    let digest = write_layout(&layout, "example.com/team/app:1.0", &tars, None);
+    let img = store.import(&layout, None).unwrap();
+    assert_eq!(img.name, "example.com/team/app:1.0");
+    assert_eq!(img.digest, digest);
+    assert_eq!(img.layers.len(), 2);
+    assert_eq!(fs::read(img.layers[0].join("etc/a")).unwrap(), b"lower");
+    assert_eq!(fs::read(img.layers[1].join("etc/a")).unwrap(), b"upper");
+    assert!(fs::symlink_metadata(img.layers[1].join("etc/b")).unwrap().file_type().is_char_device());
+    assert_eq!(img.config.env, ["PATH=/usr/bin", "LANG=C.UTF-8"]);
+    assert_eq!(img.config.working_dir.as_deref(), Some("/work"));
+    assert_eq!(img.config.cmd, ["sh"]);
+    assert_eq!(store.lookup("example.com/team/app:1.0").unwrap(), Some(img.clone()));
+    assert_eq!(store.lookup(&format!("example.com/team/app@{digest}")).unwrap().unwrap().digest, digest);
+    assert_eq!(store.lookup("example.com/team/app:2.0").unwrap(), None);
+    // The same layout as a tar, under another name: layers are shared, not unpacked again.
+    let tarball = t.path().join("layout.tar");
+    tar_dir(&layout, &tarball);
+    let again = store.import(&tarball, Some("mine")).unwrap();
+    assert_eq!(again.name, "docker.io/library/mine:latest");
+    assert_eq!(again.layers, img.layers);
+    assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 2);
+    let ls = store.list().unwrap();
+    assert_eq!(ls.len(), 1);
+    assert_eq!(ls[0].names, ["docker.io/library/mine:latest", "example.com/team/app:1.0"]);
+    assert!(ls[0].size >= 7);
+    assert_eq!(ls[0].created.as_deref(), Some("2024-01-02T03:04:05Z"));
+}
+
+#[test]
+fn import_a_damaged_layout_stores_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    let tars = vec![Layer::new().file("f", b"content").tar()];
+    write_layout(&layout, "example.com/x:1", &tars, None);
+    let blob = layout.join("blobs/sha256").join(&sha256(&gzip(&tars[0]))[7..]);
+    let mut bytes = fs::read(&blob).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0xff;
+    fs::write(&blob, bytes).unwrap();
+    let err = store.import(&layout, None).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+    assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 0);
+    assert_eq!(store.lookup("example.com/x:1").unwrap(), None);
+    assert!(store.list().unwrap().is_empty());
+}
+
+/// A `docker save` archive in the classic layout: `<id>/layer.tar`, `<hex>.json`, manifest.json.
+fn docker_save(out: &Path, tars: &[Vec<u8>], tags: &[&str], user: Option<&str>) {
+    let cfg = config(tars, user, &["A=1"]);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let cfg_name = format!("{}.json", &sha256(&cfg)[7..]);
+    add(&cfg_name, &cfg);
+    let mut layers = Vec::new();
+    for (i, t) in tars.iter().enumerate() {
+        let name = format!("layer{i}/layer.tar");
+        add(&name, t);
+        layers.push(name);
+    }
+    let m = serde_json::json!([{ "Config": cfg_name, "RepoTags": tags, "Layers": layers }]);
+    add("manifest.json", &serde_json::to_vec(&m).unwrap());
+    fs::write(out, gzip(&b.into_inner().unwrap())).unwrap();
+}
+
+#[test]
+fn import_a_docker_save_tarball() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let file = t.path().join("saved.tar.gz");
+    let tars = vec![Layer::new().dir("usr", 0o755).file("usr/x", b"x").tar(), Layer::new().opaque("usr").tar()];
+    docker_save(&file, &tars, &["python:3.11"], Some("1000"));
+    let img = store.import(&file, None).unwrap();
+    assert_eq!(img.name, "docker.io/library/python:3.11");
+    assert_eq!(fs::read(img.layers[0].join("usr/x")).unwrap(), b"x");
+    assert_eq!(xattr(&img.layers[1].join("usr"), "user.overlay.opaque").as_deref(), Some(&b"y"[..]));
+    assert_eq!(store.lookup("python:3.11").unwrap().unwrap(), img);
+    assert_eq!(store.image_user(&img).unwrap(), Some((1000, 0)));
+    // Imported again (same content): the same digest, nothing unpacked twice.
+    let again = store.import(&file, Some("other:tag")).unwrap();
+    assert_eq!(again.digest, img.digest);
+    assert!(store.dir().join("tmp").read_dir().unwrap().next().is_none());
+}
+
+#[test]
+fn user_resolution_uses_the_top_most_account_files() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    write_layout(&layout, "example.com/u:1", &passwd_layers(), Some("app"));
+    let mut img = store.import(&layout, None).unwrap();
+    let mut user = |u: Option<&str>| {
+        img.config.user = u.map(String::from);
+        store.image_user(&img)
+    };
+    // The upper layer's /etc/passwd wins; /etc/group comes from the lower one.
+    assert_eq!(user(Some("app")).unwrap(), Some((2000, 2001)));
+    assert_eq!(user(Some("app:staff")).unwrap(), Some((2000, 50)));
+    assert_eq!(user(Some("app:7")).unwrap(), Some((2000, 7)));
+    assert_eq!(user(Some("1000")).unwrap(), Some((1000, 0)));
+    assert_eq!(user(Some("33")).unwrap(), Some((33, 33)));
+    assert_eq!(user(Some("1000:1000")).unwrap(), Some((1000, 1000)));
+    assert_eq!(user(Some("root")).unwrap(), Some((0, 0)));
+    assert_eq!(user(Some("")).unwrap(), None);
+    assert_eq!(user(None).unwrap(), None);
+    assert!(matches!(user(Some("nobody")), Err(ImageError::Config(_))));
+    assert!(matches!(user(Some("app:nogroup")), Err(ImageError::Config(_))));
+
+    // A top layer that deletes /etc/passwd hides the lower ones.
+    let layout2 = t.path().join("layout2");
+    let mut layers = passwd_layers();
+    layers.push(Layer::new().dir("etc", 0o755).whiteout("etc/passwd").tar());
+    write_layout(&layout2, "example.com/u:2", &layers, Some("app"));
+    let img2 = store.import(&layout2, None).unwrap();
+    assert!(matches!(store.image_user(&img2), Err(ImageError::Config(_))));
+    // And without any passwd, root still means 0.
+    let layout3 = t.path().join("layout3");
+    write_layout(&layout3, "example.com/u:3", &[Layer::new().file("f", b"").tar()], Some("root"));
+    let img3 = store.import(&layout3, None).unwrap();
+    assert_eq!(store.image_user(&img3).unwrap(), Some((0, 0)));
+}
+
+#[test]
+fn leases_keep_images_through_remove_and_prune() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    write_layout(&layout, "example.com/l:1", &[Layer::new().file("f", b"leased").tar()], None);
+    let img = store.import(&layout, None).unwrap();
+    store.lease("sbx-1", &img).unwrap();
+    let err = store.remove("example.com/l:1").unwrap_err();
+    assert!(matches!(err, ImageError::InUse(_)), "{err}");
+    assert!(err.to_string().contains("sbx-1"));
+    store.remove_with("example.com/l:1", true).unwrap();
+    assert_eq!(store.lookup("example.com/l:1").unwrap(), None);
+    // Untagged but held: listed with its holder, and prune keeps it.
+    let ls = store.list().unwrap();
+    assert_eq!((ls.len(), ls[0].names.len(), &ls[0].holders[..]), (1, 0, &["sbx-1".to_string()][..]));
+    let report = store.prune().unwrap();
+    assert_eq!(report.layers, 0);
+    assert!(img.layers[0].join("f").exists());
+    store.release("sbx-1").unwrap();
+    store.release("sbx-1").unwrap();
+    let report = store.prune().unwrap();
+    assert_eq!((report.layers, report.images.len()), (1, 1));
+    assert_eq!(report.images[0], img.digest);
+    assert!(!img.layers[0].exists());
+    assert!(store.list().unwrap().is_empty());
+    assert!(matches!(store.remove("example.com/l:1"), Err(ImageError::NotFound(_))));
+}
+
+#[test]
+fn stale_temp_entries_are_cleaned() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    // A dead process's leftovers (pid 0 never names a live process under /proc here).
+    let dead = store.dir().join("tmp/999999999-1-2-blob");
+    fs::write(&dead, b"partial").unwrap();
+    store.clean_stale_tmp();
+    assert!(!dead.exists());
+    let stale_layer = store.dir().join("tmp/layer-x");
+    fs::create_dir_all(stale_layer.join("root")).unwrap();
+    assert_eq!(store.prune().unwrap().temp_entries, 1);
+    assert!(!stale_layer.exists());
+}
