@@ -105,6 +105,8 @@ pub enum Command {
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
+    /// OCI images for sandbox roots: pull, ls, rm, prune, import.
+    Image(crate::image_cmd::ImageArgs),
     /// Kubernetes: mark workspace PVCs no Pod uses, clear the mark of used ones, and delete
     /// those unused for longer than --ttl (run it from a CronJob).
     ReapPvcs {
@@ -337,6 +339,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Check { no_probe } = cli.command {
         return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;
     }
+    if let Command::Image(args) = cli.command {
+        return crate::image_cmd::run(&cli.data_dir, args, cli.json).await;
+    }
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;
     if let Command::Serve(args) = cli.command {
@@ -413,7 +418,11 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Logs { id } => logs(rt, &cli.data_dir, &id, json).await,
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
         Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
-        Command::Serve(_) | Command::Bench(_) | Command::Check { .. } | Command::ReapPvcs { .. } => {
+        Command::Serve(_)
+        | Command::Bench(_)
+        | Command::Check { .. }
+        | Command::ReapPvcs { .. }
+        | Command::Image(_) => {
             unreachable!("handled above")
         }
     }

@@ -1,0 +1,194 @@
+//! `paddock image ...`: pull, list, remove, prune and import the OCI images sandboxes run on.
+//! The store is `<data-dir>/images`, shared with the local runtime.
+
+use std::io::{BufRead, IsTerminal};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Subcommand};
+use paddock_core::units::format_bytes;
+use paddock_image::{Credentials, Image, ImageInfo, Progress, PullOptions, RegistryConfig, Store};
+
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// Pull images of REGISTRY from MIRROR first (e.g. docker.io=mirror.local:5000); repeatable.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=MIRROR", global = true)]
+    pub registry_mirror: Vec<String>,
+    /// Speak plain HTTP to HOST (or HOST:PORT); loopback registries always are. Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST", global = true)]
+    pub insecure_registry: Vec<String>,
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Download an image (e.g. python:3.11, registry.example.com/team/img:tag, name@sha256:...)
+    /// into the store; layers already there are not fetched again.
+    Pull {
+        reference: String,
+        /// Registry user name; the password is read from standard input (--password-stdin).
+        #[arg(long, requires = "password_stdin")]
+        username: Option<String>,
+        /// Read the registry password (or token) from the first line of standard input.
+        #[arg(long, requires = "username")]
+        password_stdin: bool,
+    },
+    /// List stored images: names, digest, size, and the sandboxes using each.
+    Ls,
+    /// Remove image names, then free what no name or sandbox uses any more.
+    Rm {
+        #[arg(required = true)]
+        references: Vec<String>,
+        /// Untag even an image sandboxes use (its content stays until they are gone).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Free every image, layer and leftover no name or sandbox uses.
+    Prune,
+    /// Import an OCI image layout (directory or tar) or a `docker save` tarball, for hosts
+    /// without a registry; the image is then usable by its name.
+    Import {
+        file: PathBuf,
+        /// The name to store it under (default: the name the archive records).
+        #[arg(long)]
+        tag: Option<String>,
+    },
+}
+
+impl ImageArgs {
+    fn registries(&self) -> Result<RegistryConfig> {
+        let mirrors = self
+            .registry_mirror
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((reg, mirror)) if !reg.is_empty() && !mirror.is_empty() => {
+                    Ok((reg.to_string(), mirror.to_string()))
+                }
+                _ => {
+                    Err(anyhow!("--registry-mirror {m:?}: expected REGISTRY=MIRROR, e.g. docker.io=mirror.local:5000"))
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(RegistryConfig { mirrors, insecure: self.insecure_registry.clone() })
+    }
+}
+
+fn short(digest: &str) -> &str {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    &hex[..hex.len().min(12)]
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Per-layer progress on stderr: one line redrawn in place on a terminal, a line per layer
+/// otherwise (logs and CI stay readable).
+fn show_progress(tty: bool) -> impl Fn(&Progress) + Send + Sync {
+    move |p: &Progress| match p {
+        Progress::Resolving { reference, registry } => eprintln!("resolving {reference} at {registry}"),
+        Progress::Resolved { digest, layers } => eprintln!("{digest}: {layers} layer(s)"),
+        Progress::Cached { digest } => eprintln!("{}: already stored", short(digest)),
+        Progress::Layer { digest, done, total } if tty => {
+            let of = if *total > 0 { format!(" / {}", format_bytes(*total)) } else { String::new() };
+            eprint!("\r\x1b[K{}: downloading {}{of}", short(digest), format_bytes(*done));
+        }
+        Progress::Layer { .. } => {}
+        Progress::Unpacking { digest } => {
+            let clear = if tty { "\r\x1b[K" } else { "" };
+            eprintln!("{clear}{}: downloaded, unpacking", short(digest));
+        }
+        Progress::Done { downloaded_bytes, .. } => eprintln!("downloaded {}", format_bytes(*downloaded_bytes)),
+    }
+}
+
+fn image_out(img: &Image, json: bool) -> Result<()> {
+    if json {
+        print_json(&serde_json::json!({
+            "name": img.name,
+            "digest": img.digest,
+            "layers": img.layers.len(),
+            "config": img.config,
+        }))
+    } else {
+        println!("{} {}", img.name, img.digest);
+        Ok(())
+    }
+}
+
+fn list_out(infos: &[ImageInfo], json: bool) -> Result<()> {
+    if json {
+        return print_json(&infos);
+    }
+    println!("{:<48} {:<12} {:>10} {:<20} USED BY", "NAME", "DIGEST", "SIZE", "CREATED");
+    for i in infos {
+        let used = if i.holders.is_empty() { "-".to_string() } else { i.holders.join(",") };
+        let created = i.created.as_deref().map(|c| c.get(..19).unwrap_or(c)).unwrap_or("-");
+        let names = if i.names.is_empty() { vec!["<none>".to_string()] } else { i.names.clone() };
+        for n in names {
+            println!("{:<48} {:<12} {:>10} {:<20} {}", n, short(&i.digest), format_bytes(i.size), created, used);
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(data_dir: &Path, args: ImageArgs, json: bool) -> Result<u8> {
+    let store = Store::open(&data_dir.join("images"))?;
+    let registries = args.registries()?;
+    match args.command {
+        ImageCommand::Pull { reference, username, password_stdin } => {
+            let auth = match (username, password_stdin) {
+                (Some(username), true) => {
+                    let mut password = String::new();
+                    std::io::stdin().lock().read_line(&mut password).context("reading the password from stdin")?;
+                    let password = password.trim_end_matches(['\r', '\n']).to_string();
+                    if password.is_empty() {
+                        bail!("--password-stdin: standard input gave an empty password");
+                    }
+                    Some(Credentials { username, password })
+                }
+                _ => None,
+            };
+            let opts = PullOptions { auth, registries };
+            let progress = show_progress(std::io::stderr().is_terminal());
+            let img = store.pull(&reference, &opts, &progress).await?;
+            image_out(&img, json)?;
+        }
+        ImageCommand::Ls => list_out(&store.list()?, json)?,
+        ImageCommand::Rm { references, force } => {
+            for r in &references {
+                store.remove_with(r, force)?;
+                if !json {
+                    println!("untagged {}", paddock_image::normalize(r)?);
+                }
+            }
+            let report = tokio::task::spawn_blocking(move || store.prune()).await??;
+            if json {
+                print_json(&serde_json::json!({ "untagged": references, "pruned": report }))?;
+            } else {
+                println!("freed {}", format_bytes(report.freed_bytes));
+            }
+        }
+        ImageCommand::Prune => {
+            let report = tokio::task::spawn_blocking(move || store.prune()).await??;
+            if json {
+                print_json(&report)?;
+            } else {
+                println!(
+                    "removed {} image(s), {} layer(s), {} leftover(s); freed {}",
+                    report.images.len(),
+                    report.layers,
+                    report.temp_entries,
+                    format_bytes(report.freed_bytes)
+                );
+            }
+        }
+        ImageCommand::Import { file, tag } => {
+            let img = tokio::task::spawn_blocking(move || store.import(&file, tag.as_deref())).await??;
+            image_out(&img, json)?;
+        }
+    }
+    Ok(0)
+}
