@@ -128,6 +128,27 @@ pub struct SandboxSpec {
     pub network: NetworkPolicy,
     /// Free-form labels for the caller's bookkeeping.
     pub labels: BTreeMap<String, String>,
+    /// The directory commands start in when they name none; `None` is `/workspace`. A runtime
+    /// sets it from an image's `WorkingDir`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Credentials to pull `image` with (OpenSandbox's `image.auth`): used once, at create,
+    /// and never stored, handed to another process or returned.
+    #[serde(skip)]
+    pub image_auth: Option<RegistryAuth>,
+}
+
+/// A registry user name and password (or token).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth").field("username", &self.username).field("password", &"<redacted>").finish()
+    }
 }
 
 /// A spec that cannot be run, with the field at fault and what to do instead.
@@ -291,6 +312,11 @@ impl SandboxSpec {
             && (image.trim().is_empty() || image.len() > 4096 || image.contains('\0'))
         {
             return Err(err("image", "an image name must be non-empty text of at most 4096 bytes"));
+        }
+        if let Some(dir) = &self.working_dir
+            && (!dir.starts_with('/') || dir.len() > 4096 || dir.contains('\0'))
+        {
+            return Err(err("working_dir", "the working directory must be an absolute path of at most 4096 bytes"));
         }
         validate_env(&self.env)
     }

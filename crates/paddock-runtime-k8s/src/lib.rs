@@ -322,6 +322,16 @@ impl KubeRuntime {
             }
             Some(_) => {}
         }
+        if spec.image_auth.is_some() {
+            return Err(RuntimeError::Unsupported(
+                "image credentials per request are not supported on the Kubernetes runtime: give the namespace's service account an imagePullSecret for the registry instead".into(),
+            ));
+        }
+        if spec.working_dir.is_some() {
+            return Err(RuntimeError::Unsupported(
+                "a working directory is set by the image on the Kubernetes runtime".into(),
+            ));
+        }
         Ok(spec)
     }
 

@@ -36,6 +36,7 @@ pub struct LocalRuntime {
     /// The `paddock` binary, re-executed as each sandbox's supervisor.
     exe: PathBuf,
     naming: NamingMode,
+    images: crate::image::ImageOptions,
 }
 
 fn sys_err(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeError {
@@ -80,7 +81,14 @@ impl LocalRuntime {
         }
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
         crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
-        Ok(Self { dd, exe: exe.into(), naming })
+        Ok(Self { dd, exe: exe.into(), naming, images: Default::default() })
+    }
+
+    /// Registries to pull from and image aliases (`paddock serve --registry-mirror`,
+    /// `--insecure-registry`, `--image-alias`).
+    pub fn with_images(mut self, images: crate::image::ImageOptions) -> Self {
+        self.images = images;
+        self
     }
 
     pub fn naming(&self) -> NamingMode {
@@ -100,20 +108,40 @@ impl LocalRuntime {
 
     /// Starts a supervisor and waits until the sandbox is ready (or failed to start).
     async fn spawn_supervisor(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        let mut spec = spec.clone();
+        let image = crate::image::prepare(&self.dd, &self.images, &mut spec).await?;
+        spec.validate()?;
         let id = Self::new_id()?;
         let dir = self.dd.sandbox(&id);
         fs::create_dir(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
         // Traversable (not readable) by the sandbox's host identity, which mounts the skeleton
         // inside it; what it holds is private by its own modes (socket, record, log: 0600).
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).map_err(sys_err("chmod"))?;
-        let result = self.run_supervisor(&id, spec).await;
+        // Held before the supervisor starts, so a prune never removes layers it is mounting;
+        // the supervisor gives it back when the sandbox ends.
+        let leased = match &image {
+            Some((_, img)) => {
+                crate::image::store(&self.dd)?.lease(id.as_str(), img).map_err(crate::image::from_image_error)
+            }
+            None => Ok(()),
+        };
+        let result = match leased {
+            Ok(()) => self.run_supervisor(&id, &spec, image.map(|(root, _)| root)).await,
+            Err(e) => Err(e),
+        };
         if result.is_err() {
             let _ = fs::remove_dir_all(&dir);
+            crate::image::release(&self.dd, &id);
         }
         result
     }
 
-    async fn run_supervisor(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn run_supervisor(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        image: Option<crate::protocol::ImageRoot>,
+    ) -> Result<SandboxInfo, RuntimeError> {
         let mut command = tokio::process::Command::new(&self.exe);
         paddock_sys::process::inherit_only_stdio(command.as_std_mut());
         let mut child = command
@@ -129,7 +157,8 @@ impl LocalRuntime {
             .spawn()
             .map_err(sys_err(format!("starting the sandbox supervisor {}", self.exe.display())))?;
         let mut stdin = child.stdin.take().expect("piped");
-        stdin.write_all(&protocol::encode(spec)).await.map_err(sys_err("sending the spec to the supervisor"))?;
+        let start = protocol::Start { spec: spec.clone(), image };
+        stdin.write_all(&protocol::encode(&start)).await.map_err(sys_err("sending the spec to the supervisor"))?;
         drop(stdin);
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
@@ -363,7 +392,8 @@ impl Runtime for LocalRuntime {
         }
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn create(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        spec.image = self.images.apply_alias(spec.image.as_deref());
         spec.validate()?;
         crate::image::resolve(spec.image.as_deref())?;
         match spec.workspace.clone() {
@@ -552,7 +582,8 @@ impl Runtime for LocalRuntime {
         }
     }
 
-    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire(&self, thread: &ThreadId, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        spec.image = self.images.apply_alias(spec.image.as_deref());
         self.with_workspace_lock(thread, async |name| self.acquire_locked(&name, thread, spec, true).await).await
     }
 

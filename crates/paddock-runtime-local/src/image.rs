@@ -1,22 +1,31 @@
-//! What a sandbox's `/` is made of on this machine. The local runtime pulls no images: it runs
-//! the host's own root read-only, or a root filesystem already unpacked in a directory.
+//! What a sandbox's `/` is made of on this machine: the host's own root (read-only), a root
+//! filesystem already unpacked in a directory (read-only), or an OCI image from the store in
+//! `<data>/images` (pulled on first use), whose layers the supervisor overlays with a writable
+//! layer of the sandbox's own.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use paddock_core::runtime::RuntimeError;
+use paddock_core::runtime::{RuntimeError, SandboxId};
+use paddock_core::spec::{SandboxSpec, validate_env_name};
+use paddock_image::{Credentials, Image, ImageError, PullOptions, RegistryConfig, Store};
+
+use crate::layout::DataDir;
+use crate::protocol::ImageRoot;
 
 /// The image name that means the host's own root filesystem.
 pub const HOST: &str = "host";
 
 /// Image references the local runtime accepts, in words.
-pub const ACCEPTED: &str =
-    "\"host\" (the host's root filesystem, read-only) or the absolute path of an unpacked root filesystem";
+pub const ACCEPTED: &str = "an OCI image reference (\"python:3.11\", \"registry.example.com/team/img:tag\", \"name@sha256:…\"; pulled on first use), \"host\" (the host's root filesystem, read-only) or the absolute path of an unpacked root filesystem (read-only)";
 
-/// A resolved image.
+/// A resolved image name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootSource {
     Host,
     Dir(PathBuf),
+    /// A normalized OCI reference.
+    Reference(String),
 }
 
 /// Resolves a spec's image name; `None` is the host. Whether a directory exists is checked by
@@ -25,9 +34,118 @@ pub fn resolve(image: Option<&str>) -> Result<RootSource, RuntimeError> {
     match image {
         None | Some(HOST) => Ok(RootSource::Host),
         Some(path) if path.starts_with('/') => Ok(RootSource::Dir(PathBuf::from(path))),
-        Some(other) => Err(RuntimeError::Unsupported(format!(
-            "image {other:?} cannot be run: the local runtime pulls no images; use {ACCEPTED}"
-        ))),
+        Some(reference) => paddock_image::normalize(reference).map(RootSource::Reference).map_err(|e| {
+            RuntimeError::InvalidArgument(format!(
+                "image {reference:?} is not a valid image reference ({e}); use {ACCEPTED}"
+            ))
+        }),
+    }
+}
+
+/// How the local runtime finds images: registries to pull from and names that stand for
+/// others (`--image-alias python:3.11=/srv/py` or `=registry.local/python:3.11`).
+#[derive(Debug, Clone, Default)]
+pub struct ImageOptions {
+    pub registries: RegistryConfig,
+    /// Name as a client gives it (or normalized) → the reference or path to use instead.
+    pub aliases: BTreeMap<String, String>,
+}
+
+impl ImageOptions {
+    /// The image a spec names once aliases are applied.
+    pub fn apply_alias(&self, image: Option<&str>) -> Option<String> {
+        let name = image?;
+        if let Some(to) = self.aliases.get(name) {
+            return Some(to.clone());
+        }
+        let normalized = paddock_image::normalize(name).ok()?;
+        self.aliases
+            .iter()
+            .find(|(from, _)| paddock_image::normalize(from).is_ok_and(|f| f == normalized))
+            .map(|(_, to)| to.clone())
+            .or_else(|| Some(name.to_owned()))
+    }
+}
+
+/// The store of this data directory.
+pub fn store(dd: &DataDir) -> Result<Store, RuntimeError> {
+    Store::open(&dd.images()).map_err(from_image_error)
+}
+
+/// Finds (or pulls) the image `spec` names when it is a reference, applies its config to the
+/// spec (environment under the spec's own, working directory) and returns what the supervisor
+/// mounts. `None` for the host or a directory.
+pub(crate) async fn prepare(
+    dd: &DataDir,
+    options: &ImageOptions,
+    spec: &mut SandboxSpec,
+) -> Result<Option<(ImageRoot, Image)>, RuntimeError> {
+    let reference = match resolve(spec.image.as_deref())? {
+        RootSource::Reference(r) => r,
+        RootSource::Host | RootSource::Dir(_) => return Ok(None),
+    };
+    let store = store(dd)?;
+    let found = {
+        let (store_dir, wanted) = (dd.images(), reference.clone());
+        tokio::task::spawn_blocking(move || Store::open(&store_dir)?.lookup(&wanted))
+            .await
+            .map_err(|e| RuntimeError::System(format!("looking up an image: {e}")))?
+            .map_err(from_image_error)?
+    };
+    let image = match found {
+        Some(image) => image,
+        None => {
+            let pull = PullOptions {
+                auth: spec
+                    .image_auth
+                    .as_ref()
+                    .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() }),
+                registries: options.registries.clone(),
+            };
+            store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?
+        }
+    };
+    let owner = store.image_user(&image).map_err(from_image_error)?.unwrap_or((0, 0));
+    apply_config(&image, spec);
+    Ok(Some((ImageRoot { layers: image.layers.clone(), owner }, image)))
+}
+
+/// The image's environment goes under the spec's own; its working directory applies unless the
+/// spec has one.
+fn apply_config(image: &Image, spec: &mut SandboxSpec) {
+    let mut env: BTreeMap<String, String> = image
+        .config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| validate_env_name(k).is_ok() && *k != "HOME")
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    env.append(&mut spec.env);
+    spec.env = env;
+    if spec.working_dir.is_none() {
+        spec.working_dir = image.config.working_dir.clone().filter(|d| d.starts_with('/') && d != "/");
+    }
+}
+
+/// The sandbox no longer uses its image: the store may prune it once nothing else does.
+pub(crate) fn release(dd: &DataDir, id: &SandboxId) {
+    if let Ok(store) = Store::open(&dd.images()) {
+        let _ = store.release(id.as_str());
+    }
+}
+
+/// Store errors in the seam's terms: a client's mistake is a 400 that says what to fix.
+pub fn from_image_error(e: ImageError) -> RuntimeError {
+    match e {
+        ImageError::NotFound(m) | ImageError::InvalidReference(m) | ImageError::Unauthorized(m) => {
+            RuntimeError::InvalidArgument(m)
+        }
+        ImageError::Registry(m) => RuntimeError::Unavailable(m),
+        ImageError::Corrupt(m) => RuntimeError::Unavailable(m),
+        ImageError::NoSpace(m) => RuntimeError::Exhausted(m),
+        ImageError::InUse(m) => RuntimeError::Conflict(m),
+        other => RuntimeError::System(other.to_string()),
     }
 }
 
@@ -36,12 +154,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn host_paths_and_references_resolve_or_say_what_is_accepted() {
+    fn host_paths_and_references_resolve() {
         assert_eq!(resolve(None).unwrap(), RootSource::Host);
         assert_eq!(resolve(Some("host")).unwrap(), RootSource::Host);
         assert_eq!(resolve(Some("/srv/root")).unwrap(), RootSource::Dir("/srv/root".into()));
-        let e = resolve(Some("python:3.11")).unwrap_err();
-        assert_eq!(e.code(), "NOT_SUPPORTED");
-        assert!(e.to_string().contains("\"python:3.11\"") && e.to_string().contains("unpacked"), "{e}");
+        assert!(matches!(resolve(Some("python:3.11")).unwrap(), RootSource::Reference(_)));
     }
 }

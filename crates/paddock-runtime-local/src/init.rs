@@ -78,6 +78,8 @@ fn build(
         return Err("the supervisor went away before the sandbox was set up".into());
     }
     sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
+    // Read from the skeleton before the pivot; the paths are the sandbox's own.
+    let writable_root_dirs = plan.writable_dirs().map_err(|e| e.to_string())?;
     plan.enter().map_err(|e| format!("building the sandbox filesystem failed: {e}"))?;
     rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     sp::bring_up_loopback().map_err(|e| e.to_string())?;
@@ -89,7 +91,9 @@ fn build(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
     paddock_sys::fence::set_no_new_privs().map_err(|e| e.to_string())?;
-    paddock_sys::fence::apply_landlock(&LandlockPolicy::default()).map_err(|e| e.to_string())?;
+    let mut landlock = LandlockPolicy::default();
+    landlock.writable_dirs.extend(writable_root_dirs.iter().cloned());
+    paddock_sys::fence::apply_landlock(&landlock).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
     Ok((sigchld, readiness))

@@ -4,6 +4,9 @@
 //! <data>/sandboxes/<id>/record.json   what was created, by whom, when (written once ready)
 //! <data>/sandboxes/<id>/sock          the supervisor's socket
 //! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
+//! <data>/sandboxes/<id>/image/        an image root: layers, upper tmpfs, overlay (mounted in
+//!                                     the supervisor's own mount namespace only)
+//! <data>/images/                      the image store (paddock-image), 0700
 //! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one or a cap
 //! <data>/sandboxes/<id>/supervisor.log
 //! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
@@ -50,6 +53,16 @@ impl DataDir {
     }
     pub fn socket(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("sock")
+    }
+    /// The image store.
+    pub fn images(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    /// Where an image root's layers, upper layer and overlay are mounted (in the supervisor's
+    /// own mount namespace only).
+    pub fn image_mounts(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("image")
     }
     pub fn skeleton(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("root")

@@ -17,3 +17,4 @@ pub mod supervisor;
 mod wsimage;
 
 pub use client::LocalRuntime;
+pub use image::ImageOptions;

@@ -12,6 +12,25 @@ use paddock_core::runtime::{
 };
 use serde::{Deserialize, Serialize};
 
+/// Client → supervisor, on the supervisor's stdin: what to start.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Start {
+    pub spec: paddock_core::spec::SandboxSpec,
+    /// The image's layers when the root is an image from the store; `None` for `host` or a
+    /// directory, which `spec.image` names.
+    #[serde(default)]
+    pub image: Option<ImageRoot>,
+}
+
+/// An image root the client resolved (and pulled) from the store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageRoot {
+    /// Unpacked layer directories, lowest first.
+    pub layers: Vec<std::path::PathBuf>,
+    /// The on-disk uid and gid of the image's user, shown as the sandbox user.
+    pub owner: (u32, u32),
+}
+
 /// Client → supervisor: the first message of a connection.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -22,6 +22,7 @@ use crate::image::RootSource;
 use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
 use paddock_sys::fdpass;
 use paddock_sys::mounts::{RootPlan, Workspace};
+use paddock_sys::overlay::LayeredRoot;
 use paddock_sys::process::{self as sp, Forked};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
@@ -29,7 +30,7 @@ use rustix::process::{Pid, PidfdFlags, WaitOptions};
 
 use crate::init::{ChildSetup, child_main};
 use crate::layout::DataDir;
-use crate::protocol::{self, InitRequest, Ready, Record, Reply, Request, WireError};
+use crate::protocol::{self, ImageRoot, InitRequest, Ready, Record, Reply, Request, WireError};
 
 /// The cgroup under which every sandbox's cgroup is created.
 pub const CGROUP_PARENT: &str = "paddock";
@@ -53,9 +54,9 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
         .read_to_string(&mut input)
         .map_err(|e| RuntimeError::System(format!("reading the sandbox spec: {e}")))
         .and_then(|_| {
-            serde_json::from_str::<SandboxSpec>(&input).map_err(|e| RuntimeError::InvalidArgument(e.to_string()))
+            serde_json::from_str::<protocol::Start>(&input).map_err(|e| RuntimeError::InvalidArgument(e.to_string()))
         })
-        .and_then(|spec| Supervisor::start(DataDir::new(data_dir), id.clone(), spec));
+        .and_then(|start| Supervisor::start(DataDir::new(data_dir), id.clone(), start.spec, start.image));
     let mut out = std::io::stdout();
     match started {
         Ok(mut sup) => {
@@ -103,7 +104,7 @@ fn sys(context: &str) -> impl Fn(paddock_sys::SysError) -> RuntimeError + '_ {
 pub const SANDBOX_NOFILE: (u64, u64) = (4096, 16384);
 
 impl Supervisor {
-    fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec) -> Result<Self, RuntimeError> {
+    fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec, image: Option<ImageRoot>) -> Result<Self, RuntimeError> {
         spec.validate()?;
         let _ = rustix::process::setsid();
         // The sandbox's own descriptor limit, whatever its starter had (a server raises its
@@ -120,7 +121,7 @@ impl Supervisor {
             millicpus: Some(spec.resources.millicpus),
         };
         let cgroup = layout.create(CGROUP_PARENT, id.as_str(), &limits).map_err(sys("creating the sandbox cgroup"))?;
-        match Self::start_in_cgroup(dd, id, spec, cgroup.clone()) {
+        match Self::start_in_cgroup(dd, id, spec, image, cgroup.clone()) {
             Ok(s) => Ok(s),
             Err(e) => {
                 let _ = cgroup.kill_all(Duration::from_secs(2));
@@ -136,6 +137,7 @@ impl Supervisor {
         dd: DataDir,
         id: SandboxId,
         spec: SandboxSpec,
+        image: Option<ImageRoot>,
         cgroup: SandboxCgroup,
     ) -> Result<Self, RuntimeError> {
         let ids = match &spec.workspace {
@@ -143,7 +145,7 @@ impl Supervisor {
             None => identity::allocate(&dd, id.as_str())?,
         };
         let scratch = spec.workspace.is_none();
-        let started = Self::start_as(dd.clone(), id, spec, cgroup, ids);
+        let started = Self::start_as(dd.clone(), id, spec, image, cgroup, ids);
         if started.is_err() && scratch {
             identity::release(&dd, &ids);
         }
@@ -154,6 +156,7 @@ impl Supervisor {
         dd: DataDir,
         id: SandboxId,
         spec: SandboxSpec,
+        image: Option<ImageRoot>,
         cgroup: SandboxCgroup,
         ids: HostIds,
     ) -> Result<Self, RuntimeError> {
@@ -210,7 +213,27 @@ impl Supervisor {
         // registry cannot be read.
         let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
         data_dirs.extend(fs::canonicalize(dd.root()));
+        let writable_root = image.is_some();
         let source = match crate::image::resolve(spec.image.as_deref())? {
+            _ if image.is_some() => {
+                let image = image.expect("checked");
+                paddock_sys::process::unshare_mount_namespace()
+                    .map_err(sys("a private mount namespace for the image root"))?;
+                let root = LayeredRoot {
+                    layers: image.layers,
+                    owner: image.owner,
+                    host: (ids.uid, ids.gid),
+                    upper_bytes: spec.resources.memory_bytes,
+                    // One inode per page of the cap at most: plenty for package installs.
+                    upper_inodes: (spec.resources.memory_bytes / 4096).max(16384),
+                };
+                root.mount(&dd.image_mounts(&id)).map_err(sys("mounting the image root"))?
+            }
+            RootSource::Reference(r) => {
+                return Err(RuntimeError::InvalidArgument(format!(
+                    "image {r} reached the supervisor without its layers: create sandboxes through the runtime"
+                )));
+            }
             RootSource::Host => PathBuf::from("/"),
             RootSource::Dir(path) => {
                 let real = fs::canonicalize(&path).ok().filter(|p| p.is_dir()).ok_or_else(|| {
@@ -240,6 +263,7 @@ impl Supervisor {
             masks,
             tmp_bytes: spec.resources.tmp_bytes,
             shm_bytes: spec.resources.tmp_bytes.min(64 << 20),
+            writable_root,
         };
         plan.prepare_skeleton().map_err(sys("preparing the sandbox root"))?;
         let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
@@ -408,11 +432,12 @@ impl Supervisor {
                     Err(e)
                 } else {
                     let env = command_env(&self.record.info.spec.env, &request.env);
+                    let default_cwd = self.record.info.spec.working_dir.as_deref().unwrap_or("/workspace");
                     let cwd = request
                         .cwd
                         .as_deref()
                         .map(|c| Path::new("/workspace").join(c))
-                        .unwrap_or_else(|| "/workspace".into());
+                        .unwrap_or_else(|| default_cwd.into());
                     let msg = InitRequest::Exec {
                         argv: request.argv,
                         cwd: cwd.to_string_lossy().into_owned(),
@@ -492,9 +517,11 @@ impl Supervisor {
             eprintln!("removing the sandbox cgroup: {e}");
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
+        LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
+        crate::image::release(&self.dd, &self.id);
     }
 
     /// The init ended on its own: record the sandbox as failed, keep its workspace.
@@ -517,6 +544,7 @@ impl Supervisor {
         let _ = self.cgroup.remove(Duration::from_secs(5));
         let _ = fs::remove_dir_all(self.dd.skeleton(&self.id));
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
+        LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

@@ -135,8 +135,15 @@ fn explicit_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option
 #[serde(deny_unknown_fields)]
 struct ImageSpec {
     uri: String,
-    #[allow(dead_code)]
-    auth: Option<Value>,
+    /// Registry credentials for a private image: given to the runtime for this create only,
+    /// never stored.
+    auth: Option<ImageAuth>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageAuth {
+    username: String,
+    password: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -302,6 +309,11 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
     }
     // The runtime resolves the image and says in its own words what it cannot run.
+    let image_auth = req
+        .image
+        .as_ref()
+        .and_then(|i| i.auth.as_ref())
+        .map(|a| paddock_core::spec::RegistryAuth { username: a.username.clone(), password: a.password.clone() });
     let image_ref = req.image.map(|i| i.uri);
     let image = image_ref.clone().unwrap_or_else(|| "default".into());
     let max = state.config.max_timeout.as_secs();
@@ -323,7 +335,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
         Some(Some(t)) => Some(t as u64),
     };
-    let mut spec = SandboxSpec { image: image_ref, timeout_secs, ..Default::default() };
+    let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, ..Default::default() };
     spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
@@ -1088,7 +1100,7 @@ fn lifecycle_schemas() -> Value {
         "CreateRequest": {"type": "object",
             "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
             "properties": {
-                "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {}}},
+                "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {"type": "object", "required": ["username", "password"], "properties": {"username": {"type": "string"}, "password": {"type": "string"}}}}},
                 "entrypoint": {"type": "array", "items": {"type": "string"}},
                 "timeout": {"type": ["integer", "null"], "minimum": 60,
                     "description": "Seconds, at most the server's --max-timeout; absent: --default-timeout; null: no expiry (unless the server runs with --allow-no-expiry false)"},

@@ -220,14 +220,14 @@ pub fn apply_seccomp(program: &SeccompProgram) -> Result<()> {
 /// Paths of the sandbox's own view that stay writable; everything else is read-only.
 #[derive(Debug, Clone)]
 pub struct LandlockPolicy {
-    pub writable_dirs: Vec<&'static str>,
+    pub writable_dirs: Vec<std::path::PathBuf>,
     pub writable_files: Vec<&'static str>,
 }
 
 impl Default for LandlockPolicy {
     fn default() -> Self {
         Self {
-            writable_dirs: vec!["/workspace", "/tmp", "/dev/shm", "/dev/pts"],
+            writable_dirs: ["/workspace", "/tmp", "/dev/shm", "/dev/pts"].map(Into::into).to_vec(),
             writable_files: vec!["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"],
         }
     }

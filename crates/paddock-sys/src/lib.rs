@@ -11,6 +11,7 @@ pub mod fdpass;
 pub mod fence;
 pub mod ids;
 pub mod mounts;
+pub mod overlay;
 pub mod process;
 
 use std::path::PathBuf;

@@ -44,6 +44,9 @@ pub struct RootPlan {
     pub tmp_bytes: u64,
     /// Size cap of `/dev/shm`, bytes.
     pub shm_bytes: u64,
+    /// The source's top-level entries stay writable (an image root whose writes go to the
+    /// sandbox's own overlay layer); otherwise everything from the source is read-only.
+    pub writable_root: bool,
 }
 
 /// What is mounted read-write at `/workspace`.
@@ -129,13 +132,9 @@ impl RootPlan {
         Ok(out)
     }
 
-    /// Mounts the sandbox's filesystem and makes it the root. Runs in the child, in its new
-    /// mount and user namespaces, with the capabilities it holds there.
-    pub fn enter(&self) -> Result<()> {
+    /// Binds the source's top-level entries into the skeleton and hides the masked paths.
+    fn bind_source(&self) -> Result<()> {
         let sk = &self.skeleton;
-        rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
-            .map_err(|e| SysError::call("make mounts private", e))?;
-        bind(sk, sk, false)?;
         for (name, kind) in self.bound_entries()? {
             bind_nofollow(&self.source.join(&name), &sk.join(&name), kind == Kind::Dir)?;
         }
@@ -149,9 +148,37 @@ impl RootPlan {
                 _ => return Err(SysError::Other(format!("cannot hide {} inside the sandbox", mask.display()))),
             }
         }
+        Ok(())
+    }
+
+    /// The top-level directories of the source, as paths inside the sandbox: where Landlock
+    /// must allow writes when the root is writable.
+    pub fn writable_dirs(&self) -> Result<Vec<PathBuf>> {
+        if !self.writable_root {
+            return Ok(Vec::new());
+        }
+        let dirs = self.bound_entries()?.into_iter().filter(|(_, k)| *k == Kind::Dir);
+        Ok(dirs.map(|(n, _)| Path::new("/").join(n)).collect())
+    }
+
+    /// Mounts the sandbox's filesystem and makes it the root. Runs in the child, in its new
+    /// mount and user namespaces, with the capabilities it holds there.
+    pub fn enter(&self) -> Result<()> {
+        let sk = &self.skeleton;
+        rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
+            .map_err(|e| SysError::call("make mounts private", e))?;
+        bind(sk, sk, false)?;
+        if !self.writable_root {
+            self.bind_source()?;
+        }
         mount_tmpfs(&sk.join("run"), "size=64k,mode=0755,nr_inodes=64", MountFlags::empty())?;
         // Everything so far is the read-only part of the view.
         set_tree_read_only(sk)?;
+        if self.writable_root {
+            // Bound after the read-only pass: the overlay below is writable, and nosuid and
+            // nodev come with it.
+            self.bind_source()?;
+        }
 
         let dev = sk.join("dev");
         for node in DEV_NODES {
@@ -262,16 +289,7 @@ fn mount_fs(source: &str, at: &Path, fstype: &str, flags: MountFlags, options: &
 
 /// Makes `root` and every mount below it read-only, nosuid and nodev in one call.
 fn set_tree_read_only(root: &Path) -> Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
-    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    use crate::overlay::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountAttr, mount_setattr};
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         attr_clr: 0,
@@ -280,27 +298,8 @@ fn set_tree_read_only(root: &Path) -> Result<()> {
     };
     let path = CString::new(root.as_os_str().as_encoded_bytes())
         .map_err(|_| SysError::Other(format!("path {} contains a NUL byte", root.display())))?;
-    // rustix has no mount_setattr(2); the raw syscall is the only way to change a whole tree.
-    // SAFETY: `path` is a valid NUL-terminated string and `attr` a valid mount_attr of the size
-    // passed; both outlive the call, which only reads them.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::AT_RECURSIVE as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret != 0 {
-        return Err(SysError::path(
-            "make read-only (mount_setattr, Linux >= 5.12)",
-            root,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    mount_setattr(rustix::fs::CWD, &path, libc::AT_RECURSIVE as libc::c_uint, &attr)
+        .map_err(|e| SysError::path("make read-only (mount_setattr, Linux >= 5.12)", root, e))
 }
 
 #[cfg(test)]
@@ -324,6 +323,7 @@ mod tests {
             masks: vec![],
             tmp_bytes: 1 << 20,
             shm_bytes: 1 << 20,
+            writable_root: false,
         };
         plan.prepare_skeleton().unwrap();
         let sk = &plan.skeleton;

@@ -340,7 +340,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
         return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;
     }
     if let Command::Image(args) = cli.command {
-        return crate::image_cmd::run(&cli.data_dir, args, cli.json).await;
+        let registries = cli.runtime.images.options().registries;
+        return crate::image_cmd::run(&cli.data_dir, args, registries, cli.json).await;
     }
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;

@@ -4,19 +4,15 @@
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use paddock_core::units::format_bytes;
 use paddock_image::{Credentials, Image, ImageInfo, Progress, PullOptions, RegistryConfig, Store};
 
+/// `paddock image …`; registries come from the global `--registry-mirror` and
+/// `--insecure-registry`, which `serve` uses too.
 #[derive(Debug, Args)]
 pub struct ImageArgs {
-    /// Pull images of REGISTRY from MIRROR first (e.g. docker.io=mirror.local:5000); repeatable.
-    #[arg(long = "registry-mirror", value_name = "REGISTRY=MIRROR", global = true)]
-    pub registry_mirror: Vec<String>,
-    /// Speak plain HTTP to HOST (or HOST:PORT); loopback registries always are. Repeatable.
-    #[arg(long = "insecure-registry", value_name = "HOST", global = true)]
-    pub insecure_registry: Vec<String>,
     #[command(subcommand)]
     pub command: ImageCommand,
 }
@@ -54,24 +50,6 @@ pub enum ImageCommand {
         #[arg(long)]
         tag: Option<String>,
     },
-}
-
-impl ImageArgs {
-    fn registries(&self) -> Result<RegistryConfig> {
-        let mirrors = self
-            .registry_mirror
-            .iter()
-            .map(|m| match m.split_once('=') {
-                Some((reg, mirror)) if !reg.is_empty() && !mirror.is_empty() => {
-                    Ok((reg.to_string(), mirror.to_string()))
-                }
-                _ => {
-                    Err(anyhow!("--registry-mirror {m:?}: expected REGISTRY=MIRROR, e.g. docker.io=mirror.local:5000"))
-                }
-            })
-            .collect::<Result<_>>()?;
-        Ok(RegistryConfig { mirrors, insecure: self.insecure_registry.clone() })
-    }
 }
 
 fn short(digest: &str) -> &str {
@@ -134,9 +112,8 @@ fn list_out(infos: &[ImageInfo], json: bool) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(data_dir: &Path, args: ImageArgs, json: bool) -> Result<u8> {
+pub async fn run(data_dir: &Path, args: ImageArgs, registries: RegistryConfig, json: bool) -> Result<u8> {
     let store = Store::open(&data_dir.join("images"))?;
-    let registries = args.registries()?;
     match args.command {
         ImageCommand::Pull { reference, username, password_stdin } => {
             let auth = match (username, password_stdin) {

@@ -33,6 +33,45 @@ pub struct RuntimeOpts {
     pub kind: RuntimeKind,
     #[command(flatten)]
     pub kube: KubeOpts,
+    #[command(flatten)]
+    pub images: ImageOpts,
+}
+
+/// Where the local runtime gets OCI images from.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Images (local runtime)")]
+pub struct ImageOpts {
+    /// Pull REGISTRY's images from MIRROR instead (`docker.io=mirror.example.com:5000`);
+    /// repeatable.
+    #[arg(long = "registry-mirror", global = true, value_name = "REGISTRY=MIRROR", value_parser = parse_pair)]
+    pub mirrors: Vec<(String, String)>,
+    /// Speak plain HTTP to this registry (`host[:port]`); registries on loopback addresses
+    /// always do. Repeatable.
+    #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
+    pub insecure: Vec<String>,
+    /// Run REF whenever a sandbox asks for NAME (`python:3.11=registry.local/py:3.11`, or an
+    /// unpacked root directory); repeatable.
+    #[arg(long = "image-alias", global = true, value_name = "NAME=REF", value_parser = parse_pair)]
+    pub aliases: Vec<(String, String)>,
+}
+
+impl ImageOpts {
+    pub fn options(&self) -> paddock_runtime_local::ImageOptions {
+        paddock_runtime_local::ImageOptions {
+            registries: paddock_image::RegistryConfig {
+                mirrors: self.mirrors.clone(),
+                insecure: self.insecure.clone(),
+            },
+            aliases: self.aliases.iter().cloned().collect(),
+        }
+    }
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((a, b)) if !a.trim().is_empty() && !b.trim().is_empty() => Ok((a.trim().to_owned(), b.trim().to_owned())),
+        _ => Err(format!("{s:?} is not NAME=VALUE")),
+    }
 }
 
 /// Options of `--runtime kubernetes` (the cluster comes from the in-cluster service account or
@@ -276,7 +315,9 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
     match opts.kind {
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
-            Ok(Arc::new(paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?))
+            Ok(Arc::new(
+                paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?.with_images(opts.images.options()),
+            ))
         }
         RuntimeKind::Kubernetes => {
             let rt =

@@ -1,0 +1,149 @@
+//! Sandboxes whose root is an OCI image from the store: writable for the sandbox, private to
+//! it, never changing the shared layers, and as confined as a sandbox on the host's root. The
+//! image is the Debian python one `e2e/images/build` makes from Debian packages (cached;
+//! `PADDOCK_TEST_IMAGE_ARCHIVE` names a prebuilt archive instead).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Env, assert_nothing_left, sh};
+use paddock_core::runtime::Runtime;
+use paddock_core::spec::SandboxSpec;
+
+const NAME: &str = "paddock-test/python:3.11";
+
+fn archive() -> PathBuf {
+    if let Some(p) = std::env::var_os("PADDOCK_TEST_IMAGE_ARCHIVE") {
+        return p.into();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../e2e/images/build");
+    let out = std::process::Command::new(&script).output().expect("running e2e/images/build");
+    assert!(out.status.success(), "e2e/images/build failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// A runtime whose store holds the test image under [`NAME`].
+fn env_with_image() -> Env {
+    let env = Env::new();
+    let store = paddock_image::Store::open(&env.data().join("images")).expect("store");
+    store.import(&archive(), Some(NAME)).expect("importing the test image");
+    env
+}
+
+fn spec() -> SandboxSpec {
+    SandboxSpec { image: Some(NAME.into()), ..Default::default() }
+}
+
+/// Every file below `dir` whose name is `name`.
+fn find(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_name() == name {
+                found.push(p.clone());
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn an_image_root_is_writable_private_and_leaves_the_layers_alone() {
+    let env = env_with_image();
+    let a = env.confined(spec()).await;
+    let b = env.confined(spec()).await;
+    // The image's config applies.
+    let out =
+        sh(&env.rt, &a, "echo $PADDOCK_TEST_IMAGE; pwd; python3 -c 'import sys; print(sys.version_info[0])'").await;
+    assert_eq!(out.stdout, "python-bookworm\n/srv\n3\n", "{}", out.stderr);
+    // The image's root-owned files belong to the sandbox user; other image ids read as nobody.
+    let out = sh(&env.rt, &a, "stat -c '%u %g' /etc /usr/local/bin; stat -c %g /var/mail").await;
+    assert_eq!(out.stdout, "1000 1000\n1000 1000\n65534\n", "{}", out.stderr);
+    // Writes anywhere in the image's tree work, and stay in this sandbox.
+    let out = sh(
+        &env.rt,
+        &a,
+        "echo a > /usr/local/bin/paddock-mark && echo a >> /etc/os-release && rm /usr/bin/tac && mkdir /opt/new && echo ok",
+    )
+    .await;
+    assert_eq!(out.stdout, "ok\n", "{}", out.stderr);
+    let out = sh(&env.rt, &b, "ls /usr/local/bin/paddock-mark 2>&1 | grep -c 'No such'; tail -c 2 /etc/os-release | grep -c a; command -v tac").await;
+    assert_eq!(out.stdout, "1\n0\n/usr/bin/tac\n", "sandbox b saw a's writes: {}", out.stderr);
+    // The shared layers on the host did not change.
+    let layers = env.data().join("images");
+    assert!(find(&layers, "paddock-mark").is_empty(), "a sandbox write reached the store");
+    assert!(!find(&layers, "tac").is_empty(), "a sandbox delete reached the store");
+    // `/` itself stays read-only, as do the places Paddock mounts.
+    let out = sh(
+        &env.rt,
+        &a,
+        "touch /new-top 2>/dev/null && echo WROTE; touch /proc/x /sys/x 2>/dev/null && echo WROTE; echo end",
+    )
+    .await;
+    assert_eq!(out.stdout, "end\n");
+    // Root writes are capped (at the memory limit) and df says so.
+    let out = sh(&env.rt, &a, "df -B1 --output=size /usr | tail -n1").await;
+    let size: u64 = out.stdout.trim().parse().unwrap_or(0);
+    let memory = SandboxSpec::default().resources.memory_bytes;
+    assert!(size > 0 && size <= memory, "root writes are not capped: df says {size}, memory {memory}");
+
+    for id in [&a, &b] {
+        env.rt.destroy(id).await.unwrap();
+        assert_nothing_left(env.data(), id);
+    }
+    // The store's leases were given back: the image may be pruned now.
+    let store = paddock_image::Store::open(&env.data().join("images")).unwrap();
+    let info = store.list().unwrap();
+    assert!(info.iter().all(|i| i.holders.is_empty()), "leases left: {info:?}");
+}
+
+#[tokio::test]
+async fn escape_attempts_fail_on_an_image_root_too() {
+    let env = env_with_image();
+    let bystander = env.confined(spec()).await;
+    let id = env.confined(spec()).await;
+    let script = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    r = getattr(libc, name)(*args)
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+os.makedirs("/tmp/m", exist_ok=True)
+print("mount", call("mount", b"none", b"/tmp/m", b"tmpfs", 0, None))
+print("remount-usr", call("mount", b"none", b"/usr", None, 0x20 | 0x1000, None))
+print("unshare-user", call("unshare", 0x10000000))
+print("setuid0", call("setuid", 0))
+print("chroot", call("chroot", b"/tmp"))
+print("mknod", call("mknod", b"/usr/local/dev-null", 0o20666, os.makedev(1, 3)))
+"#;
+    let out = sh(&env.rt, &id, &format!("python3 -c '{}'", script.replace('\'', "'\\''"))).await;
+    assert_eq!(
+        out.stdout, "mount EPERM\nremount-usr EPERM\nunshare-user EPERM\nsetuid0 EINVAL\nchroot EPERM\nmknod EPERM\n",
+        "stderr: {}",
+        out.stderr
+    );
+    // No set-id file survived the unpack (Debian's su, mount, passwd are set-uid root).
+    let out = sh(&env.rt, &id, "find /usr /bin /sbin -perm /6000 -type f 2>/dev/null | head -3; echo end").await;
+    assert_eq!(out.stdout, "end\n", "{}", out.stderr);
+    // No route out, and the host's loopback is not the sandbox's.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!(
+            "ls /sys/class/net; python3 -c 'import socket\nfor a in [(\"127.0.0.1\", {port}), (\"1.1.1.1\", 53)]:\n  try:\n    socket.create_connection(a, timeout=2); print(\"REACHED\", a)\n  except OSError: pass'"
+        ),
+    )
+    .await;
+    assert_eq!(out.stdout, "lo\n", "{}", out.stderr);
+    let out = sh(&env.rt, &bystander, "echo alive").await;
+    assert_eq!(out.stdout, "alive\n");
+}
