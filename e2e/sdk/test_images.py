@@ -149,3 +149,25 @@ def test_an_unknown_image_is_a_clear_error(conn, registry_image):
     with pytest.raises(Exception) as info:
         _create(conn, missing)
     assert "no-such-tag" in str(info.value), info.value
+
+
+def test_a_create_without_entrypoint_runs_the_images_command(server, registry_image):
+    import json
+    import urllib.request
+
+    def call(method, path, body=None):
+        req = urllib.request.Request(
+            server.base_url + path, method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"OPEN-SANDBOX-API-KEY": server.api_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read() or b"null")
+
+    created = call("POST", "/v1/sandboxes", {"image": {"uri": registry_image}, "timeout": 600})
+    try:
+        got = call("GET", f"/v1/sandboxes/{created['id']}")
+        # The image's Cmd is python3: it starts (and, with no stdin, ends) as a container's would.
+        assert got["entrypoint"] == ["python3"], got
+    finally:
+        call("DELETE", f"/v1/sandboxes/{created['id']}")

@@ -132,6 +132,10 @@ pub struct SandboxSpec {
     /// sets it from an image's `WorkingDir`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
+    /// What the image runs by default (its `Entrypoint` then `Cmd`), when the runtime knows:
+    /// the entrypoint of an API sandbox whose request names none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub image_command: Vec<String>,
     /// Credentials to pull `image` with (OpenSandbox's `image.auth`): used once, at create,
     /// and never stored, handed to another process or returned.
     #[serde(skip)]

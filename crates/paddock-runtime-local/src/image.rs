@@ -126,6 +126,7 @@ fn apply_config(image: &Image, spec: &mut SandboxSpec) {
     if spec.working_dir.is_none() {
         spec.working_dir = image.config.working_dir.clone().filter(|d| d.starts_with('/') && d != "/");
     }
+    spec.image_command = image.config.entrypoint.iter().chain(&image.config.cmd).cloned().collect();
 }
 
 /// The sandbox no longer uses its image: the store may prune it once nothing else does.

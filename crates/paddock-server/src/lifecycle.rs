@@ -267,7 +267,8 @@ pub fn parse_cpu(s: &str) -> Option<u32> {
 struct Planned {
     spec: SandboxSpec,
     image: String,
-    entrypoint: Vec<String>,
+    /// `None`: the image's own command, else [`DEFAULT_ENTRYPOINT`].
+    entrypoint: Option<Vec<String>>,
     thread: Option<ThreadId>,
 }
 
@@ -393,8 +394,8 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         .get("workspace")
         .map(|t| ThreadId::new(t.as_str()).map_err(|e| ApiError::bad_request(format!("extensions.workspace: {e}"))))
         .transpose()?;
-    let entrypoint = req.entrypoint.unwrap_or_else(|| DEFAULT_ENTRYPOINT.map(String::from).to_vec());
-    if entrypoint.is_empty() || entrypoint[0].is_empty() {
+    let entrypoint = req.entrypoint;
+    if entrypoint.as_ref().is_some_and(|e| e.is_empty() || e[0].is_empty()) {
         return Err(ApiError::bad_request("entrypoint must name a program, e.g. [\"tail\",\"-f\",\"/dev/null\"]"));
     }
     Ok(Planned { spec, image, entrypoint, thread })
@@ -473,13 +474,20 @@ async fn record(
         return Ok(row);
     }
     let now = now_ms();
+    // A request without an entrypoint runs what the image runs, as a container would; an
+    // image that says nothing (or the host's root) runs nothing, forever.
+    let entrypoint = match &planned.entrypoint {
+        Some(e) => e.clone(),
+        None if !info.spec.image_command.is_empty() => info.spec.image_command.clone(),
+        None => DEFAULT_ENTRYPOINT.map(String::from).to_vec(),
+    };
     let row = SandboxRow {
         id: info.id.to_string(),
         state: "Running".into(),
         reason: Some("SANDBOX_RUNNING".into()),
         message: None,
         image: planned.image.clone(),
-        entrypoint: planned.entrypoint.clone(),
+        entrypoint: entrypoint.clone(),
         metadata: user_labels(&planned.spec.labels),
         extensions,
         created_at_ms: info.created_unix_ms as i64,
@@ -496,7 +504,7 @@ async fn record(
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }
-    if let Err(e) = state.commands.spawn_entrypoint(state, &info.id, planned.entrypoint.clone()).await {
+    if let Err(e) = state.commands.spawn_entrypoint(state, &info.id, entrypoint).await {
         // Nothing half-made stays behind: the sandbox and its row go with the failed start.
         let _ = state.rt.destroy(&info.id).await;
         state.store.delete(&row.id).await?;
