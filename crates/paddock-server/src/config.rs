@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub deadlines: crate::deadline::Deadlines,
     /// How long a connection may take to send a request's headers, counted from when the server
     /// starts waiting for them: it bounds slow senders and idle keep-alive connections alike.
+    /// A request body that stops arriving, or a response the client stops reading, for this
+    /// long ends the connection too.
     pub header_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,

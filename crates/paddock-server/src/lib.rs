@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod metrics;
 mod proxy;
 pub mod secrets;
+mod slow;
 pub mod state;
 pub mod store;
 pub mod time_fmt;
@@ -347,7 +348,9 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
     let no_auth = state.config.api_key.is_none();
-    let mut router = app(state);
+    let stall = state.config.header_timeout;
+    let mut router =
+        app(state).layer(middleware::from_fn(move |req: Request, next: Next| slow::body_deadline(stall, req, next)));
     if no_auth {
         let port = bound.port();
         router = router.layer(middleware::from_fn(move |req: Request, next: Next| local_only(port, req, next)));
@@ -385,6 +388,7 @@ pub async fn serve(
         // Streamed events are small writes; without TCP_NODELAY each one after the first waits
         // for the client's delayed ACK (about 40 ms).
         let _ = tcp.set_nodelay(true);
+        let tcp = slow::WriteDeadline::new(tcp, stall);
         let conn = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()));
         tokio::spawn(async move {
             if let Err(e) = conn.await {

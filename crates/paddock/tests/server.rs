@@ -571,6 +571,43 @@ fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
     assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }
 
+#[test]
+fn a_body_that_stops_arriving_or_a_response_left_unread_frees_its_connection() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--header-timeout", "2s"]);
+    let connect = || TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+
+    // Headers promise a body; ten bytes of it come, then nothing.
+    let mut trickle = connect();
+    trickle
+        .write_all(format!("POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nOPEN-SANDBOX-API-KEY: {KEY}\r\ncontent-type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"image\":").as_bytes())
+        .unwrap();
+    let (_, waited) = read_until_closed(&mut trickle);
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(15), "closed after {waited:?}");
+
+    // A client that asks for 32 MiB and reads none of it: the server gives up on the write
+    // instead of holding the connection (and the file stream behind it) forever.
+    let id = s.create();
+    assert_eq!(s.run(&id, "head -c 32M /dev/zero > /workspace/big && echo made", false).0, ["made"]);
+    let mut stuck = connect();
+    stuck
+        .write_all(format!("GET /v1/sandboxes/{id}/proxy/44772/files/download?path=/workspace/big HTTP/1.1\r\nHost: 127.0.0.1\r\nOPEN-SANDBOX-API-KEY: {KEY}\r\n\r\n").as_bytes())
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    stuck.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match stuck.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+    assert!(total < 32 << 20, "the server kept writing to a client that read nothing ({total} bytes came)");
+    // The server is fine, and so is the sandbox.
+    assert_eq!(s.run(&id, "echo still", false).0, ["still"]);
+}
+
 /// Sends one request over a connection of its own, the body from a thread (the server may
 /// answer and close before it has read it all), and returns the status and JSON body.
 fn raw_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
