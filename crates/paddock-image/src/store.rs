@@ -485,7 +485,8 @@ impl Store {
         }
         let locks = self.root.join("locks");
         for ent in fs::read_dir(&locks).map_err(|e| io(&locks, e))?.flatten() {
-            if ent.file_name().to_string_lossy().starts_with("layer-") {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name.starts_with("layer-") || name.starts_with("blob-") {
                 let _ = fs::remove_file(ent.path());
             }
         }
