@@ -320,6 +320,8 @@ impl Store {
     /// and `remove` leave a held image alone. A holder holds one image; leasing again replaces.
     pub fn lease(&self, holder: &str, image: &Image) -> Result<()> {
         let _meta = self.lock("meta.lock", true)?;
+        // Prune holds meta.lock while it deletes, so an image still whole here stays whole.
+        self.load(&image.name, &image.digest)?;
         let mut leases = self.leases()?;
         leases.insert(holder.to_string(), image.digest.clone());
         self.write_json("leases.json", &leases)

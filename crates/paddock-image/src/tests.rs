@@ -368,3 +368,49 @@ fn stale_temp_entries_are_cleaned() {
     assert_eq!(store.prune().unwrap().temp_entries, 1);
     assert!(!stale_layer.exists());
 }
+
+#[test]
+fn a_lease_of_an_image_pruned_meanwhile_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    write_layout(&layout, "example.com/gone:1", &[Layer::new().file("f", b"x").tar()], None);
+    let img = store.import(&layout, None).unwrap();
+    store.remove("example.com/gone:1").unwrap();
+    store.prune().unwrap();
+    assert!(matches!(store.lease("sbx", &img), Err(ImageError::NotFound(_))));
+    assert!(store.list().unwrap().is_empty());
+}
+
+/// A full disk during an import (a 1 MiB tmpfs): a NoSpace error that says what to do, and a
+/// store that still works and holds nothing half-written.
+#[test]
+fn a_full_disk_gives_no_space_and_no_corrupt_store() {
+    let t = tempfile::tempdir().unwrap();
+    let mnt = t.path().join("small");
+    fs::create_dir(&mnt).unwrap();
+    rustix::mount::mount("tmpfs", &mnt, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m")
+        .expect("mounting a small tmpfs (the tests run as root)");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    let store = Store::open(&mnt.join("images")).unwrap();
+    let layout = t.path().join("layout");
+    let small = Layer::new().file("small", b"fits").tar();
+    write_layout(&layout, "example.com/small:1", std::slice::from_ref(&small), None);
+    store.import(&layout, None).unwrap();
+    let big_layout = t.path().join("big");
+    let noise: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    write_layout(&big_layout, "example.com/big:1", &[Layer::new().file("big", &noise).tar()], None);
+    let err = store.import(&big_layout, None).unwrap_err();
+    assert!(matches!(err, ImageError::NoSpace(_)), "{err}");
+    assert!(err.to_string().contains("paddock image prune"), "{err}");
+    assert_eq!(store.lookup("example.com/big:1").unwrap(), None);
+    assert!(store.lookup("example.com/small:1").unwrap().is_some());
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 1);
+}

@@ -4,127 +4,36 @@
 //! `apt-get install docker-registry apache2-utils`; without them the tests fail saying so.
 
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::Reference;
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
-use paddock_image::testutil::{Layer, config, gzip, sha256};
+use paddock_image::testutil::{
+    self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256,
+};
 use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryConfig, Store};
 
-const USER: &str = "tester";
-const PASSWORD: &str = "s3cret-pw";
-
-/// A registry process on 127.0.0.1, killed (by its pid) and its storage removed on drop.
+/// A registry in a temporary directory: the process is killed before its directory goes.
 struct Registry {
-    child: Child,
-    dir: tempfile::TempDir,
-    host: String,
-    auth: bool,
-}
-
-fn find(bin: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin"] {
-        let p = Path::new(dir).join(bin);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{bin} is not installed: these tests need a real registry; run `apt-get install -y {package}` (CI installs it)"
-    );
+    reg: testutil::Registry,
+    _dir: tempfile::TempDir,
 }
 
 impl Registry {
     fn start(auth: bool) -> Registry {
-        let bin = find("docker-registry", "docker-registry");
         let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut yml = format!(
-            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: test-secret\n",
-            dir.path().join("data").display()
-        );
-        if auth {
-            let htpasswd = find("htpasswd", "apache2-utils");
-            let out = Command::new(htpasswd).args(["-Bbn", USER, PASSWORD]).output().unwrap();
-            assert!(out.status.success(), "htpasswd failed: {}", String::from_utf8_lossy(&out.stderr));
-            fs::write(dir.path().join("htpasswd"), out.stdout).unwrap();
-            yml.push_str(&format!(
-                "auth:\n  htpasswd:\n    realm: paddock-test\n    path: {}\n",
-                dir.path().join("htpasswd").display()
-            ));
-        }
-        fs::write(dir.path().join("config.yml"), yml).unwrap();
-        let log = fs::File::create(dir.path().join("log")).unwrap();
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let reg = Registry { child, dir, host: format!("127.0.0.1:{port}"), auth };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&reg.host).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not start; its log:\n{}", reg.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        reg
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-
-    /// Successful GETs of a blob, from the registry's own request log.
-    fn blob_gets(&self, digest: &str) -> usize {
-        let needle = format!("/blobs/{digest}");
-        self.log()
-            .lines()
-            .filter(|l| {
-                l.contains("response completed")
-                    && l.contains("http.request.method=GET")
-                    && l.contains(&needle)
-                    && (l.contains("http.response.status=200") || l.contains("http.response.status=307"))
-            })
-            .count()
-    }
-
-    fn blob_file(&self, digest: &str) -> PathBuf {
-        let hex = &digest[7..];
-        self.dir.path().join("data/docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
-    }
-
-    fn registry_auth(&self) -> RegistryAuth {
-        if self.auth { RegistryAuth::Basic(USER.into(), PASSWORD.into()) } else { RegistryAuth::Anonymous }
-    }
-
-    fn client(&self) -> Client {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Client::new(ClientConfig { protocol: ClientProtocol::Http, ..Default::default() })
-    }
-
-    /// Pushes an image of these layer tarballs (gzip-compressed); returns its manifest digest.
-    async fn push(&self, repo_tag: &str, tars: &[Vec<u8>], user: Option<&str>) -> String {
-        let client = self.client();
-        let reference: Reference = format!("{}/{repo_tag}", self.host).parse().unwrap();
-        let layers: Vec<ImageLayer> = tars.iter().map(|t| ImageLayer::oci_v1_gzip(gzip(t), None)).collect();
-        let cfg = Config::oci_v1(config(tars, user, &["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]), None);
-        client.push(&reference, &layers, cfg, &self.registry_auth(), None).await.unwrap();
-        client.fetch_manifest_digest(&reference, &self.registry_auth()).await.unwrap()
+        Registry { reg: testutil::Registry::start(dir.path(), auth), _dir: dir }
     }
 }
 
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Registry {
+    type Target = testutil::Registry;
+    fn deref(&self) -> &testutil::Registry {
+        &self.reg
     }
 }
 
