@@ -5,7 +5,7 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::testutil::{Layer, config, gzip, manifest, sha256};
+use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256};
 use crate::{ImageError, Store};
 
 fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
@@ -242,30 +242,6 @@ fn import_a_damaged_layout_stores_nothing() {
     assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 0);
     assert_eq!(store.lookup("example.com/x:1").unwrap(), None);
     assert!(store.list().unwrap().is_empty());
-}
-
-/// A `docker save` archive in the classic layout: `<id>/layer.tar`, `<hex>.json`, manifest.json.
-fn docker_save(out: &Path, tars: &[Vec<u8>], tags: &[&str], user: Option<&str>) {
-    let cfg = config(tars, user, &["A=1"]);
-    let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
-    let cfg_name = format!("{}.json", &sha256(&cfg)[7..]);
-    add(&cfg_name, &cfg);
-    let mut layers = Vec::new();
-    for (i, t) in tars.iter().enumerate() {
-        let name = format!("layer{i}/layer.tar");
-        add(&name, t);
-        layers.push(name);
-    }
-    let m = serde_json::json!([{ "Config": cfg_name, "RepoTags": tags, "Layers": layers }]);
-    add("manifest.json", &serde_json::to_vec(&m).unwrap());
-    fs::write(out, gzip(&b.into_inner().unwrap())).unwrap();
 }
 
 #[test]

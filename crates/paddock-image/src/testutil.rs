@@ -137,6 +137,30 @@ pub fn manifest(config: &[u8], blobs: &[Vec<u8>]) -> Vec<u8> {
     .expect("json")
 }
 
+/// A `docker save` archive in the classic layout: `<id>/layer.tar`, `<hex>.json`, manifest.json.
+pub fn docker_save(out: &std::path::Path, tars: &[Vec<u8>], tags: &[&str], user: Option<&str>) {
+    let cfg = config(tars, user, &["A=1"]);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let cfg_name = format!("{}.json", &sha256(&cfg)[7..]);
+    add(&cfg_name, &cfg);
+    let mut layers = Vec::new();
+    for (i, t) in tars.iter().enumerate() {
+        let name = format!("layer{i}/layer.tar");
+        add(&name, t);
+        layers.push(name);
+    }
+    let m = serde_json::json!([{ "Config": cfg_name, "RepoTags": tags, "Layers": layers }]);
+    add("manifest.json", &serde_json::to_vec(&m).unwrap());
+    std::fs::write(out, gzip(&b.into_inner().unwrap())).unwrap();
+}
+
 pub const REGISTRY_USER: &str = "tester";
 pub const REGISTRY_PASSWORD: &str = "s3cret-pw";
 
