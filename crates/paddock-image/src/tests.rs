@@ -339,10 +339,23 @@ fn stale_temp_entries_are_cleaned() {
     fs::write(&dead, b"partial").unwrap();
     store.clean_stale_tmp();
     assert!(!dead.exists());
-    let stale_layer = store.dir().join("tmp/layer-x");
-    fs::create_dir_all(stale_layer.join("root")).unwrap();
-    assert_eq!(store.prune().unwrap().temp_entries, 1);
-    assert!(!stale_layer.exists());
+    // A layer's work directory goes when nobody holds its lock, and stays while someone does.
+    let hex = "ab".repeat(32);
+    let work = store.dir().join(format!("tmp/layer-{hex}"));
+    fs::create_dir_all(work.join("root")).unwrap();
+    fs::write(store.dir().join(format!("tmp/layer-{hex}.blob")), b"partial").unwrap();
+    let held = store.lock(&format!("layer-{hex}.lock"), true).unwrap();
+    store.clean_stale_tmp();
+    assert!(work.exists());
+    drop(held);
+    store.clean_stale_tmp();
+    assert!(!work.exists());
+    assert!(!store.dir().join(format!("tmp/layer-{hex}.blob")).exists());
+    let other = store.dir().join("tmp/layer-x");
+    fs::create_dir_all(other.join("root")).unwrap();
+    fs::write(store.dir().join("tmp/junk"), b"").unwrap();
+    assert_eq!(store.prune().unwrap().temp_entries, 2);
+    assert!(!other.exists());
 }
 
 #[test]
