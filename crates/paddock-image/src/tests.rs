@@ -140,6 +140,13 @@ fn compressed_layers_and_diff_id_mismatch() {
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     assert!(!store.has_layer(&wrong).unwrap());
     assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    // A damaged gzip stream is corrupt content, not an I/O failure.
+    let mut gz = gzip(&Layer::new().file("f", &[9u8; 50_000]).tar());
+    let n = gz.len();
+    gz[n / 2] ^= 0xff;
+    gz[n / 2 + 1] ^= 0xff;
+    let err = store.unpack_layer(&gz[..], &wrong).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     // Garbage is not a tarball.
     let err = store.unpack_layer(&b"not a tar at all, not at all, not at all"[..], &wrong).unwrap_err();
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");

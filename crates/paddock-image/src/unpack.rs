@@ -92,7 +92,7 @@ struct DirMeta {
 
 /// Unpacks the (possibly compressed) layer `blob` into the existing empty directory `dest`.
 pub(crate) fn unpack(blob: impl Read, dest: &Path) -> Result<Unpacked> {
-    let io_err = |e: io::Error| ImageError::io(format!("reading layer for {}", dest.display()), e);
+    let io_err = |e: io::Error| corrupt_tar(dest, e);
     let hashed = HashReader::new(decompress(blob).map_err(io_err)?);
     let mut archive = tar::Archive::new(hashed);
     let root = rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
@@ -120,7 +120,11 @@ pub(crate) fn unpack(blob: impl Read, dest: &Path) -> Result<Unpacked> {
 
 fn corrupt_tar(dest: &Path, e: io::Error) -> ImageError {
     match e.kind() {
-        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof | io::ErrorKind::Other
+        // flate2 reports a corrupt stream as InvalidInput, tar and zstd as Other.
+        io::ErrorKind::InvalidData
+        | io::ErrorKind::InvalidInput
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::Other
             if e.raw_os_error().is_none() =>
         {
             ImageError::Corrupt(format!(

@@ -96,6 +96,46 @@ fn pull_ls_rm_prune_against_a_registry() {
 }
 
 #[test]
+fn two_pull_processes_download_each_layer_once() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = testutil::Registry::start(&dir.path().join("registry").tap_mkdir(), false);
+    let noise = |seed: u32| -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..4_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    };
+    let tars = vec![Layer::new().file("a", &noise(1)).tar(), Layer::new().file("b", &noise(2)).tar()];
+    runtime().block_on(reg.push("two/app:1", &tars, None));
+    let data = dir.path().join("data");
+    let name = format!("{}/two/app:1", reg.host);
+    let spawn = || {
+        Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["image", "pull", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    for t in &tars {
+        assert_eq!(reg.blob_gets(&testutil::sha256(&testutil::gzip(t))), 1, "{}", reg.log());
+    }
+}
+
+#[test]
 fn pull_with_password_stdin() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
