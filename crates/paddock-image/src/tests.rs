@@ -108,8 +108,17 @@ fn hard_links_symlinks_and_devices() {
         .raw(b"dev/sda", tar::EntryType::Block, b"")
         .raw(b"dev/null", tar::EntryType::Char, b"")
         .file("deep/er/file", b"implicit parents")
+        .raw(b"run/fifo", tar::EntryType::Fifo, b"")
         .tar();
-    unpack_into(&tar, t.path()).unwrap();
+    // Parents the layer does not list are 0755 whatever the umask.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let r = unpack_into(&tar, t.path());
+    rustix::process::umask(old);
+    r.unwrap();
+    assert_eq!(fs::metadata(t.path().join("deep/er")).unwrap().permissions().mode() & 0o7777, 0o755);
+    let fifo = fs::symlink_metadata(t.path().join("run/fifo")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.permissions().mode() & 0o7777, 0o644);
     let (a, b) = (fs::metadata(t.path().join("a")).unwrap(), fs::metadata(t.path().join("b")).unwrap());
     assert_eq!(a.ino(), b.ino());
     // The symlink is stored, not followed, even by a hard link to it.

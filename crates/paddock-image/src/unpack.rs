@@ -196,7 +196,14 @@ fn open_dir(root: &OwnedFd, path: &[OsString], create: bool) -> Result<OwnedFd> 
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(ImageError::errno(format!("creating {}", show(&path[..=i])), e)),
                 }
-                rustix::fs::openat(&cur, c.as_os_str(), flags, Mode::empty())
+                let fd = rustix::fs::openat(&cur, c.as_os_str(), flags, Mode::empty());
+                // mkdir's mode passes through the umask; a parent the layer does not list must
+                // still be traversable by the sandbox user.
+                if let Ok(fd) = &fd {
+                    rustix::fs::fchmod(fd, Mode::from_raw_mode(0o755))
+                        .map_err(|e| ImageError::errno(format!("creating {}", show(&path[..=i])), e))?;
+                }
+                fd
             }
             r => r,
         };
@@ -425,6 +432,9 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
                 AtFlags::SYMLINK_NOFOLLOW,
             )
             .map_err(|e| ImageError::errno(what(), e))?;
+            // After chown (which may clear mode bits), and past the umask mknod applied.
+            rustix::fs::chmodat(&parent, name.as_os_str(), Mode::from_raw_mode(strip_mode(mode)), AtFlags::empty())
+                .map_err(|e| ImageError::errno(what(), e))?;
             Ok(0)
         }
         // Device nodes are skipped: a sandbox gets its own /dev, and a device file in a lower
