@@ -182,8 +182,11 @@ impl Store {
         let mut result = Err(ImageError::Registry("no registry to pull from".into()));
         for (i, host) in hosts.iter().enumerate() {
             result = self.pull_from(&r, host, opts, progress).await;
+            // A mirror that fails in any way (down, missing the image, private, damaged) leaves
+            // the registry itself to try; a local problem (disk, store) would fail there too.
             match &result {
-                Err(ImageError::Registry(_) | ImageError::NotFound(_)) if i + 1 < hosts.len() => continue,
+                Err(ImageError::NoSpace(_) | ImageError::Io(_)) => break,
+                Err(_) if i + 1 < hosts.len() => continue,
                 _ => break,
             }
         }
@@ -215,12 +218,13 @@ impl Store {
             read_timeout: Some(std::time::Duration::from_secs(120)),
             ..Default::default()
         });
+        // Credentials are the image registry's: a mirror (someone else's server) never sees them.
         let auth = match &opts.auth {
-            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-            None => RegistryAuth::Anonymous,
+            Some(c) if host == r.registry => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            _ => RegistryAuth::Anonymous,
         };
-        // docker.io's API lives at registry-1.docker.io; oci-client maps it when the registry
-        // is spelled docker.io, which a mirror is not.
+        // A Reference spelled docker.io is sent to index.docker.io by oci-client; a mirror is
+        // addressed as itself.
         let oref = match &r.digest {
             Some(d) => Reference::with_digest(host.to_string(), r.repository.clone(), d.clone()),
             None => Reference::with_tag(host.to_string(), r.repository.clone(), r.tag.clone().unwrap_or_default()),

@@ -359,7 +359,11 @@ async fn mirrors_and_multi_arch_indexes() {
     let o = PullOptions {
         auth: None,
         registries: RegistryConfig {
-            mirrors: vec![("registry.example.invalid".into(), reg.host.clone())],
+            // The first mirror is down: the next one serves.
+            mirrors: vec![
+                ("registry.example.invalid".into(), "127.0.0.1:1".into()),
+                ("registry.example.invalid".into(), reg.host.clone()),
+            ],
             insecure: Vec::new(),
         },
     };
