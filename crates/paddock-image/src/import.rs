@@ -42,7 +42,13 @@ fn clean(path: &str) -> Option<String> {
 
 impl Source {
     fn open(file: &Path, store: &Store) -> Result<(Source, Option<PathBuf>)> {
-        let meta = fs::metadata(file).map_err(|e| ImageError::io(format!("reading {}", file.display()), e))?;
+        let meta = fs::metadata(file).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => ImageError::NotFound(format!(
+                "{} does not exist; give an OCI layout (directory or tar) or a `docker save` file",
+                file.display()
+            )),
+            _ => ImageError::io(format!("reading {}", file.display()), e),
+        })?;
         if meta.is_dir() {
             return Ok((Source::Dir(file.to_path_buf()), None));
         }

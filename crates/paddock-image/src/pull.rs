@@ -182,8 +182,11 @@ impl Store {
         let mut result = Err(ImageError::Registry("no registry to pull from".into()));
         for (i, host) in hosts.iter().enumerate() {
             result = self.pull_from(&r, host, opts, progress).await;
+            // A mirror that fails in any way (down, missing the image, private, damaged) leaves
+            // the registry itself to try; a local problem (disk, store) would fail there too.
             match &result {
-                Err(ImageError::Registry(_) | ImageError::NotFound(_)) if i + 1 < hosts.len() => continue,
+                Err(ImageError::NoSpace(_) | ImageError::Io(_)) => break,
+                Err(_) if i + 1 < hosts.len() => continue,
                 _ => break,
             }
         }
@@ -215,12 +218,13 @@ impl Store {
             read_timeout: Some(std::time::Duration::from_secs(120)),
             ..Default::default()
         });
+        // Credentials are the image registry's: a mirror (someone else's server) never sees them.
         let auth = match &opts.auth {
-            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-            None => RegistryAuth::Anonymous,
+            Some(c) if host == r.registry => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            _ => RegistryAuth::Anonymous,
         };
-        // docker.io's API lives at registry-1.docker.io; oci-client maps it when the registry
-        // is spelled docker.io, which a mirror is not.
+        // A Reference spelled docker.io is sent to index.docker.io by oci-client; a mirror is
+        // addressed as itself.
         let oref = match &r.digest {
             Some(d) => Reference::with_digest(host.to_string(), r.repository.clone(), d.clone()),
             None => Reference::with_tag(host.to_string(), r.repository.clone(), r.tag.clone().unwrap_or_default()),
@@ -270,12 +274,18 @@ impl Store {
         let (config_desc, layers) = manifest_parts(&manifest, &name)?;
         progress(&Progress::Resolved { digest: digest.clone(), layers: layers.len() });
         if self.read_blob(&config_desc.digest)?.is_none() {
-            let mut config = Vec::new();
-            client
-                .pull_blob(&oref, config_desc.digest.as_str(), &mut config)
+            let (store, lock_name) = (self.clone(), format!("blob-{}.lock", hex_of(&config_desc.digest)?));
+            let _lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
                 .await
-                .map_err(|e| map_oci(host, &format!("the config of {name}"), e))?;
-            self.write_blob(&config_desc.digest, &config)?;
+                .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
+            if self.read_blob(&config_desc.digest)?.is_none() {
+                let mut config = Vec::new();
+                client
+                    .pull_blob(&oref, config_desc.digest.as_str(), &mut config)
+                    .await
+                    .map_err(|e| map_oci(host, &format!("the config of {name}"), e))?;
+                self.write_blob(&config_desc.digest, &config)?;
+            }
         }
         let config = self.parse_config(&config_desc.digest)?;
         let diff_ids = &config.rootfs.diff_ids;
@@ -315,7 +325,7 @@ impl Store {
         let store = self.clone();
         let lock_name = format!("layer-{}.lock", hex_of(diff_id)?);
         // Whoever holds this lock fetches the layer; the others wait, then find it there.
-        let _lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
+        let lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
             .await
             .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
         if self.has_layer(diff_id)? {
@@ -329,7 +339,10 @@ impl Store {
             Ok(n) => {
                 progress(&Progress::Unpacking { digest: desc.digest.clone() });
                 let (store, path, diff) = (self.clone(), blob_path.clone(), diff_id.to_string());
+                // The lock moves into the unpacking thread: were this future dropped (the pull
+                // cancelled), the thread would still be writing the layer's work directory.
                 tokio::task::spawn_blocking(move || {
+                    let _lock = lock;
                     let f = std::fs::File::open(&path)
                         .map_err(|e| ImageError::io(format!("opening {}", path.display()), e))?;
                     store.unpack_layer(std::io::BufReader::new(f), &diff)
@@ -366,11 +379,15 @@ impl Store {
         let mut reported = 0u64;
         progress(&Progress::Layer { digest: desc.digest.clone(), done: 0, total });
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => ImageError::Corrupt(format!(
-                    "{what} from {host} does not match its digest ({e}); the registry's copy is damaged"
-                )),
-                _ => ImageError::Registry(format!("downloading {what} from {host}: {}", chain(&e))),
+            let chunk = chunk.map_err(|e| {
+                // oci-client checks the digest as the stream ends and reports it as an I/O error.
+                if e.get_ref().is_some_and(|i| i.is::<oci_client::errors::DigestError>()) {
+                    ImageError::Corrupt(format!(
+                        "{what} from {host} does not match its digest ({e}); the registry's copy is damaged (nothing was stored)"
+                    ))
+                } else {
+                    ImageError::Registry(format!("downloading {what} from {host}: {}", chain(&e)))
+                }
             })?;
             hasher.update(&chunk);
             done += chunk.len() as u64;

@@ -320,6 +320,8 @@ impl Store {
     /// and `remove` leave a held image alone. A holder holds one image; leasing again replaces.
     pub fn lease(&self, holder: &str, image: &Image) -> Result<()> {
         let _meta = self.lock("meta.lock", true)?;
+        // Prune holds meta.lock while it deletes, so an image still whole here stays whole.
+        self.load(&image.name, &image.digest)?;
         let mut leases = self.leases()?;
         leases.insert(holder.to_string(), image.digest.clone());
         self.write_json("leases.json", &leases)
@@ -485,23 +487,37 @@ impl Store {
         }
         let locks = self.root.join("locks");
         for ent in fs::read_dir(&locks).map_err(|e| io(&locks, e))?.flatten() {
-            if ent.file_name().to_string_lossy().starts_with("layer-") {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name.starts_with("layer-") || name.starts_with("blob-") {
                 let _ = fs::remove_file(ent.path());
             }
         }
         Ok(report)
     }
 
-    /// Removes `tmp/` files of processes that no longer exist (a pull killed half-way); the
-    /// per-layer work directories are cleaned by whoever takes that layer's lock next.
+    /// Removes `tmp/` debris of pulls that died: files of processes that no longer exist, and
+    /// a layer's work files when nobody holds that layer's lock.
     pub(crate) fn clean_stale_tmp(&self) {
         let Ok(rd) = fs::read_dir(self.root.join("tmp")) else { return };
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let p = ent.path();
-                let _ = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            let stale = if let Some(rest) = name.strip_prefix("layer-") {
+                let hex = rest.strip_suffix(".blob").unwrap_or(rest);
+                // Taken without waiting: a held lock means a pull is writing this right now.
+                File::options()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(self.root.join("locks").join(format!("layer-{hex}.lock")))
+                    .is_ok_and(|f| f.try_lock().is_ok())
+            } else {
+                name.split('-')
+                    .next()
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+            };
+            if stale {
+                let _ = remove_any(&ent.path());
             }
         }
     }

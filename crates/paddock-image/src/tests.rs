@@ -5,7 +5,7 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::testutil::{Layer, config, gzip, manifest, sha256};
+use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256};
 use crate::{ImageError, Store};
 
 fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
@@ -108,8 +108,17 @@ fn hard_links_symlinks_and_devices() {
         .raw(b"dev/sda", tar::EntryType::Block, b"")
         .raw(b"dev/null", tar::EntryType::Char, b"")
         .file("deep/er/file", b"implicit parents")
+        .raw(b"run/fifo", tar::EntryType::Fifo, b"")
         .tar();
-    unpack_into(&tar, t.path()).unwrap();
+    // Parents the layer does not list are 0755 whatever the umask.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let r = unpack_into(&tar, t.path());
+    rustix::process::umask(old);
+    r.unwrap();
+    assert_eq!(fs::metadata(t.path().join("deep/er")).unwrap().permissions().mode() & 0o7777, 0o755);
+    let fifo = fs::symlink_metadata(t.path().join("run/fifo")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.permissions().mode() & 0o7777, 0o644);
     let (a, b) = (fs::metadata(t.path().join("a")).unwrap(), fs::metadata(t.path().join("b")).unwrap());
     assert_eq!(a.ino(), b.ino());
     // The symlink is stored, not followed, even by a hard link to it.
@@ -140,6 +149,13 @@ fn compressed_layers_and_diff_id_mismatch() {
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     assert!(!store.has_layer(&wrong).unwrap());
     assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    // A damaged gzip stream is corrupt content, not an I/O failure.
+    let mut gz = gzip(&Layer::new().file("f", &[9u8; 50_000]).tar());
+    let n = gz.len();
+    gz[n / 2] ^= 0xff;
+    gz[n / 2 + 1] ^= 0xff;
+    let err = store.unpack_layer(&gz[..], &wrong).unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     // Garbage is not a tarball.
     let err = store.unpack_layer(&b"not a tar at all, not at all, not at all"[..], &wrong).unwrap_err();
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
@@ -244,30 +260,6 @@ fn import_a_damaged_layout_stores_nothing() {
     assert!(store.list().unwrap().is_empty());
 }
 
-/// A `docker save` archive in the classic layout: `<id>/layer.tar`, `<hex>.json`, manifest.json.
-fn docker_save(out: &Path, tars: &[Vec<u8>], tags: &[&str], user: Option<&str>) {
-    let cfg = config(tars, user, &["A=1"]);
-    let mut b = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data).unwrap();
-    };
-    let cfg_name = format!("{}.json", &sha256(&cfg)[7..]);
-    add(&cfg_name, &cfg);
-    let mut layers = Vec::new();
-    for (i, t) in tars.iter().enumerate() {
-        let name = format!("layer{i}/layer.tar");
-        add(&name, t);
-        layers.push(name);
-    }
-    let m = serde_json::json!([{ "Config": cfg_name, "RepoTags": tags, "Layers": layers }]);
-    add("manifest.json", &serde_json::to_vec(&m).unwrap());
-    fs::write(out, gzip(&b.into_inner().unwrap())).unwrap();
-}
-
 #[test]
 fn import_a_docker_save_tarball() {
     let t = tempfile::tempdir().unwrap();
@@ -363,8 +355,67 @@ fn stale_temp_entries_are_cleaned() {
     fs::write(&dead, b"partial").unwrap();
     store.clean_stale_tmp();
     assert!(!dead.exists());
-    let stale_layer = store.dir().join("tmp/layer-x");
-    fs::create_dir_all(stale_layer.join("root")).unwrap();
-    assert_eq!(store.prune().unwrap().temp_entries, 1);
-    assert!(!stale_layer.exists());
+    // A layer's work directory goes when nobody holds its lock, and stays while someone does.
+    let hex = "ab".repeat(32);
+    let work = store.dir().join(format!("tmp/layer-{hex}"));
+    fs::create_dir_all(work.join("root")).unwrap();
+    fs::write(store.dir().join(format!("tmp/layer-{hex}.blob")), b"partial").unwrap();
+    let held = store.lock(&format!("layer-{hex}.lock"), true).unwrap();
+    store.clean_stale_tmp();
+    assert!(work.exists());
+    drop(held);
+    store.clean_stale_tmp();
+    assert!(!work.exists());
+    assert!(!store.dir().join(format!("tmp/layer-{hex}.blob")).exists());
+    let other = store.dir().join("tmp/layer-x");
+    fs::create_dir_all(other.join("root")).unwrap();
+    fs::write(store.dir().join("tmp/junk"), b"").unwrap();
+    assert_eq!(store.prune().unwrap().temp_entries, 2);
+    assert!(!other.exists());
+}
+
+#[test]
+fn a_lease_of_an_image_pruned_meanwhile_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let layout = t.path().join("layout");
+    write_layout(&layout, "example.com/gone:1", &[Layer::new().file("f", b"x").tar()], None);
+    let img = store.import(&layout, None).unwrap();
+    store.remove("example.com/gone:1").unwrap();
+    store.prune().unwrap();
+    assert!(matches!(store.lease("sbx", &img), Err(ImageError::NotFound(_))));
+    assert!(store.list().unwrap().is_empty());
+}
+
+/// A full disk during an import (a 1 MiB tmpfs): a NoSpace error that says what to do, and a
+/// store that still works and holds nothing half-written.
+#[test]
+fn a_full_disk_gives_no_space_and_no_corrupt_store() {
+    let t = tempfile::tempdir().unwrap();
+    let mnt = t.path().join("small");
+    fs::create_dir(&mnt).unwrap();
+    rustix::mount::mount("tmpfs", &mnt, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m")
+        .expect("mounting a small tmpfs (the tests run as root)");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    let store = Store::open(&mnt.join("images")).unwrap();
+    let layout = t.path().join("layout");
+    let small = Layer::new().file("small", b"fits").tar();
+    write_layout(&layout, "example.com/small:1", std::slice::from_ref(&small), None);
+    store.import(&layout, None).unwrap();
+    let big_layout = t.path().join("big");
+    let noise: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    write_layout(&big_layout, "example.com/big:1", &[Layer::new().file("big", &noise).tar()], None);
+    let err = store.import(&big_layout, None).unwrap_err();
+    assert!(matches!(err, ImageError::NoSpace(_)), "{err}");
+    assert!(err.to_string().contains("paddock image prune"), "{err}");
+    assert_eq!(store.lookup("example.com/big:1").unwrap(), None);
+    assert!(store.lookup("example.com/small:1").unwrap().is_some());
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 1);
 }

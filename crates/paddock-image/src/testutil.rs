@@ -136,3 +136,150 @@ pub fn manifest(config: &[u8], blobs: &[Vec<u8>]) -> Vec<u8> {
     }))
     .expect("json")
 }
+
+/// A `docker save` archive in the classic layout: `<id>/layer.tar`, `<hex>.json`, manifest.json.
+pub fn docker_save(out: &std::path::Path, tars: &[Vec<u8>], tags: &[&str], user: Option<&str>) {
+    let cfg = config(tars, user, &["A=1"]);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let cfg_name = format!("{}.json", &sha256(&cfg)[7..]);
+    add(&cfg_name, &cfg);
+    let mut layers = Vec::new();
+    for (i, t) in tars.iter().enumerate() {
+        let name = format!("layer{i}/layer.tar");
+        add(&name, t);
+        layers.push(name);
+    }
+    let m = serde_json::json!([{ "Config": cfg_name, "RepoTags": tags, "Layers": layers }]);
+    add("manifest.json", &serde_json::to_vec(&m).unwrap());
+    std::fs::write(out, gzip(&b.into_inner().unwrap())).unwrap();
+}
+
+pub const REGISTRY_USER: &str = "tester";
+pub const REGISTRY_PASSWORD: &str = "s3cret-pw";
+
+fn find(bin: &str, package: &str) -> std::path::PathBuf {
+    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin"] {
+        let p = std::path::Path::new(dir).join(bin);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "{bin} is not installed: these tests need a real registry; run `apt-get install -y {package}` (CI installs it)"
+    );
+}
+
+/// A real registry (Debian's `docker-registry`) on 127.0.0.1 with its storage in a directory
+/// the caller owns; the process is killed (by its pid) on drop.
+pub struct Registry {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    pub host: String,
+    auth: bool,
+}
+
+impl Registry {
+    /// Starts one with its storage, config and log in `dir`; `auth` requires
+    /// [`REGISTRY_USER`] / [`REGISTRY_PASSWORD`] (htpasswd, bcrypt).
+    pub fn start(dir: &std::path::Path, auth: bool) -> Registry {
+        use std::process::{Command, Stdio};
+        let bin = find("docker-registry", "docker-registry");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut yml = format!(
+            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: test-secret\n",
+            dir.join("data").display()
+        );
+        if auth {
+            let htpasswd = find("htpasswd", "apache2-utils");
+            let out = Command::new(htpasswd).args(["-Bbn", REGISTRY_USER, REGISTRY_PASSWORD]).output().unwrap();
+            assert!(out.status.success(), "htpasswd failed: {}", String::from_utf8_lossy(&out.stderr));
+            std::fs::write(dir.join("htpasswd"), out.stdout).unwrap();
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: paddock-test\n    path: {}\n",
+                dir.join("htpasswd").display()
+            ));
+        }
+        std::fs::write(dir.join("config.yml"), yml).unwrap();
+        let log = std::fs::File::create(dir.join("log")).unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(dir.join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let reg = Registry { child, dir: dir.to_path_buf(), host: format!("127.0.0.1:{port}"), auth };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(&reg.host).is_err() {
+            assert!(std::time::Instant::now() < deadline, "the registry did not start; its log:\n{}", reg.log());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        reg
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// Successful GETs of a blob, from the registry's own request log.
+    pub fn blob_gets(&self, digest: &str) -> usize {
+        let needle = format!("/blobs/{digest}");
+        self.log()
+            .lines()
+            .filter(|l| {
+                l.contains("response completed")
+                    && l.contains("http.request.method=GET")
+                    && l.contains(&needle)
+                    && l.contains("http.response.status=200")
+            })
+            .count()
+    }
+
+    /// Where the registry keeps a blob's bytes.
+    pub fn blob_file(&self, digest: &str) -> std::path::PathBuf {
+        let hex = &digest[7..];
+        self.dir.join("data/docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
+    }
+
+    pub fn registry_auth(&self) -> oci_client::secrets::RegistryAuth {
+        if self.auth {
+            oci_client::secrets::RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into())
+        } else {
+            oci_client::secrets::RegistryAuth::Anonymous
+        }
+    }
+
+    pub fn client(&self) -> oci_client::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        oci_client::Client::new(oci_client::client::ClientConfig {
+            protocol: oci_client::client::ClientProtocol::Http,
+            ..Default::default()
+        })
+    }
+
+    /// Pushes an image of these layer tarballs (gzip-compressed); returns its manifest digest.
+    pub async fn push(&self, repo_tag: &str, tars: &[Vec<u8>], user: Option<&str>) -> String {
+        let client = self.client();
+        let reference: oci_client::Reference = format!("{}/{repo_tag}", self.host).parse().unwrap();
+        let layers: Vec<oci_client::client::ImageLayer> =
+            tars.iter().map(|t| oci_client::client::ImageLayer::oci_v1_gzip(gzip(t), None)).collect();
+        let cfg = oci_client::client::Config::oci_v1(config(tars, user, &["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]), None);
+        client.push(&reference, &layers, cfg, &self.registry_auth(), None).await.unwrap();
+        client.fetch_manifest_digest(&reference, &self.registry_auth()).await.unwrap()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -92,7 +92,7 @@ struct DirMeta {
 
 /// Unpacks the (possibly compressed) layer `blob` into the existing empty directory `dest`.
 pub(crate) fn unpack(blob: impl Read, dest: &Path) -> Result<Unpacked> {
-    let io_err = |e: io::Error| ImageError::io(format!("reading layer for {}", dest.display()), e);
+    let io_err = |e: io::Error| corrupt_tar(dest, e);
     let hashed = HashReader::new(decompress(blob).map_err(io_err)?);
     let mut archive = tar::Archive::new(hashed);
     let root = rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
@@ -120,7 +120,11 @@ pub(crate) fn unpack(blob: impl Read, dest: &Path) -> Result<Unpacked> {
 
 fn corrupt_tar(dest: &Path, e: io::Error) -> ImageError {
     match e.kind() {
-        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof | io::ErrorKind::Other
+        // flate2 reports a corrupt stream as InvalidInput, tar and zstd as Other.
+        io::ErrorKind::InvalidData
+        | io::ErrorKind::InvalidInput
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::Other
             if e.raw_os_error().is_none() =>
         {
             ImageError::Corrupt(format!(
@@ -192,7 +196,14 @@ fn open_dir(root: &OwnedFd, path: &[OsString], create: bool) -> Result<OwnedFd> 
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(ImageError::errno(format!("creating {}", show(&path[..=i])), e)),
                 }
-                rustix::fs::openat(&cur, c.as_os_str(), flags, Mode::empty())
+                let fd = rustix::fs::openat(&cur, c.as_os_str(), flags, Mode::empty());
+                // mkdir's mode passes through the umask; a parent the layer does not list must
+                // still be traversable by the sandbox user.
+                if let Ok(fd) = &fd {
+                    rustix::fs::fchmod(fd, Mode::from_raw_mode(0o755))
+                        .map_err(|e| ImageError::errno(format!("creating {}", show(&path[..=i])), e))?;
+                }
+                fd
             }
             r => r,
         };
@@ -421,6 +432,9 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
                 AtFlags::SYMLINK_NOFOLLOW,
             )
             .map_err(|e| ImageError::errno(what(), e))?;
+            // After chown (which may clear mode bits), and past the umask mknod applied.
+            rustix::fs::chmodat(&parent, name.as_os_str(), Mode::from_raw_mode(strip_mode(mode)), AtFlags::empty())
+                .map_err(|e| ImageError::errno(what(), e))?;
             Ok(0)
         }
         // Device nodes are skipped: a sandbox gets its own /dev, and a device file in a lower

@@ -1,0 +1,379 @@
+//! paddock-image against a real registry on loopback: Debian's `docker-registry` (the CNCF
+//! distribution registry), started per test in a temporary directory, holding images these
+//! tests build and push themselves. Needs root (unpacking sets owners and trusted xattrs) and
+//! `apt-get install docker-registry apache2-utils`; without them the tests fail saying so.
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use oci_client::Reference;
+use oci_client::secrets::RegistryAuth;
+use paddock_image::testutil::{
+    self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256,
+};
+use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryConfig, Store};
+
+/// A registry in a temporary directory: the process is killed before its directory goes.
+struct Registry {
+    reg: testutil::Registry,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start(auth: bool) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        Registry { reg: testutil::Registry::start(dir.path(), auth), _dir: dir }
+    }
+}
+
+impl std::ops::Deref for Registry {
+    type Target = testutil::Registry;
+    fn deref(&self) -> &testutil::Registry {
+        &self.reg
+    }
+}
+
+fn opts() -> PullOptions {
+    PullOptions::default()
+}
+
+fn no_progress(_: &Progress) {}
+
+/// A three-layer image: a base, one that deletes a file and replaces a directory, one with
+/// a set-uid file.
+fn three_layers() -> Vec<Vec<u8>> {
+    vec![
+        Layer::new()
+            .dir("etc", 0o755)
+            .file("etc/passwd", b"root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n")
+            .file("etc/motd", b"hello")
+            .dir("opt", 0o755)
+            .dir("opt/old", 0o755)
+            .file("opt/old/a", b"a")
+            .tar(),
+        Layer::new()
+            .dir("etc", 0o755)
+            .whiteout("etc/motd")
+            .dir("opt", 0o755)
+            .dir("opt/old", 0o755)
+            .opaque("opt/old")
+            .file("opt/old/b", b"b")
+            .tar(),
+        Layer::new().dir("usr", 0o755).file_with("usr/su", b"#!/bin/sh\n", 0o4755, 0, 0, 1_700_000_000).tar(),
+    ]
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::open(&t.path().join("images")).unwrap();
+    (t, s)
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 16];
+    rustix::fs::lgetxattr(path, name, &mut buf).ok().map(|n| buf[..n].to_vec())
+}
+
+#[tokio::test]
+async fn pull_by_tag_and_by_digest_with_whiteouts_and_opaque_dirs() {
+    let reg = Registry::start(false);
+    let tars = three_layers();
+    let digest = reg.push("team/app:1.0", &tars, Some("app")).await;
+    let (_t, store) = store();
+    let events = Mutex::new(Vec::new());
+    let record = |p: &Progress| events.lock().unwrap().push(p.clone());
+    let name = format!("{}/team/app:1.0", reg.host);
+    let img = store.pull(&name, &opts(), &record).await.unwrap();
+    assert_eq!(img.name, name);
+    assert_eq!(img.digest, digest);
+    assert_eq!(img.layers.len(), 3);
+    // Layer order is lowest first; each layer holds only its own changes.
+    assert_eq!(fs::read(img.layers[0].join("etc/motd")).unwrap(), b"hello");
+    let wh = fs::symlink_metadata(img.layers[1].join("etc/motd")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    assert_eq!(xattr(&img.layers[1].join("opt/old"), "trusted.overlay.opaque").as_deref(), Some(&b"y"[..]));
+    assert_eq!(xattr(&img.layers[1].join("opt/old"), "user.overlay.opaque").as_deref(), Some(&b"y"[..]));
+    assert!(!img.layers[1].join("opt/old/a").exists() && img.layers[1].join("opt/old/b").exists());
+    assert_eq!(fs::metadata(img.layers[2].join("usr/su")).unwrap().mode() & 0o7777, 0o755);
+    assert_eq!(img.config.env, ["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]);
+    assert_eq!(store.image_user(&img).unwrap(), Some((1000, 1000)));
+    let events = events.into_inner().unwrap();
+    for t in &tars {
+        let blob = sha256(&gzip(t));
+        let total = gzip(t).len() as u64;
+        assert!(
+            events.iter().any(|e| *e == Progress::Layer { digest: blob.clone(), done: total, total }),
+            "no completed progress for {blob}: {events:?}"
+        );
+    }
+    assert!(matches!(events.last(), Some(Progress::Done { .. })));
+
+    // By digest: the same image, nothing downloaded again (even the manifest is local).
+    let by_digest = format!("{}/team/app@{digest}", reg.host);
+    assert_eq!(store.lookup(&by_digest).unwrap().unwrap().layers, img.layers);
+    let (_t2, other) = store_pair_dir();
+    let img2 = other.pull(&by_digest, &opts(), &no_progress).await.unwrap();
+    assert_eq!(img2.digest, digest);
+    assert_eq!(img2.name, by_digest);
+    let again = store.pull(&by_digest, &opts(), &no_progress).await.unwrap();
+    assert_eq!(again.layers, img.layers);
+    for t in &tars {
+        assert_eq!(reg.blob_gets(&sha256(&gzip(t))), 2, "one GET per store");
+    }
+    // A tag pull again resolves the manifest but fetches no layer.
+    store.pull(&name, &opts(), &no_progress).await.unwrap();
+    for t in &tars {
+        assert_eq!(reg.blob_gets(&sha256(&gzip(t))), 2);
+    }
+    // Missing tags and repositories are NotFound.
+    let err = store.pull(&format!("{}/team/app:nope", reg.host), &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::NotFound(_)), "{err}");
+    let err = store.pull(&format!("{}/team/none:1", reg.host), &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::NotFound(_)), "{err}");
+}
+
+fn store_pair_dir() -> (tempfile::TempDir, Store) {
+    store()
+}
+
+#[tokio::test]
+async fn a_corrupted_blob_in_the_registry_is_rejected_and_nothing_stored() {
+    let reg = Registry::start(false);
+    let tars = vec![
+        Layer::new().file("good", b"fine").tar(),
+        Layer::new().file("big", &vec![7u8; 300_000]).file("x", b"y").tar(),
+    ];
+    reg.push("c/app:1", &tars, None).await;
+    let bad = sha256(&gzip(&tars[1]));
+    let path = reg.blob_file(&bad);
+    let mut bytes = fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    fs::write(&path, bytes).unwrap();
+    let (_t, store) = store();
+    let name = format!("{}/c/app:1", reg.host);
+    let err = store.pull(&name, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains(&bad), "{err}");
+    assert_eq!(store.lookup(&name).unwrap(), None);
+    assert!(store.list().unwrap().is_empty());
+    let tmp: Vec<_> = fs::read_dir(store.dir().join("tmp")).unwrap().collect();
+    assert!(tmp.is_empty(), "left behind: {tmp:?}");
+    let layers: Vec<_> = fs::read_dir(store.dir().join("layers")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(!layers.contains(&sha256(&tars[1])[7..].into()), "the corrupt layer was published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_pulls_download_each_blob_once() {
+    let reg = Registry::start(false);
+    // Incompressible layers, so the downloads take long enough to overlap.
+    let tars =
+        vec![Layer::new().file("a", &noise(1, 3_000_000)).tar(), Layer::new().file("b", &noise(2, 3_000_000)).tar()];
+    reg.push("con/app:1", &tars, None).await;
+    let (t, s1) = store();
+    let s2 = Store::open(&t.path().join("images")).unwrap();
+    let name = format!("{}/con/app:1", reg.host);
+    let o = opts();
+    let (a, b) = tokio::join!(s1.pull(&name, &o, &no_progress), s2.pull(&name, &o, &no_progress));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b);
+    for t in &tars {
+        assert_eq!(reg.blob_gets(&sha256(&gzip(t))), 1, "log:\n{}", reg.log());
+    }
+    let config_digest = sha256(&config(&tars, None, &["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]));
+    assert_eq!(reg.blob_gets(&config_digest), 1);
+    assert_eq!(fs::read(a.layers[1].join("b")).unwrap().len(), 3_000_000);
+}
+
+#[tokio::test]
+async fn auth_required_refused_without_credentials_works_with_them() {
+    let reg = Registry::start(true);
+    let tars = vec![Layer::new().file("secret", b"data").tar()];
+    reg.push("private/app:1", &tars, None).await;
+    let (_t, store) = store();
+    let name = format!("{}/private/app:1", reg.host);
+    let err = store.pull(&name, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(err.to_string().contains("--username"), "{err}");
+    let wrong = PullOptions {
+        auth: Some(Credentials { username: USER.into(), password: "wrong".into() }),
+        registries: RegistryConfig::default(),
+    };
+    let err = store.pull(&name, &wrong, &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    let right = PullOptions {
+        auth: Some(Credentials { username: USER.into(), password: PASSWORD.into() }),
+        registries: RegistryConfig::default(),
+    };
+    let img = store.pull(&name, &right, &no_progress).await.unwrap();
+    assert_eq!(fs::read(img.layers[0].join("secret")).unwrap(), b"data");
+}
+
+/// Incompressible bytes, so layers keep their size on the wire.
+fn noise(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = seed as u32 | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+const CHILD_ENV: &str = "PADDOCK_IMAGE_TEST_CHILD_PULL";
+
+/// Not a test on its own: the pull that `a_pull_killed_half_way_...` runs in a child process
+/// (this test binary again) and kills with SIGKILL. Slowed down so the kill lands mid-layer.
+#[tokio::test]
+async fn child_pull_for_the_kill_test() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let mut parts = spec.splitn(3, '|');
+    let (dir, name, marker) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap().to_string());
+    let store = Store::open(Path::new(dir)).unwrap();
+    let progress = move |p: &Progress| {
+        if let Progress::Layer { done, .. } = p
+            && *done > 0
+        {
+            let _ = fs::write(&marker, b"");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    store.pull(name, &opts(), &progress).await.unwrap();
+    panic!("the pull finished before it was killed");
+}
+
+#[tokio::test]
+async fn a_pull_killed_half_way_leaves_nothing_complete_and_the_next_pull_succeeds() {
+    let reg = Registry::start(false);
+    let big = noise(3, 16_000_000);
+    let tars = vec![Layer::new().file("small", b"s").tar(), Layer::new().file("big", &big).tar()];
+    reg.push("kill/app:1", &tars, None).await;
+    let (t, store) = store();
+    let name = format!("{}/kill/app:1", reg.host);
+    let marker = t.path().join("downloading");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_pull_for_the_kill_test", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{}|{name}|{}", store.dir().display(), marker.display()))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the child pull ended before it was killed");
+        assert!(Instant::now() < deadline, "the child pull never started downloading");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    assert_eq!(store.lookup(&name).unwrap(), None, "a killed pull must not look complete");
+    assert!(!store.dir().join("layers").join(&sha256(&tars[1])[7..]).exists());
+    let leftovers: Vec<_> = fs::read_dir(store.dir().join("tmp")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(!leftovers.is_empty(), "the killed pull left no partial download (did it finish?)");
+
+    // Worse debris, as a crash during unpacking would leave it.
+    let hex = &sha256(&tars[1])[7..];
+    fs::create_dir_all(store.dir().join(format!("tmp/layer-{hex}/root/usr"))).unwrap();
+    fs::write(store.dir().join(format!("tmp/layer-{hex}/root/usr/half")), b"half").unwrap();
+    fs::write(store.dir().join("tmp/999999999-1-1-blob"), b"partial").unwrap();
+
+    let img = store.pull(&name, &opts(), &no_progress).await.unwrap();
+    assert_eq!(fs::read(img.layers[1].join("big")).unwrap(), big);
+    assert!(!img.layers[1].join("usr").exists(), "debris of the earlier attempt leaked into the layer");
+    let left: Vec<_> = fs::read_dir(store.dir().join("tmp")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "stale temp entries remain: {left:?}");
+}
+
+#[tokio::test]
+async fn prune_keeps_a_leased_image_and_removes_it_after_release() {
+    let reg = Registry::start(false);
+    let tars = vec![Layer::new().file("keep", b"me").tar(), Layer::new().file("and", b"me").tar()];
+    reg.push("lease/app:1", &tars, None).await;
+    let (_t, store) = store();
+    let name = format!("{}/lease/app:1", reg.host);
+    let img = store.pull(&name, &opts(), &no_progress).await.unwrap();
+    store.lease("sbx-a", &img).unwrap();
+    assert_eq!(store.list().unwrap()[0].holders, ["sbx-a"]);
+    assert!(matches!(store.remove(&name), Err(ImageError::InUse(_))));
+    store.remove_with(&name, true).unwrap();
+    let report = store.prune().unwrap();
+    assert_eq!(report.layers, 0);
+    assert!(img.layers.iter().all(|l| l.exists()));
+    store.release("sbx-a").unwrap();
+    let report = store.prune().unwrap();
+    assert_eq!(report.layers, 2);
+    assert_eq!(report.images, std::slice::from_ref(&img.digest));
+    assert!(img.layers.iter().all(|l| !l.exists()));
+    assert!(store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn mirrors_and_multi_arch_indexes() {
+    let reg = Registry::start(false);
+    // Two platform images and an index naming both: the pull takes this machine's.
+    let ours = vec![Layer::new().file("arch", b"ours").tar()];
+    let theirs = vec![Layer::new().file("arch", b"theirs").tar()];
+    let ours_digest = reg.push("multi/app:ours", &ours, None).await;
+    let theirs_digest = reg.push("multi/app:theirs", &theirs, None).await;
+    let client = reg.client();
+    let size = |tag: &str| {
+        let r: Reference = format!("{}/multi/app:{tag}", reg.host).parse().unwrap();
+        let c = client.clone();
+        async move {
+            let (b, _) = c
+                .pull_manifest_raw(&r, &RegistryAuth::Anonymous, &["application/vnd.oci.image.manifest.v1+json"])
+                .await
+                .unwrap();
+            b.len()
+        }
+    };
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let other_arch = if arch == "s390x" { "ppc64le" } else { "s390x" };
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            { "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": theirs_digest, "size": size("theirs").await,
+              "platform": { "architecture": other_arch, "os": "linux" } },
+            { "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": ours_digest, "size": size("ours").await,
+              "platform": { "architecture": arch, "os": "linux" } },
+        ],
+    });
+    let index: oci_client::manifest::OciImageIndex = serde_json::from_value(index).unwrap();
+    let r: Reference = format!("{}/multi/app:all", reg.host).parse().unwrap();
+    client.push_manifest_list(&r, &RegistryAuth::Anonymous, index).await.unwrap();
+
+    // Pulled through a mirror of a registry that does not exist.
+    let (_t, store) = store();
+    let o = PullOptions {
+        auth: None,
+        registries: RegistryConfig {
+            // The first mirror is down: the next one serves.
+            mirrors: vec![
+                ("registry.example.invalid".into(), "127.0.0.1:1".into()),
+                ("registry.example.invalid".into(), reg.host.clone()),
+            ],
+            insecure: Vec::new(),
+        },
+    };
+    let img = store.pull("registry.example.invalid/multi/app:all", &o, &no_progress).await.unwrap();
+    assert_eq!(img.name, "registry.example.invalid/multi/app:all");
+    assert_eq!(img.digest, ours_digest);
+    assert_eq!(fs::read(img.layers[0].join("arch")).unwrap(), b"ours");
+    assert_eq!(store.lookup("registry.example.invalid/multi/app:all").unwrap().unwrap().digest, ours_digest);
+    // Without the mirror, the nonexistent registry is a clear registry error.
+    let err = store.pull("registry.example.invalid/multi/app:all", &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Registry(_)), "{err}");
+    assert!(err.to_string().contains("cannot reach"), "{err}");
+}

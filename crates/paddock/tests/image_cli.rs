@@ -1,0 +1,189 @@
+//! `paddock image ...` as a user runs it: against a real registry on loopback (Debian's
+//! `docker-registry`), and with archives built here. Runs as root (CI does): unpacking sets
+//! file owners.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use paddock_image::testutil::{self, Layer, docker_save};
+
+const EXE: &str = env!("CARGO_BIN_EXE_paddock");
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn paddock(data: &Path, args: &[&str], stdin: Option<&str>) -> Out {
+    let mut child = Command::new(EXE)
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running paddock");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn ok(out: Out) -> Out {
+    assert_eq!(out.code, 0, "stdout:\n{}\nstderr:\n{}", out.stdout, out.stderr);
+    out
+}
+
+fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "paddock image unpacks layers with their owners: run as root (CI does)"
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+#[test]
+fn pull_ls_rm_prune_against_a_registry() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = testutil::Registry::start(&dir.path().join("registry").tap_mkdir(), false);
+    let tars = vec![Layer::new().file("a", b"one").tar(), Layer::new().file("b", b"two").tar()];
+    let digest = runtime().block_on(reg.push("cli/app:1", &tars, None));
+    let data = dir.path().join("data");
+    let name = format!("{}/cli/app:1", reg.host);
+
+    let out = ok(paddock(&data, &["image", "pull", &name], None));
+    assert_eq!(out.stdout.trim(), format!("{name} {digest}"));
+    // Not a terminal: a line per layer, no redrawn progress.
+    assert_eq!(out.stderr.matches("downloaded, unpacking").count(), 2, "{}", out.stderr);
+    assert!(!out.stderr.contains('\r'), "{}", out.stderr);
+    let again = ok(paddock(&data, &["image", "pull", &name], None));
+    assert_eq!(again.stderr.matches("already stored").count(), 2, "{}", again.stderr);
+
+    let ls: serde_json::Value =
+        serde_json::from_str(&ok(paddock(&data, &["--json", "image", "ls"], None)).stdout).unwrap();
+    assert_eq!(ls[0]["names"][0], name.as_str());
+    assert_eq!(ls[0]["digest"], digest.as_str());
+    assert_eq!(ls[0]["layers"], 2);
+    let human = ok(paddock(&data, &["image", "ls"], None)).stdout;
+    assert!(human.lines().nth(1).unwrap().starts_with(&name), "{human}");
+
+    let rm = ok(paddock(&data, &["image", "rm", &name], None));
+    assert!(rm.stdout.contains(&format!("untagged {name}")), "{}", rm.stdout);
+    assert!(rm.stdout.contains("freed"), "{}", rm.stdout);
+    let ls: serde_json::Value =
+        serde_json::from_str(&ok(paddock(&data, &["--json", "image", "ls"], None)).stdout).unwrap();
+    assert_eq!(ls, serde_json::json!([]));
+    assert_eq!(std::fs::read_dir(data.join("images/layers")).unwrap().count(), 0);
+    let prune: serde_json::Value =
+        serde_json::from_str(&ok(paddock(&data, &["--json", "image", "prune"], None)).stdout).unwrap();
+    assert_eq!(prune["layers"], 0);
+
+    let missing = paddock(&data, &["image", "rm", &name], None);
+    assert_eq!(missing.code, 125);
+    assert!(missing.stderr.contains("not in the store"), "{}", missing.stderr);
+}
+
+#[test]
+fn two_pull_processes_download_each_layer_once() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = testutil::Registry::start(&dir.path().join("registry").tap_mkdir(), false);
+    let noise = |seed: u32| -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..4_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    };
+    let tars = vec![Layer::new().file("a", &noise(1)).tar(), Layer::new().file("b", &noise(2)).tar()];
+    runtime().block_on(reg.push("two/app:1", &tars, None));
+    let data = dir.path().join("data");
+    let name = format!("{}/two/app:1", reg.host);
+    let spawn = || {
+        Command::new(EXE)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["image", "pull", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    for t in &tars {
+        assert_eq!(reg.blob_gets(&testutil::sha256(&testutil::gzip(t))), 1, "{}", reg.log());
+    }
+}
+
+#[test]
+fn pull_with_password_stdin() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = testutil::Registry::start(&dir.path().join("registry").tap_mkdir(), true);
+    runtime().block_on(reg.push("private/app:1", &[Layer::new().file("s", b"secret").tar()], None));
+    let data = dir.path().join("data");
+    let name = format!("{}/private/app:1", reg.host);
+    let refused = paddock(&data, &["image", "pull", &name], None);
+    assert_eq!(refused.code, 125);
+    assert!(refused.stderr.contains("--password-stdin"), "{}", refused.stderr);
+    let args = ["image", "pull", &name, "--username", testutil::REGISTRY_USER, "--password-stdin"];
+    ok(paddock(&data, &args, Some(&format!("{}\n", testutil::REGISTRY_PASSWORD))));
+}
+
+#[test]
+fn import_a_docker_save_archive_and_bad_input() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let file = dir.path().join("saved.tar.gz");
+    docker_save(&file, &[Layer::new().file("etc/os-release", b"ID=test\n").tar()], &["saved:1"], None);
+    let out =
+        ok(paddock(&data, &["--json", "image", "import", file.to_str().unwrap(), "--tag", "local/py:3.11"], None));
+    let img: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(img["name"], "docker.io/local/py:3.11");
+    assert_eq!(img["config"]["env"][0], "A=1");
+    let ls = ok(paddock(&data, &["image", "ls"], None)).stdout;
+    assert!(ls.contains("docker.io/local/py:3.11"), "{ls}");
+
+    for (args, says) in [
+        (vec!["image", "pull", "Not A Name"], "invalid image reference"),
+        (vec!["image", "pull", "127.0.0.1:1/x/y:1"], "cannot reach registry 127.0.0.1:1"),
+        (vec!["image", "--registry-mirror", "nope", "pull", "x"], "REGISTRY=MIRROR"),
+        (vec!["image", "import", "/nonexistent/file.tar"], "/nonexistent/file.tar"),
+    ] {
+        let out = paddock(&data, &args, None);
+        assert_eq!(out.code, 125, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+    }
+}
+
+trait TapMkdir {
+    fn tap_mkdir(self) -> Self;
+}
+
+impl TapMkdir for std::path::PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
+}
