@@ -165,9 +165,30 @@ pub const REGISTRY_USER: &str = "tester";
 pub const REGISTRY_PASSWORD: &str = "s3cret-pw";
 
 fn find(bin: &str, package: &str) -> std::path::PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin"] {
-        let p = std::path::Path::new(dir).join(bin);
-        if p.exists() {
+    let look = || {
+        ["/usr/bin", "/usr/sbin", "/usr/local/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(bin))
+            .find(|p| p.exists())
+    };
+    if let Some(p) = look() {
+        return p;
+    }
+    // `cargo test --workspace` on a fresh Debian machine (the README's test command) runs as
+    // root: install the package once, as CI's setup would, rather than fail.
+    if rustix::process::geteuid().is_root() {
+        // One apt-get at a time: the tests of this binary run on parallel threads.
+        static APT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = APT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = look() {
+            return p;
+        }
+        let _ = std::process::Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::null())
+            .status();
+        if let Some(p) = look() {
             return p;
         }
     }
