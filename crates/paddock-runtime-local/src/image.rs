@@ -49,6 +49,8 @@ pub struct ImageOptions {
     pub registries: RegistryConfig,
     /// Name as a client gives it (or normalized) → the reference or path to use instead.
     pub aliases: BTreeMap<String, String>,
+    /// Never pull: only images already in the store run (air-gapped hosts).
+    pub offline: bool,
 }
 
 impl ImageOptions {
@@ -94,6 +96,11 @@ pub(crate) async fn prepare(
     };
     let image = match found {
         Some(image) => image,
+        None if options.offline => {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "image {reference} is not in this host's image store and pulling is off (--pull never): import it with `paddock image import` or pull it with `paddock image pull`"
+            )));
+        }
         None => {
             let pull = PullOptions {
                 auth: spec

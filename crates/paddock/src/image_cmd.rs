@@ -112,8 +112,37 @@ fn list_out(infos: &[ImageInfo], json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Gives back the leases of sandboxes that are gone without saying so (a supervisor killed
+/// with -9 never releases): their images would otherwise never be pruned. A sandbox's
+/// directory exists before its lease is taken and is removed before the lease is released.
+fn forget_gone_holders(data_dir: &Path, store: &Store) -> Result<()> {
+    for info in store.list()? {
+        for holder in &info.holders {
+            if !data_dir.join("sandboxes").join(holder).exists() {
+                store.release(holder)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pulls `reference` with progress on stderr unless the store has it: what `paddock run` and
+/// `create` do first, so a long pull is not a silent wait.
+pub async fn ensure_pulled(data_dir: &Path, reference: &str, registries: RegistryConfig) -> Result<()> {
+    let store = Store::open(&data_dir.join("images"))?;
+    if store.lookup(reference)?.is_some() {
+        return Ok(());
+    }
+    let progress = show_progress(std::io::stderr().is_terminal());
+    store.pull(reference, &PullOptions { auth: None, registries }, &progress).await?;
+    Ok(())
+}
+
 pub async fn run(data_dir: &Path, args: ImageArgs, registries: RegistryConfig, json: bool) -> Result<u8> {
     let store = Store::open(&data_dir.join("images"))?;
+    if !matches!(args.command, ImageCommand::Pull { .. } | ImageCommand::Import { .. }) {
+        forget_gone_holders(data_dir, &store)?;
+    }
     match args.command {
         ImageCommand::Pull { reference, username, password_stdin } => {
             let auth = match (username, password_stdin) {

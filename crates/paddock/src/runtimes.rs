@@ -53,6 +53,16 @@ pub struct ImageOpts {
     /// unpacked root directory); repeatable.
     #[arg(long = "image-alias", global = true, value_name = "NAME=REF", value_parser = parse_pair)]
     pub aliases: Vec<(String, String)>,
+    /// When a sandbox's image is not in the store: `missing` pulls it, `never` refuses (only
+    /// imported or pulled images run).
+    #[arg(long = "pull", global = true, value_enum, default_value = "missing")]
+    pub pull: PullPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PullPolicy {
+    Missing,
+    Never,
 }
 
 impl ImageOpts {
@@ -63,6 +73,7 @@ impl ImageOpts {
                 insecure: self.insecure.clone(),
             },
             aliases: self.aliases.iter().cloned().collect(),
+            offline: self.pull == PullPolicy::Never,
         }
     }
 }
