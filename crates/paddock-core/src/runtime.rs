@@ -350,6 +350,11 @@ pub struct SandboxMetrics {
 pub trait Runtime: Send + Sync {
     /// What this runtime supports.
     fn capabilities(&self) -> Capabilities;
+    /// A cheap check that the runtime can create and reach sandboxes now (its disk has room,
+    /// its API server answers), for `/health`. The caller bounds how long it may take.
+    async fn health(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     /// Creates a sandbox; the runtime resolves `spec.image` (and refuses what it cannot run).
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError>;

@@ -804,6 +804,11 @@ impl KubeRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for KubeRuntime {
+    async fn health(&self) -> Result<(), RuntimeError> {
+        // One small list proves the API server answers and the namespace's Pods are readable.
+        self.pods.list(&ListParams::default().limit(1)).await.map(drop).map_err(|e| api_error("listing Pods", e))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             runtime: "kubernetes".into(),

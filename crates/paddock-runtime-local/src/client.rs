@@ -380,6 +380,23 @@ impl LocalRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for LocalRuntime {
+    async fn health(&self) -> Result<(), RuntimeError> {
+        // Creates need room in the data directory (records, sockets, workspaces, images).
+        let root = self.dd.root().to_path_buf();
+        let vfs = blocking(move || rustix::fs::statvfs(&root).map_err(|e| RuntimeError::from_io("statvfs", &e.into())))
+            .await?;
+        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        if free < 64 << 20 || (vfs.f_files > 0 && vfs.f_favail < 1024) {
+            return Err(RuntimeError::Exhausted(format!(
+                "the disk of the data directory {} is full ({} MiB, {} inodes free): creates and writes will fail; free space there",
+                self.dd.root().display(),
+                free >> 20,
+                vfs.f_favail
+            )));
+        }
+        Ok(())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             runtime: "local".into(),

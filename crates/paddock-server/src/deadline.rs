@@ -141,6 +141,10 @@ impl AsyncRead for ProgressReader {
 
 #[async_trait::async_trait]
 impl Runtime for Deadlined {
+    async fn health(&self) -> Result<(), RuntimeError> {
+        within(self.d.call, || "checking the runtime's health".to_owned(), self.inner.health()).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

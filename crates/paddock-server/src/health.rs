@@ -75,8 +75,23 @@ pub async fn health(State(state): State<AppState>) -> Response {
             json!({"ok": false})
         }
     };
+    let runtime = match tokio::time::timeout(DATABASE_DEADLINE, state.rt.health()).await {
+        Ok(Ok(())) => json!({"ok": true}),
+        Ok(Err(e)) => {
+            problems.push(format!("the sandbox runtime is not usable: {e}"));
+            json!({"ok": false})
+        }
+        Err(_) => {
+            problems.push(format!(
+                "the sandbox runtime did not answer within {}s: creates and commands will time out",
+                DATABASE_DEADLINE.as_secs()
+            ));
+            json!({"ok": false})
+        }
+    };
     let (status, word) =
         if problems.is_empty() { (StatusCode::OK, "healthy") } else { (StatusCode::SERVICE_UNAVAILABLE, "unhealthy") };
-    let body = json!({"status": word, "problems": problems, "descriptors": fds, "database": database});
+    let body =
+        json!({"status": word, "problems": problems, "descriptors": fds, "database": database, "runtime": runtime});
     (status, axum::Json(body)).into_response()
 }

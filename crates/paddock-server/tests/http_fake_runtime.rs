@@ -147,6 +147,22 @@ async fn fake_runtime_workspaces_keep_files_across_release() {
 }
 
 #[tokio::test]
+async fn fake_runtime_health_reports_a_runtime_that_cannot_work() {
+    let s = Server::new().await;
+    let (status, body) = s.call("GET", "/health", None).await;
+    assert_eq!((status, &body["runtime"]["ok"]), (StatusCode::OK, &json!(true)), "{body}");
+    s.rt.set_health(Some(paddock_core::runtime::RuntimeError::Exhausted(
+        "the disk of the data directory is full".into(),
+    )));
+    let (status, body) = s.call("GET", "/health", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["runtime"]["ok"], json!(false));
+    assert!(body["problems"].to_string().contains("disk of the data directory is full"), "{body}");
+    s.rt.set_health(None);
+    assert_eq!(s.call("GET", "/health", None).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn fake_runtime_a_hung_sandbox_costs_a_timeout_not_a_hung_request() {
     let s = Server::new().await;
     let (hung, fine) = (s.create().await, s.create().await);

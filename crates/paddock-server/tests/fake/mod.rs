@@ -27,6 +27,8 @@ pub struct FakeRuntime {
     /// Sandboxes whose file operations never answer, as a sandbox with SIGSTOPped file
     /// workers would.
     hung: Mutex<Vec<SandboxId>>,
+    /// What `health` answers: `None` is healthy.
+    sick: Mutex<Option<RuntimeError>>,
 }
 
 fn now_ms() -> u64 {
@@ -53,7 +55,13 @@ impl FakeRuntime {
             sandboxes: Mutex::new(HashMap::new()),
             threads: Mutex::new(HashMap::new()),
             hung: Mutex::new(Vec::new()),
+            sick: Mutex::new(None),
         }
+    }
+
+    /// From now on `health` reports `why` (or health again, with `None`).
+    pub fn set_health(&self, why: Option<RuntimeError>) {
+        *self.sick.lock().unwrap() = why;
     }
 
     /// From now on, file operations in `id` never answer.
@@ -195,6 +203,13 @@ impl Execution for FakeExecution {
 
 #[async_trait::async_trait]
 impl Runtime for FakeRuntime {
+    async fn health(&self) -> Result<(), RuntimeError> {
+        match self.sick.lock().unwrap().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             runtime: "fake".into(),
