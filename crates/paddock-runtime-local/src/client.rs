@@ -81,6 +81,7 @@ impl LocalRuntime {
         }
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
         crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
+        crate::identity::register_host_wide(&dd);
         Ok(Self { dd, exe: exe.into(), naming, images: Default::default() })
     }
 

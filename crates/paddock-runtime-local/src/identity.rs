@@ -10,11 +10,14 @@
 //! stay its own across sandboxes (only one sandbox uses a workspace at a time). A sandbox
 //! without one takes a fresh identity and gives it back when it is destroyed, once its
 //! processes and files are gone. Slots are files under `<data>/ids/`, claimed with
-//! `O_EXCL`, so two processes never hand out one slot and a restart forgets none.
+//! `O_EXCL`, so two processes never hand out one slot and a restart forgets none; each claim
+//! is first made host-wide under [`HOST_CLAIMS`], so two Paddock instances on one host (other
+//! data directories, a CLI beside a server) never hand one identity to two sandboxes either.
 
 use std::fs;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 
 use paddock_core::runtime::RuntimeError;
 use paddock_core::spec::User;
@@ -27,6 +30,8 @@ use crate::layout::DataDir;
 pub const BASE: u32 = 1_001_000_000;
 /// How many identities the range holds.
 pub const SLOTS: u32 = 1_000_000;
+/// Host-wide claims of every instance: `<slot>` holding the data directory and owner.
+pub const HOST_CLAIMS: &str = "/var/lib/paddock-ids";
 
 /// The host uid and gid a sandbox runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,22 +60,73 @@ fn sys(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeErr
 
 /// Claims a free identity for `owner` (a sandbox id, or `workspace <name>`).
 pub fn allocate(dd: &DataDir, owner: &str) -> Result<HostIds, RuntimeError> {
+    allocate_in(dd, Path::new(HOST_CLAIMS), owner)
+}
+
+/// Makes the host-wide claim of `slot`; `false` when another instance holds it.
+fn claim_host_wide(host: &Path, slot: u32, what: &str) -> Result<bool, RuntimeError> {
+    let path = host.join(slot.to_string());
+    match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        Ok(mut f) => {
+            f.write_all(what.as_bytes()).map_err(sys(format!("writing {}", path.display())))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(sys(format!("claiming {}", path.display()))(e)),
+    }
+}
+
+/// Claims this data directory's slots host-wide, for claims made before claims were
+/// host-wide; a slot another instance holds too stays as it is (its sandbox already runs).
+pub fn register_host_wide(dd: &DataDir) {
+    register_in(dd, Path::new(HOST_CLAIMS));
+}
+
+fn register_in(dd: &DataDir, host: &Path) {
+    // Once per data directory: later claims are made host-wide as they are taken.
+    let done = dd.ids().join(".host-wide");
+    if done.exists() {
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dd.ids()) else { return };
+    if fs::create_dir_all(host).is_err() {
+        return;
+    }
+    let _ = fs::set_permissions(host, fs::Permissions::from_mode(0o700));
+    for entry in entries.flatten() {
+        if let Some(slot) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+            let _ = claim_host_wide(host, slot, &format!("{}", dd.root().display()));
+        }
+    }
+    let _ = fs::write(done, b"");
+}
+
+fn allocate_in(dd: &DataDir, host: &Path, owner: &str) -> Result<HostIds, RuntimeError> {
     let dir = dd.ids();
     fs::create_dir_all(&dir).map_err(sys(format!("creating {}", dir.display())))?;
+    fs::create_dir_all(host).map_err(sys(format!("creating {}", host.display())))?;
+    fs::set_permissions(host, fs::Permissions::from_mode(0o700)).map_err(sys(format!("chmod {}", host.display())))?;
     // Random slots: a claim is one O_EXCL create, with no lock and no scan of what is taken.
     for _ in 0..64 {
         let mut b = [0u8; 4];
         rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
             .map_err(|e| RuntimeError::System(format!("getrandom: {e}")))?;
         let slot = u32::from_le_bytes(b) % SLOTS;
+        if !claim_host_wide(host, slot, &format!("{} {owner}", dd.root().display()))? {
+            continue;
+        }
         let path = dir.join(slot.to_string());
         match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
             Ok(mut f) => {
                 f.write_all(owner.as_bytes()).map_err(sys(format!("writing {}", path.display())))?;
                 return Ok(HostIds::of_slot(slot));
             }
+            // Claimed here by an instance from before host-wide claims: keep both claims.
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(sys(format!("claiming {}", path.display()))(e)),
+            Err(e) => {
+                let _ = fs::remove_file(host.join(slot.to_string()));
+                return Err(sys(format!("claiming {}", path.display()))(e));
+            }
         }
     }
     Err(RuntimeError::Exhausted(format!(
@@ -81,8 +137,13 @@ pub fn allocate(dd: &DataDir, owner: &str) -> Result<HostIds, RuntimeError> {
 
 /// Gives an identity back. Only for one whose processes and files are gone.
 pub fn release(dd: &DataDir, ids: &HostIds) {
+    release_in(dd, Path::new(HOST_CLAIMS), ids)
+}
+
+fn release_in(dd: &DataDir, host: &Path, ids: &HostIds) {
     if let Some(slot) = ids.slot {
         let _ = fs::remove_file(dd.ids().join(slot.to_string()));
+        let _ = fs::remove_file(host.join(slot.to_string()));
     }
 }
 
@@ -90,6 +151,10 @@ pub fn release(dd: &DataDir, ids: &HostIds) {
 /// workspace that has files but no identity was made by an earlier version: it keeps the
 /// shared identity its files belong to.
 pub fn of_workspace(dd: &DataDir, name: &str, user: &User, create: bool) -> Result<HostIds, RuntimeError> {
+    of_workspace_in(dd, Path::new(HOST_CLAIMS), name, user, create)
+}
+
+fn of_workspace_in(dd: &DataDir, host: &Path, name: &str, user: &User, create: bool) -> Result<HostIds, RuntimeError> {
     let path = dd.workspace_identity(name);
     match fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
@@ -98,10 +163,10 @@ pub fn of_workspace(dd: &DataDir, name: &str, user: &User, create: bool) -> Resu
             if !create {
                 return Ok(HostIds::shared(user));
             }
-            let ids = allocate(dd, &format!("workspace {name}"))?;
+            let ids = allocate_in(dd, host, &format!("workspace {name}"))?;
             let written = fs::write(&path, serde_json::to_vec(&ids).expect("ids serialize"));
             if let Err(e) = written {
-                release(dd, &ids);
+                release_in(dd, host, &ids);
                 return Err(sys(format!("writing {}", path.display()))(e));
             }
             Ok(ids)
@@ -117,8 +182,9 @@ mod tests {
     #[test]
     fn identities_are_distinct_recorded_and_given_back() {
         let tmp = tempfile::tempdir().unwrap();
-        let dd = DataDir::new(tmp.path());
-        let ids: Vec<_> = (0..50).map(|i| allocate(&dd, &format!("sbx-{i}")).unwrap()).collect();
+        let dd = DataDir::new(tmp.path().join("data"));
+        let host = tmp.path().join("host-claims");
+        let ids: Vec<_> = (0..50).map(|i| allocate_in(&dd, &host, &format!("sbx-{i}")).unwrap()).collect();
         let mut uids: Vec<_> = ids.iter().map(|i| i.uid).collect();
         uids.sort();
         uids.dedup();
@@ -128,22 +194,45 @@ mod tests {
         }
         let claimed = fs::read_dir(dd.ids()).unwrap().count();
         assert_eq!(claimed, 50, "every identity is recorded on disk");
+        assert_eq!(fs::read_dir(&host).unwrap().count(), 50, "and host-wide");
         for i in &ids {
-            release(&dd, i);
+            release_in(&dd, &host, i);
         }
         assert_eq!(fs::read_dir(dd.ids()).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(&host).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn two_instances_never_share_an_identity_even_when_one_predates_host_wide_claims() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = tmp.path().join("host-claims");
+        let (a, b) = (DataDir::new(tmp.path().join("a")), DataDir::new(tmp.path().join("b")));
+        // Instance a claimed slots before claims were host-wide: only in its own directory.
+        fs::create_dir_all(a.ids()).unwrap();
+        for slot in 0..200u32 {
+            fs::write(a.ids().join(slot.to_string()), "old").unwrap();
+        }
+        register_in(&a, &host);
+        assert_eq!(fs::read_dir(&host).unwrap().count(), 200);
+        // Instance b can then never pick one of a's slots.
+        for slot in 0..200u32 {
+            assert!(!claim_host_wide(&host, slot, "b").unwrap(), "slot {slot} handed out twice");
+        }
+        let ids = allocate_in(&b, &host, "sbx-b").unwrap();
+        assert!(ids.slot.unwrap() >= 200);
     }
 
     #[test]
     fn a_workspace_keeps_its_identity_and_old_ones_keep_the_shared_one() {
         let tmp = tempfile::tempdir().unwrap();
-        let dd = DataDir::new(tmp.path());
+        let dd = DataDir::new(tmp.path().join("data"));
+        let host = tmp.path().join("host-claims");
         fs::create_dir_all(dd.workspace("w")).unwrap();
         let user = User::default();
-        assert_eq!(of_workspace(&dd, "w", &user, false).unwrap(), HostIds::shared(&user));
-        let first = of_workspace(&dd, "w", &user, true).unwrap();
+        assert_eq!(of_workspace_in(&dd, &host, "w", &user, false).unwrap(), HostIds::shared(&user));
+        let first = of_workspace_in(&dd, &host, "w", &user, true).unwrap();
         assert!(first.slot.is_some());
-        assert_eq!(of_workspace(&dd, "w", &user, false).unwrap(), first);
-        assert_eq!(of_workspace(&dd, "w", &user, true).unwrap(), first);
+        assert_eq!(of_workspace_in(&dd, &host, "w", &user, false).unwrap(), first);
+        assert_eq!(of_workspace_in(&dd, &host, "w", &user, true).unwrap(), first);
     }
 }
