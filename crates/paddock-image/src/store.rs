@@ -544,14 +544,10 @@ impl Store {
             let meta = serde_json::to_vec(&LayerMeta { diff_id: diff_id.to_string(), size: unpacked.size })
                 .map_err(|e| ImageError::Io(e.to_string()))?;
             fs::write(work.join("meta.json"), meta).map_err(|e| ImageError::io("writing layer metadata", e))?;
-            // Everything on disk before the rename makes the layer look complete.
-            let fd = rustix::fs::open(
-                &work,
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| ImageError::errno("opening the layer for sync", e))?;
-            rustix::fs::syncfs(&fd).map_err(|e| ImageError::errno("syncing the image store", e))?;
+            // No fsync or syncfs before the rename: the rename alone is what keeps a killed pull
+            // from leaving a layer that looks complete. Syncing would only add protection
+            // against power loss, at the price of flushing every dirty page of the filesystem
+            // (seconds on a busy host) per layer; containers-storage makes the same trade.
             let dest = self.layer_dir(diff_id)?;
             fs::rename(&work, &dest).map_err(|e| ImageError::io(format!("publishing {}", dest.display()), e))?;
             Ok(unpacked.size)
