@@ -231,6 +231,32 @@ pub enum FileReply {
     List { entries: Vec<FileStat> },
 }
 
+/// One address a sandbox must not reach.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IsolationTarget {
+    /// What it is, for the report ("Kubernetes API (Service IP)").
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// `tcp`: a connection must not be accepted or refused (either means packets got there);
+    /// `dns`: a DNS query over UDP must get no answer.
+    pub kind: TargetKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetKind {
+    Tcp,
+    Dns,
+}
+
+/// The targets a runtime found, and what it could not look up (and why).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IsolationTargets {
+    pub targets: Vec<IsolationTarget>,
+    pub skipped: Vec<String>,
+}
+
 /// Why a runtime call failed. `code()` is stable and becomes the API error code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
@@ -350,6 +376,12 @@ pub struct SandboxMetrics {
 pub trait Runtime: Send + Sync {
     /// What this runtime supports.
     fn capabilities(&self) -> Capabilities;
+    /// What a sandbox of this runtime must never reach (the API server, the node, metadata,
+    /// the outside world…), for `paddock gate` to try from inside one. A target it cannot
+    /// discover is left out and named in `skipped`.
+    async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
+        Ok(IsolationTargets::default())
+    }
     /// A cheap check that the runtime can create and reach sandboxes now (its disk has room,
     /// its API server answers), for `/health`. The caller bounds how long it may take.
     async fn health(&self) -> Result<(), RuntimeError> {

@@ -18,6 +18,7 @@ pub mod check;
 pub mod claim;
 pub mod exec;
 pub mod files;
+pub mod gate;
 pub mod objects;
 pub mod reap_pvcs;
 pub mod runtime_class;
@@ -804,6 +805,10 @@ impl KubeRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for KubeRuntime {
+    async fn isolation_targets(&self) -> Result<paddock_core::runtime::IsolationTargets, RuntimeError> {
+        Ok(gate::targets(self.pods.clone().into_client()).await)
+    }
+
     async fn health(&self) -> Result<(), RuntimeError> {
         // One small list proves the API server answers and the namespace's Pods are readable.
         self.pods.list(&ListParams::default().limit(1)).await.map(drop).map_err(|e| api_error("listing Pods", e))

@@ -381,6 +381,38 @@ impl LocalRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for LocalRuntime {
+    async fn isolation_targets(&self) -> Result<paddock_core::runtime::IsolationTargets, RuntimeError> {
+        // A sandbox's network namespace has only its own loopback: every address of the host
+        // is out of reach, whatever listens there (port 22, or a refusal, would both answer).
+        let mut out = paddock_core::runtime::IsolationTargets::default();
+        match std::fs::read_to_string("/proc/net/fib_trie") {
+            Ok(trie) => {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut last = None;
+                for line in trie.lines() {
+                    let line = line.trim();
+                    if let Some(addr) = line.strip_prefix("|-- ") {
+                        last = Some(addr.to_owned());
+                    } else if line.contains("/32 host LOCAL")
+                        && let Some(addr) = last.take()
+                        // The sandbox's own loopback answers there, not the host's.
+                        && !addr.starts_with("127.")
+                        && seen.insert(addr.clone())
+                    {
+                        out.targets.push(paddock_core::runtime::IsolationTarget {
+                            name: format!("this host at {addr}"),
+                            host: addr,
+                            port: 22,
+                            kind: paddock_core::runtime::TargetKind::Tcp,
+                        });
+                    }
+                }
+            }
+            Err(e) => out.skipped.push(format!("the host's addresses (reading /proc/net/fib_trie: {e})")),
+        }
+        Ok(out)
+    }
+
     async fn health(&self) -> Result<(), RuntimeError> {
         // Creates need room in the data directory (records, sockets, workspaces, images).
         let root = self.dd.root().to_path_buf();

@@ -102,6 +102,15 @@ pub enum Command {
         #[arg(long)]
         no_probe: bool,
     },
+    /// Prove the sandbox boundary from inside a sandbox: a positive control, then everything
+    /// that must not answer (API server, cluster DNS, kubelets, host addresses, metadata, the
+    /// outside world, another sandbox) and no token, capabilities or root. One line per check;
+    /// exit 0 only when all pass, 1 when one fails, 2 when inconclusive.
+    Gate {
+        /// Probe from this existing sandbox instead of a new one.
+        #[arg(long)]
+        sandbox: Option<String>,
+    },
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
@@ -396,6 +405,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             output::created(&info, json);
             Ok(0)
         }
+        Command::Gate { sandbox } => crate::gate::run_bounded(rt, sandbox, json).await,
         Command::Ls => {
             output::list(&rt.list().await?, json);
             Ok(0)

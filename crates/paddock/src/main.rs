@@ -5,6 +5,7 @@
 mod bench;
 mod bench_k8s;
 mod cli;
+mod gate;
 mod image_cmd;
 mod output;
 mod runtimes;

@@ -1,0 +1,285 @@
+//! `paddock gate`: proves the sandbox boundary from inside a sandbox, on whichever runtime the
+//! binary was given. A positive control first (a listener in the same sandbox must answer, or
+//! the probe itself is broken and the gate is inconclusive), then everything that must not
+//! answer: what the runtime names (the API server, its endpoints, cluster DNS, the nodes'
+//! kubelets; the host's own addresses), the cloud metadata address, the outside world and
+//! another sandbox; and no service-account token, no capabilities, not root.
+//!
+//! Probes run with what the image has: python3, else `nc` (busybox), else bash's `/dev/tcp`.
+//! A TCP target "answers" when a connection is accepted or refused: either means packets got
+//! there (on a loopback address a refusal is the sandbox's own loopback, not an answer).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use paddock_core::runtime::{ExecRequest, IsolationTarget, Runtime, SandboxId, TargetKind};
+use paddock_core::spec::SandboxSpec;
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+
+/// Port of the positive control's listener in the probing sandbox.
+const LISTEN_PORT: u16 = 48123;
+/// Port of the neighbour's listener: not the control's, which the prober itself answers on.
+const NEIGHBOUR_PORT: u16 = 48124;
+
+const PROBE: &str = r#"
+tcp() {
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -c '
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+    print("open")
+except ConnectionRefusedError:
+    print("refused")
+except OSError:
+    print("silent")' "$1" "$2"
+  elif command -v nc >/dev/null 2>&1; then
+    out=$(timeout 6 nc -w 3 "$1" "$2" </dev/null 2>&1); rc=$?
+    case "$out" in *refused*) echo refused ;; *) if [ "$rc" = 0 ]; then echo open; else echo silent; fi ;; esac
+  elif command -v bash >/dev/null 2>&1; then
+    out=$(timeout 6 bash -c "exec 3<>/dev/tcp/$1/$2" 2>&1); rc=$?
+    case "$out" in *refused*) echo refused ;; *) if [ "$rc" = 0 ]; then echo open; else echo silent; fi ;; esac
+  else
+    echo noprobe
+  fi
+}
+dns() {
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -c '
+import socket, sys
+q = bytes.fromhex("1234010000010000000000000a6b756265726e657465730764656661756c740373766307636c7573746572056c6f63616c0000010001")
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+try:
+    s.sendto(q, (sys.argv[1], int(sys.argv[2])))
+    s.recvfrom(512)
+    print("open")
+except OSError:
+    print("silent")' "$1" "$2"
+  elif command -v nslookup >/dev/null 2>&1; then
+    out=$(timeout 8 nslookup kubernetes.default "$1" 2>&1)
+    case "$out" in *Name:*|*"can't find"*|*NXDOMAIN*) echo open ;; *) echo silent ;; esac
+  else
+    echo noprobe
+  fi
+}
+listen() {
+  if command -v python3 >/dev/null 2>&1; then
+    nohup python3 -c '
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
+while True:
+    s.accept()[0].close()' "$1" >/dev/null 2>&1 &
+  elif command -v nc >/dev/null 2>&1; then
+    nohup sh -c "while true; do nc -l -p $1 </dev/null >/dev/null 2>&1; done" >/dev/null 2>&1 &
+  else
+    return 1
+  fi
+  i=0; while [ $i -lt 30 ]; do [ "$(tcp 127.0.0.1 "$1")" = open ] && return 0; sleep 0.2; i=$((i+1)); done
+  return 1
+}
+"#;
+
+#[derive(Debug, Serialize)]
+struct Check {
+    name: String,
+    target: String,
+    passed: bool,
+    /// What happened, in words.
+    detail: String,
+}
+
+async fn sh(rt: &dyn Runtime, id: &SandboxId, script: &str) -> Result<(i32, String)> {
+    let mut req = ExecRequest::shell(&format!("{PROBE}\n{script}"));
+    req.timeout_ms = Some(120_000);
+    let mut p = rt.exec(id, req).await.with_context(|| format!("running a probe in sandbox {id}"))?;
+    let mut out = String::new();
+    let (read, outcome) = tokio::join!(p.stdout.read_to_string(&mut out), p.control.wait());
+    read.context("reading a probe's output")?;
+    Ok((outcome?.exit_code, out))
+}
+
+fn common_targets() -> Vec<IsolationTarget> {
+    let t = |name: &str, host: &str, port: u16, kind: TargetKind| IsolationTarget {
+        name: name.into(),
+        host: host.into(),
+        port,
+        kind,
+    };
+    vec![
+        t("cloud metadata", "169.254.169.254", 80, TargetKind::Tcp),
+        t("the outside world (HTTPS)", "1.1.1.1", 443, TargetKind::Tcp),
+        t("the outside world (DNS)", "8.8.8.8", 53, TargetKind::Dns),
+    ]
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.starts_with("127.") || host == "::1" || host == "localhost"
+}
+
+/// Runs the gate; exit 0 when every check passes, 1 when one fails, 2 when inconclusive.
+pub async fn run(rt: &dyn Runtime, sandbox: Option<String>, json: bool) -> Result<u8> {
+    let mut made = Vec::new();
+    let result = gate(rt, sandbox, json, &mut made).await;
+    for id in made {
+        let _ = rt.destroy(&id).await;
+    }
+    result
+}
+
+async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut Vec<SandboxId>) -> Result<u8> {
+    let spec = || SandboxSpec { timeout_secs: Some(600), ..Default::default() };
+    let a = match sandbox {
+        Some(id) => SandboxId::parse(&id).with_context(|| format!("--sandbox {id}"))?,
+        None => {
+            eprintln!("gate: creating a sandbox to probe from");
+            let info = rt.create(spec()).await.context("creating the gate's sandbox")?;
+            made.push(info.id.clone());
+            info.id
+        }
+    };
+    eprintln!("gate: creating a second sandbox to be the neighbour");
+    let b = rt.create(spec()).await.context("creating the gate's neighbour sandbox")?;
+    made.push(b.id.clone());
+    let mut checks = Vec::new();
+    let mut push = |name: &str, target: String, passed: bool, detail: String| {
+        checks.push(Check { name: name.into(), target, passed, detail });
+    };
+
+    // The positive control: a probe that cannot see an open port proves nothing.
+    let (_, out) = sh(rt, &a, &format!("listen {LISTEN_PORT} && tcp 127.0.0.1 {LISTEN_PORT} || echo failed")).await?;
+    let control = out.trim().lines().last().unwrap_or_default().to_owned();
+    if control != "open" {
+        let why = if out.contains("noprobe") {
+            "the sandbox's image has neither python3, nc nor bash to probe with".to_owned()
+        } else {
+            format!("a listener in the sandbox could not be reached from the sandbox itself ({control:?})")
+        };
+        print(&checks, json, Some(&why));
+        return Ok(2);
+    }
+    push("positive control", format!("127.0.0.1:{LISTEN_PORT} in the sandbox"), true, "answered".into());
+
+    let (_, ident) = sh(
+        rt,
+        &a,
+        "id -u; grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status | awk '{print $2}' | tr '\\n' ' '; echo; \
+         ls /var/run/secrets/kubernetes.io/serviceaccount/token /run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null | head -n1; echo end",
+    )
+    .await?;
+    let mut lines = ident.lines();
+    let uid = lines.next().unwrap_or_default().trim().to_owned();
+    push("not root", "uid".into(), !uid.is_empty() && uid != "0", format!("uid {uid}"));
+    let caps = lines.next().unwrap_or_default().trim().to_owned();
+    let no_caps = !caps.is_empty() && caps.split_whitespace().all(|c| c.trim_start_matches('0').is_empty());
+    push("no capabilities", "CapEff CapPrm CapBnd".into(), no_caps, caps);
+    let token = lines.next().unwrap_or_default().trim().to_owned();
+    let no_token = token == "end";
+    push(
+        "no service-account token",
+        "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+        no_token,
+        if no_token { "absent".into() } else { format!("found {token}") },
+    );
+
+    let found = rt.isolation_targets().await.context("looking up what the sandbox must not reach")?;
+    let mut targets = found.targets;
+    targets.extend(common_targets());
+    // The neighbour: a listener in the other sandbox, at the address it has.
+    let (_, bout) = sh(
+        rt,
+        &b.id,
+        &format!("listen {NEIGHBOUR_PORT} >/dev/null 2>&1; (hostname -i 2>/dev/null || echo 127.0.0.1) | awk '{{print $1}}'"),
+    )
+    .await?;
+    let neighbour = bout.trim().lines().last().unwrap_or("127.0.0.1").to_owned();
+    targets.push(IsolationTarget {
+        name: format!("another sandbox ({})", b.id),
+        host: neighbour,
+        port: NEIGHBOUR_PORT,
+        kind: TargetKind::Tcp,
+    });
+
+    for t in &targets {
+        let f = match t.kind {
+            TargetKind::Tcp => "tcp",
+            TargetKind::Dns => "dns",
+        };
+        let (_, out) = sh(rt, &a, &format!("{f} '{}' {}", t.host.replace('\'', ""), t.port)).await?;
+        let (passed, detail) = verdict(out.trim().lines().last().unwrap_or_default(), t);
+        push(&t.name, format!("{}:{} ({f})", t.host, t.port), passed, detail);
+    }
+    for s in &found.skipped {
+        eprintln!("gate: not checked: {s}");
+    }
+    let failed = checks.iter().filter(|c| !c.passed).count();
+    print(&checks, json, None);
+    if failed > 0 {
+        if !json {
+            eprintln!("gate: {failed} check(s) failed: the sandbox boundary does not hold");
+        }
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// Whether what the probe saw of `t` keeps the boundary, and why, in words.
+fn verdict(seen: &str, t: &IsolationTarget) -> (bool, String) {
+    let passed = seen == "silent" || (seen == "refused" && is_loopback(&t.host));
+    let detail = match seen {
+        "silent" => "no answer".to_owned(),
+        "refused" if passed => "refused by the sandbox's own loopback".to_owned(),
+        "refused" => "connection refused: packets reached it".to_owned(),
+        "open" if t.kind == TargetKind::Dns => "a DNS answer came back".to_owned(),
+        "open" => "connection accepted".to_owned(),
+        other => format!("the probe failed ({other:?}): counted as a failure, not as silence"),
+    };
+    (passed, detail)
+}
+
+fn print(checks: &[Check], json: bool, inconclusive: Option<&str>) {
+    if json {
+        let v = serde_json::json!({
+            "passed": inconclusive.is_none() && checks.iter().all(|c| c.passed),
+            "inconclusive": inconclusive,
+            "checks": checks,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return;
+    }
+    for c in checks {
+        println!("{}  {:<45} {:<32} {}", if c.passed { "PASS" } else { "FAIL" }, c.name, c.target, c.detail);
+    }
+    if let Some(why) = inconclusive {
+        println!("INCONCLUSIVE  {why}");
+    }
+}
+
+/// Bounds the whole gate: a hung runtime call must not hang CI.
+pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, json: bool) -> Result<u8> {
+    match tokio::time::timeout(Duration::from_secs(600), run(rt, sandbox, json)).await {
+        Ok(r) => r,
+        Err(_) => bail!("the gate did not finish within 10 minutes: check that sandboxes start and answer"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_silence_passes_and_a_refusal_counts_as_an_answer_off_loopback() {
+        let t = |host: &str, kind| IsolationTarget { name: "x".into(), host: host.into(), port: 1, kind };
+        let api = t("10.96.0.1", TargetKind::Tcp);
+        assert!(verdict("silent", &api).0);
+        assert!(!verdict("open", &api).0);
+        assert!(!verdict("refused", &api).0, "a RST means packets reached the API server");
+        assert!(!verdict("noprobe", &api).0, "a probe that did not run proves nothing");
+        assert!(!verdict("", &api).0);
+        assert!(verdict("refused", &t("127.0.0.1", TargetKind::Tcp)).0, "the sandbox's own loopback");
+        assert!(!verdict("open", &t("127.0.0.1", TargetKind::Tcp)).0);
+        assert!(!verdict("open", &t("10.96.0.10", TargetKind::Dns)).0);
+    }
+}
