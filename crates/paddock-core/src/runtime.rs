@@ -237,8 +237,10 @@ pub struct IsolationTarget {
     /// What it is, for the report ("Kubernetes API (Service IP)").
     pub name: String,
     pub host: String,
+    /// 0: a port the gate itself listens on, on the machine it runs on (for the local
+    /// runtime's host addresses).
     pub port: u16,
-    /// `tcp`: a connection must not be accepted or refused (either means packets got there);
+    /// `tcp`: no connection may be made (targets are things that listen);
     /// `dns`: a DNS query over UDP must get no answer.
     pub kind: TargetKind,
 }

@@ -383,7 +383,7 @@ impl LocalRuntime {
 impl Runtime for LocalRuntime {
     async fn isolation_targets(&self) -> Result<paddock_core::runtime::IsolationTargets, RuntimeError> {
         // A sandbox's network namespace has only its own loopback: every address of the host
-        // is out of reach, whatever listens there (port 22, or a refusal, would both answer).
+        // is out of reach. Port 0: the gate's own listener on this host.
         let mut out = paddock_core::runtime::IsolationTargets::default();
         match std::fs::read_to_string("/proc/net/fib_trie") {
             Ok(trie) => {
@@ -402,7 +402,7 @@ impl Runtime for LocalRuntime {
                         out.targets.push(paddock_core::runtime::IsolationTarget {
                             name: format!("this host at {addr}"),
                             host: addr,
-                            port: 22,
+                            port: 0,
                             kind: paddock_core::runtime::TargetKind::Tcp,
                         });
                     }

@@ -60,7 +60,9 @@ impl ImageOptions {
         if let Some(to) = self.aliases.get(name) {
             return Some(to.clone());
         }
-        let normalized = paddock_image::normalize(name).ok()?;
+        // A name that is no reference (`host`, a directory) can only be aliased verbatim, and
+        // otherwise passes through unchanged.
+        let Ok(normalized) = paddock_image::normalize(name) else { return Some(name.to_owned()) };
         self.aliases
             .iter()
             .find(|(from, _)| paddock_image::normalize(from).is_ok_and(|f| f == normalized))
@@ -160,6 +162,23 @@ pub fn from_image_error(e: ImageError) -> RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aliases_apply_to_references_and_leave_everything_else_as_given() {
+        let o = ImageOptions {
+            aliases: BTreeMap::from([
+                ("python:3.11".to_owned(), "/srv/py".to_owned()),
+                ("/srv/old".to_owned(), "/srv/new".to_owned()),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(o.apply_alias(Some("docker.io/library/python:3.11")).as_deref(), Some("/srv/py"));
+        assert_eq!(o.apply_alias(Some("/srv/old")).as_deref(), Some("/srv/new"));
+        for same in ["/srv/rootfs", "host", "relative/dir", "node:20"] {
+            assert_eq!(o.apply_alias(Some(same)).as_deref(), Some(same), "{same}");
+        }
+        assert_eq!(o.apply_alias(None), None);
+    }
 
     #[test]
     fn host_paths_and_references_resolve() {

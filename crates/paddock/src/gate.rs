@@ -6,8 +6,10 @@
 //! another sandbox; and no service-account token, no capabilities, not root.
 //!
 //! Probes run with what the image has: python3, else `nc` (busybox), else bash's `/dev/tcp`.
-//! A TCP target "answers" when a connection is accepted or refused: either means packets got
-//! there (on a loopback address a refusal is the sandbox's own loopback, not an answer).
+//! A TCP target fails the gate when a connection to it is accepted. Every target is something
+//! that listens (the API server, kubelets, a listener the gate starts in the neighbour sandbox
+//! or on this machine), so reaching it means a connection; a refusal cannot tell a firewall's
+//! REJECT from a closed port, and is not counted as reaching it.
 
 use std::time::Duration;
 
@@ -64,21 +66,29 @@ except OSError:
     echo noprobe
   fi
 }
-listen() {
+serve() {
   if command -v python3 >/dev/null 2>&1; then
-    nohup python3 -c '
+    exec python3 -c '
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
 while True:
-    s.accept()[0].close()' "$1" >/dev/null 2>&1 &
+    s.accept()[0].close()' "$1"
   elif command -v nc >/dev/null 2>&1; then
-    nohup sh -c "while true; do nc -l -p $1 </dev/null >/dev/null 2>&1; done" >/dev/null 2>&1 &
+    while true; do nc -l -p "$1" </dev/null >/dev/null 2>&1; done
   else
-    return 1
+    echo noprobe
   fi
-  i=0; while [ $i -lt 30 ]; do [ "$(tcp 127.0.0.1 "$1")" = open ] && return 0; sleep 0.2; i=$((i+1)); done
-  return 1
+}
+wait_open() {
+  i=0
+  while [ $i -lt 50 ]; do
+    r=$(tcp 127.0.0.1 "$1")
+    [ "$r" = open ] && { echo open; return 0; }
+    [ "$r" = noprobe ] && { echo noprobe; return 1; }
+    sleep 0.2; i=$((i+1))
+  done
+  echo failed; return 1
 }
 "#;
 
@@ -92,13 +102,38 @@ struct Check {
 }
 
 async fn sh(rt: &dyn Runtime, id: &SandboxId, script: &str) -> Result<(i32, String)> {
-    let mut req = ExecRequest::shell(&format!("{PROBE}\n{script}"));
-    req.timeout_ms = Some(120_000);
-    let mut p = rt.exec(id, req).await.with_context(|| format!("running a probe in sandbox {id}"))?;
-    let mut out = String::new();
-    let (read, outcome) = tokio::join!(p.stdout.read_to_string(&mut out), p.control.wait());
-    read.context("reading a probe's output")?;
-    Ok((outcome?.exit_code, out))
+    let req = ExecRequest { timeout_ms: Some(120_000), ..ExecRequest::shell(&format!("{PROBE}\n{script}")) };
+    let p = rt.exec(id, req).await.with_context(|| format!("running a probe in sandbox {id}"))?;
+    drop(p.stdin);
+    // Read while the probe runs, but stop at its exit: a listener it left running in the
+    // background may keep a runtime's output stream open for as long as it lives.
+    let (mut stdout, mut stderr) = (p.stdout, p.stderr);
+    let reading = tokio::spawn(async move {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let _ = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        out
+    });
+    let mut control = p.control;
+    let outcome = control.wait().await?;
+    let out = match tokio::time::timeout(Duration::from_secs(3), reading).await {
+        Ok(Ok(out)) => out,
+        _ => Vec::new(),
+    };
+    Ok((outcome.exit_code, String::from_utf8_lossy(&out).into_owned()))
+}
+
+/// Starts a listener on `port` in sandbox `id` as a command of its own, in the foreground:
+/// a background process left behind by a probe could keep a runtime's exec from ending.
+async fn start_listener(rt: &dyn Runtime, id: &SandboxId, port: u16) -> Result<paddock_core::runtime::Process> {
+    let req = ExecRequest { timeout_ms: Some(600_000), ..ExecRequest::shell(&format!("{PROBE}\nserve {port}")) };
+    rt.exec(id, req).await.with_context(|| format!("starting a listener in sandbox {id}"))
+}
+
+async fn stop(listeners: Vec<paddock_core::runtime::Process>) {
+    for mut p in listeners {
+        let _ = p.control.signal(9).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), p.control.wait()).await;
+    }
 }
 
 fn common_targets() -> Vec<IsolationTarget> {
@@ -113,10 +148,6 @@ fn common_targets() -> Vec<IsolationTarget> {
         t("the outside world (HTTPS)", "1.1.1.1", 443, TargetKind::Tcp),
         t("the outside world (DNS)", "8.8.8.8", 53, TargetKind::Dns),
     ]
-}
-
-fn is_loopback(host: &str) -> bool {
-    host.starts_with("127.") || host == "::1" || host == "localhost"
 }
 
 /// Runs the gate; exit 0 when every check passes, 1 when one fails, 2 when inconclusive.
@@ -149,7 +180,9 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
     };
 
     // The positive control: a probe that cannot see an open port proves nothing.
-    let (_, out) = sh(rt, &a, &format!("listen {LISTEN_PORT} && tcp 127.0.0.1 {LISTEN_PORT} || echo failed")).await?;
+    eprintln!("gate: positive control in {a}");
+    let mut listeners = vec![start_listener(rt, &a, LISTEN_PORT).await?];
+    let (_, out) = sh(rt, &a, &format!("wait_open {LISTEN_PORT}")).await?;
     let control = out.trim().lines().last().unwrap_or_default().to_owned();
     if control != "open" {
         let why = if out.contains("noprobe") {
@@ -158,6 +191,7 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
             format!("a listener in the sandbox could not be reached from the sandbox itself ({control:?})")
         };
         print(&checks, json, Some(&why));
+        stop(listeners).await;
         return Ok(2);
     }
     push("positive control", format!("127.0.0.1:{LISTEN_PORT} in the sandbox"), true, "answered".into());
@@ -166,7 +200,8 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
         rt,
         &a,
         "id -u; grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status | awk '{print $2}' | tr '\\n' ' '; echo; \
-         ls /var/run/secrets/kubernetes.io/serviceaccount/token /run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null | head -n1; echo end",
+         ls /var/run/secrets/kubernetes.io/serviceaccount/token /run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null | head -n1; echo end; \
+         awk '/^nameserver/ {print $2}' /etc/resolv.conf 2>/dev/null",
     )
     .await?;
     let mut lines = ident.lines();
@@ -177,6 +212,13 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
     push("no capabilities", "CapEff CapPrm CapBnd".into(), no_caps, caps);
     let token = lines.next().unwrap_or_default().trim().to_owned();
     let no_token = token == "end";
+    if !no_token {
+        lines.next();
+    }
+    // The resolvers the sandbox is told to use: on Kubernetes the cluster's DNS, on the host
+    // root the host's own. A deny-all sandbox resolves nothing.
+    let resolvers: Vec<String> =
+        lines.map(|l| l.trim().to_owned()).filter(|l| !l.is_empty() && !l.starts_with("127.")).collect();
     push(
         "no service-account token",
         "/var/run/secrets/kubernetes.io/serviceaccount".into(),
@@ -185,13 +227,31 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
     );
 
     let found = rt.isolation_targets().await.context("looking up what the sandbox must not reach")?;
-    let mut targets = found.targets;
+    // Port 0 stands for a listener on this machine: the gate's own, so something is there.
+    let canary = std::net::TcpListener::bind(("0.0.0.0", 0)).context("listening on this machine for the gate")?;
+    let canary_port = canary.local_addr()?.port();
+    let mut targets: Vec<IsolationTarget> = found
+        .targets
+        .into_iter()
+        .map(|t| if t.port == 0 { IsolationTarget { port: canary_port, ..t } } else { t })
+        .collect();
     targets.extend(common_targets());
+    for r in resolvers {
+        targets.push(IsolationTarget {
+            name: format!("DNS server from /etc/resolv.conf ({r})"),
+            host: r,
+            port: 53,
+            kind: TargetKind::Dns,
+        });
+    }
     // The neighbour: a listener in the other sandbox, at the address it has.
+    listeners.push(start_listener(rt, &b.id, NEIGHBOUR_PORT).await?);
     let (_, bout) = sh(
         rt,
         &b.id,
-        &format!("listen {NEIGHBOUR_PORT} >/dev/null 2>&1; (hostname -i 2>/dev/null || echo 127.0.0.1) | awk '{{print $1}}'"),
+        &format!(
+            "wait_open {NEIGHBOUR_PORT} >/dev/null; (hostname -i 2>/dev/null || echo 127.0.0.1) | awk '{{print $1}}'"
+        ),
     )
     .await?;
     let neighbour = bout.trim().lines().last().unwrap_or("127.0.0.1").to_owned();
@@ -203,6 +263,7 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
     });
 
     for t in &targets {
+        eprintln!("gate: trying {} at {}:{}", t.name, t.host, t.port);
         let f = match t.kind {
             TargetKind::Tcp => "tcp",
             TargetKind::Dns => "dns",
@@ -211,6 +272,7 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
         let (passed, detail) = verdict(out.trim().lines().last().unwrap_or_default(), t);
         push(&t.name, format!("{}:{} ({f})", t.host, t.port), passed, detail);
     }
+    stop(listeners).await;
     for s in &found.skipped {
         eprintln!("gate: not checked: {s}");
     }
@@ -227,11 +289,10 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
 
 /// Whether what the probe saw of `t` keeps the boundary, and why, in words.
 fn verdict(seen: &str, t: &IsolationTarget) -> (bool, String) {
-    let passed = seen == "silent" || (seen == "refused" && is_loopback(&t.host));
+    let passed = seen == "silent" || seen == "refused";
     let detail = match seen {
         "silent" => "no answer".to_owned(),
-        "refused" if passed => "refused by the sandbox's own loopback".to_owned(),
-        "refused" => "connection refused: packets reached it".to_owned(),
+        "refused" => "refused (rejected on the way, or nothing of it in reach)".to_owned(),
         "open" if t.kind == TargetKind::Dns => "a DNS answer came back".to_owned(),
         "open" => "connection accepted".to_owned(),
         other => format!("the probe failed ({other:?}): counted as a failure, not as silence"),
@@ -270,15 +331,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_silence_passes_and_a_refusal_counts_as_an_answer_off_loopback() {
+    fn only_a_connection_or_a_dns_answer_fails_and_a_broken_probe_never_passes() {
         let t = |host: &str, kind| IsolationTarget { name: "x".into(), host: host.into(), port: 1, kind };
         let api = t("10.96.0.1", TargetKind::Tcp);
         assert!(verdict("silent", &api).0);
+        assert!(verdict("refused", &api).0, "a NetworkPolicy's REJECT");
         assert!(!verdict("open", &api).0);
-        assert!(!verdict("refused", &api).0, "a RST means packets reached the API server");
         assert!(!verdict("noprobe", &api).0, "a probe that did not run proves nothing");
         assert!(!verdict("", &api).0);
-        assert!(verdict("refused", &t("127.0.0.1", TargetKind::Tcp)).0, "the sandbox's own loopback");
         assert!(!verdict("open", &t("127.0.0.1", TargetKind::Tcp)).0);
         assert!(!verdict("open", &t("10.96.0.10", TargetKind::Dns)).0);
     }
