@@ -89,6 +89,8 @@ struct Supervisor {
     listener: OwnedFd,
     signals: OwnedFd,
     expires: Option<Instant>,
+    /// The root is an image from the store, whose lease ends with the sandbox.
+    image_root: bool,
 }
 
 fn now_ms() -> u64 {
@@ -256,8 +258,10 @@ impl Supervisor {
             }
         };
         let masks = crate::registry::masks_within(&source, &data_dirs);
+        let skeleton = paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source)
+            .map_err(sys("preparing the sandbox root"))?;
         let plan = RootPlan {
-            skeleton: dd.skeleton(&id),
+            skeleton,
             source,
             workspace: workspace_mount,
             masks,
@@ -265,7 +269,6 @@ impl Supervisor {
             shm_bytes: spec.resources.tmp_bytes.min(64 << 20),
             writable_root,
         };
-        plan.prepare_skeleton().map_err(sys("preparing the sandbox root"))?;
         let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
         let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
         let (control, init_control) =
@@ -337,7 +340,19 @@ impl Supervisor {
         };
         let record = Record { info, supervisor_pid: std::process::id(), init_pid, host_ids: Some(ids) };
         write_record(&dd, &record)?;
-        Ok(Self { dd, id, record, cgroup, init_pid, init_pidfd, control, listener, signals, expires })
+        Ok(Self {
+            dd,
+            id,
+            record,
+            cgroup,
+            init_pid,
+            init_pidfd,
+            control,
+            listener,
+            signals,
+            expires,
+            image_root: writable_root,
+        })
     }
 
     fn serve(&mut self) -> i32 {
@@ -509,6 +524,7 @@ impl Supervisor {
     /// Kills everything, removes the cgroups and the sandbox directory.
     fn teardown(&mut self) {
         let _ = fs::remove_file(self.dd.socket(&self.id));
+        self.kill_init();
         if let Err(e) = self.cgroup.kill_all(Duration::from_secs(10)) {
             eprintln!("killing the sandbox: {e}");
         }
@@ -521,7 +537,36 @@ impl Supervisor {
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
-        crate::image::release(&self.dd, &self.id);
+        if self.image_root {
+            crate::image::release(&self.dd, &self.id);
+        }
+    }
+
+    /// Kills the init and waits, without polling, until it is gone. It is PID 1 of the
+    /// sandbox's pid namespace, and the kernel reaps every other process of a namespace before
+    /// its init's exit is reported, so the cgroup is empty by then and the cgroup's own kill
+    /// loop (still run, for anything unexpected) finds nothing left instead of sleeping.
+    fn kill_init(&self) {
+        // A frozen process dies only once thawed.
+        if self.cgroup.is_frozen() {
+            let _ = self.cgroup.thaw();
+        }
+        if rustix::process::pidfd_send_signal(&self.init_pidfd, rustix::process::Signal::KILL).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds = [PollFd::new(&self.init_pidfd, PollFlags::IN)];
+            let ts = rustix::time::Timespec::try_from(left).unwrap_or_default();
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                _ => return,
+            }
+        }
     }
 
     /// The init ended on its own: record the sandbox as failed, keep its workspace.
@@ -542,7 +587,6 @@ impl Supervisor {
         let _ = fs::remove_file(self.dd.socket(&self.id));
         let _ = self.cgroup.kill_all(Duration::from_secs(10));
         let _ = self.cgroup.remove(Duration::from_secs(5));
-        let _ = fs::remove_dir_all(self.dd.skeleton(&self.id));
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         self.record.info.state = SandboxState::Failed;
