@@ -278,16 +278,26 @@ impl Supervisor {
         let (uid, gid) = (spec.user.uid, spec.user.gid);
 
         let host = (ids.uid, ids.gid);
+        // The init joins its cgroups without the host-wide migration lock: created straight
+        // into the cgroup2 one, and moving itself into the v1 ones (see `join_v1`).
+        let cgroup2 = cgroup.unified_dir().transpose().map_err(sys("opening the sandbox cgroup"))?;
+        let v1_tasks = cgroup.v1_task_files().map_err(sys("opening the sandbox cgroup"))?;
         // The new user namespace is owned by the sandbox's host identity, not by root.
-        let forked =
-            sp::clone_into_new_namespaces_owned_by(host.0, host.1).map_err(sys("creating the sandbox namespaces"))?;
+        let forked = match sp::clone_into_new_namespaces_owned_by(host.0, host.1, cgroup2.as_ref().map(|d| d.as_fd())) {
+            Err(e) if cgroup2.is_some() && sp::clone_into_cgroup_unsupported(&e) => {
+                sp::clone_into_new_namespaces_owned_by(host.0, host.1, None).map(|f| (f, false))
+            }
+            other => other.map(|f| (f, cgroup2.is_some())),
+        };
+        let (forked, in_cgroup2) = forked.map_err(sys("creating the sandbox namespaces"))?;
         let init_pid = match forked {
             Forked::Child => {
-                drop((control, go_w, status_r));
+                drop((control, go_w, status_r, cgroup2));
                 child_main(ChildSetup {
                     go: go_r,
                     status: status_w,
                     control: init_control,
+                    v1_tasks,
                     plan,
                     seccomp,
                     oom_counter,
@@ -298,7 +308,7 @@ impl Supervisor {
             }
             Forked::Parent(pid) => pid,
         };
-        drop((init_control, go_r, status_w, oom_counter));
+        drop((init_control, go_r, status_w, oom_counter, v1_tasks, cgroup2));
         rustix::io::ioctl_fionbio(&control, true).map_err(|e| RuntimeError::System(format!("control socket: {e}")))?;
         let init_pidfd = rustix::process::pidfd_open(
             Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
@@ -308,7 +318,9 @@ impl Supervisor {
         let setup = (|| {
             paddock_sys::ids::write_id_maps(init_pid, (uid, gid), host)
                 .map_err(sys("writing the user namespace id maps"))?;
-            cgroup.add_process(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
+            if !in_cgroup2 {
+                cgroup.add_process_unified(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
+            }
             File::from(go_w).write_all(b"g").map_err(|e| RuntimeError::System(format!("starting the sandbox: {e}")))?;
             let mut report = String::new();
             let _ = File::from(status_r).read_to_string(&mut report);
@@ -319,6 +331,8 @@ impl Supervisor {
             Ok(())
         })();
         if let Err(e) = setup {
+            // It may have failed before joining its cgroups.
+            let _ = rustix::process::pidfd_send_signal(&init_pidfd, rustix::process::Signal::KILL);
             let _ = cgroup.kill_all(Duration::from_secs(2));
             let _ = rustix::process::waitpid(Pid::from_raw(init_pid as i32), WaitOptions::empty());
             return Err(e);
