@@ -382,6 +382,7 @@ impl Supervisor {
             };
             if self.expires.is_some_and(|e| e <= now) {
                 self.teardown();
+                self.release_image();
                 return 0;
             }
             let (init_gone, signalled, accept, ready) = {
@@ -409,6 +410,7 @@ impl Supervisor {
             }
             if signalled {
                 self.teardown();
+                self.release_image();
                 return 0;
             }
             if accept {
@@ -509,6 +511,9 @@ impl Supervisor {
             Request::Destroy => {
                 self.teardown();
                 send(&conn, &Reply::Ok);
+                // The image store syncs its lease list to disk (milliseconds): the caller need
+                // not wait for that bookkeeping, only for the sandbox to be gone.
+                self.release_image();
                 return true;
             }
         };
@@ -551,6 +556,10 @@ impl Supervisor {
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
+    }
+
+    /// Ends the sandbox's lease on its image, once it no longer uses it.
+    fn release_image(&self) {
         if self.image_root {
             crate::image::release(&self.dd, &self.id);
         }

@@ -37,7 +37,13 @@ fn main() -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    let result = runtime.block_on(cli::run(args));
+    // Dropping the runtime would wait for its idle blocking-pool threads (the ones behind
+    // tokio's stdout, stderr and file handles) to wake up and exit, a millisecond or more on a
+    // busy machine at the end of every command. Everything was written and flushed before `run`
+    // returned, so nothing is lost by not waiting.
+    runtime.shutdown_background();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("paddock: error: {e:#}");
