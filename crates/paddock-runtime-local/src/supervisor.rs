@@ -229,7 +229,9 @@ impl Supervisor {
                     // One inode per page of the cap at most: plenty for package installs.
                     upper_inodes: (spec.resources.memory_bytes / 4096).max(16384),
                 };
-                root.mount(&dd.image_mounts(&id)).map_err(sys("mounting the image root"))?
+                let at = dd.image_mounts(&id);
+                paddock_sys::mounts::mount_scratch(&at).map_err(sys("mounting the image root"))?;
+                root.mount(&at).map_err(sys("mounting the image root"))?
             }
             RootSource::Reference(r) => {
                 return Err(RuntimeError::InvalidArgument(format!(
@@ -553,6 +555,7 @@ impl Supervisor {
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
+        paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
@@ -612,6 +615,7 @@ impl Supervisor {
         let _ = self.cgroup.remove(Duration::from_secs(5));
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
+        paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

@@ -299,6 +299,20 @@ impl RootPlan {
     }
 }
 
+/// Mounts a small tmpfs at `at` (made if missing) for a sandbox's own mount points, such as an
+/// image root's layers, upper layer and overlay. Directories on it cost no journal writes to
+/// make, and nothing to remove: [`unmount_scratch`] drops them all. The caller must be in a
+/// private mount namespace.
+pub fn mount_scratch(at: &Path) -> Result<()> {
+    mkdir(at, 0o755)?;
+    mount_tmpfs(at, "size=64k,nr_inodes=1024,mode=0755", MountFlags::NOEXEC)
+}
+
+/// Detaches what [`mount_scratch`] mounted (first detach what is mounted below it).
+pub fn unmount_scratch(at: &Path) {
+    let _ = rustix::mount::unmount(at, UnmountFlags::DETACH);
+}
+
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     match fs::create_dir(path) {
         Ok(()) => {
