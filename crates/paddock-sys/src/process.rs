@@ -90,6 +90,8 @@ struct CloneArgs {
 pub fn clone_into_new_namespaces_in_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) -> Result<Forked> {
     use std::os::fd::AsRawFd;
     ensure_single_threaded("cloning into new namespaces")?;
+    // `c_ulong` is `u64` here but not on every target.
+    #[allow(clippy::unnecessary_cast)]
     let args = CloneArgs {
         flags: SANDBOX_NAMESPACES as u64 | CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,

@@ -964,7 +964,8 @@ impl CliOut {
         println!("  {:<44} {:>10}", "ratio paddock / bwrap (p50)", times(self.ratio_p50));
         match (&self.image, &self.image_skipped) {
             (Some(i), _) => {
-                row(&format!("paddock run --image {} -- echo x", i.image), Some(&i.paddock));
+                println!("  image root: --image {}", i.image);
+                row("paddock run --image … -- echo x", Some(&i.paddock));
                 row("bwrap … -- echo x, interleaved", i.bwrap.as_ref());
                 println!("  {:<44} {:>10}", "ratio paddock --image / bwrap (p50)", times(i.ratio_p50));
             }
