@@ -170,6 +170,12 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
              Install bubblewrap (e.g. `apt-get install bubblewrap`) or pass --bwrap PATH for the comparison."
         );
     }
+    if let Some(image) = &cfg.image {
+        // Fail before the long sections, not after them, when the image cannot run here.
+        let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+        let args = cli_args(rt, Some(image));
+        cli_once(&exe, &args).await.with_context(|| format!("--image {image} cannot run here"))?;
+    }
     let live = Live::default();
     let result = tokio::select! {
         r = bench(rt, &cfg, bwrap.as_ref().ok(), &live) => r,
@@ -979,15 +985,7 @@ impl CliOut {
 /// checked, each iteration followed by the bubblewrap command (A B A B).
 async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Result<CliOut> {
     let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
-    let data_dir = rt.data_dir().root().display().to_string();
-    let run_args = |image: Option<&str>| {
-        let mut a = vec!["--data-dir".to_owned(), data_dir.clone(), "run".to_owned()];
-        if let Some(i) = image {
-            a.extend(["--image".to_owned(), i.to_owned()]);
-        }
-        a.extend(["--".to_owned(), "echo".to_owned(), "x".to_owned()]);
-        a
-    };
+    let run_args = |image: Option<&str>| cli_args(rt, image);
     let measure = async |args: Vec<String>, label: String| -> Result<(Stats, Option<Stats>)> {
         let total = cfg.warmup + cfg.iterations;
         let mut progress = Progress::new(&label, total);
@@ -1027,6 +1025,16 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
         image,
         image_skipped,
     })
+}
+
+/// `--data-dir D run [--image NAME] -- echo x`, on the bench's data directory.
+fn cli_args(rt: &LocalRuntime, image: Option<&str>) -> Vec<String> {
+    let mut a = vec!["--data-dir".to_owned(), rt.data_dir().root().display().to_string(), "run".to_owned()];
+    if let Some(i) = image {
+        a.extend(["--image".to_owned(), i.to_owned()]);
+    }
+    a.extend(["--".to_owned(), "echo".to_owned(), "x".to_owned()]);
+    a
 }
 
 /// One `paddock ARGS` process, spawn to exit; it must print `x`.
