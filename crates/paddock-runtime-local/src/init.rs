@@ -34,6 +34,8 @@ pub struct ChildSetup {
     pub status: OwnedFd,
     /// The init's end of the control socket to the supervisor.
     pub control: OwnedFd,
+    /// The sandbox's v1 `tasks` files, opened by the supervisor, for the init to join them.
+    pub v1_tasks: Vec<File>,
     pub plan: RootPlan,
     pub seccomp: SeccompProgram,
     /// Read-only handle on the sandbox's OOM counter, to tell an OOM kill from other kills.
@@ -45,9 +47,9 @@ pub struct ChildSetup {
 
 /// Runs in the cloned child; never returns.
 pub fn child_main(setup: ChildSetup) -> ! {
-    let ChildSetup { go, status, control, plan, seccomp, oom_counter, uid, gid, hostname } = setup;
+    let ChildSetup { go, status, control, v1_tasks, plan, seccomp, oom_counter, uid, gid, hostname } = setup;
     let mut status = File::from(status);
-    match build(go, &plan, &seccomp, uid, gid, &hostname) {
+    match build(go, v1_tasks, &plan, &seccomp, uid, gid, &hostname) {
         Ok((sigchld, readiness)) => {
             let _ = status.write_all(b"ok\n");
             drop(status);
@@ -63,6 +65,7 @@ pub fn child_main(setup: ChildSetup) -> ! {
 
 fn build(
     go: OwnedFd,
+    v1_tasks: Vec<File>,
     plan: &RootPlan,
     seccomp: &SeccompProgram,
     uid: u32,
@@ -77,6 +80,12 @@ fn build(
     if !matches!(File::from(go).read(&mut byte), Ok(1)) {
         return Err("the supervisor went away before the sandbox was set up".into());
     }
+    // Cloned with the host's filesystem ids (to be created in its cgroup): take the sandbox's
+    // own now that they are mapped, before touching any file.
+    sp::set_fs_ids(uid, gid).map_err(|e| e.to_string())?;
+    paddock_sys::cgroup::join_v1(&v1_tasks).map_err(|e| format!("joining the sandbox cgroups: {e}"))?;
+    // Written with root's credentials: never kept past this point.
+    drop(v1_tasks);
     sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
     // Read from the skeleton before the pivot; the paths are the sandbox's own.
     let writable_root_dirs = plan.writable_dirs().map_err(|e| e.to_string())?;

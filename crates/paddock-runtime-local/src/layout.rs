@@ -3,7 +3,6 @@
 //! ```text
 //! <data>/sandboxes/<id>/record.json   what was created, by whom, when (written once ready)
 //! <data>/sandboxes/<id>/sock          the supervisor's socket
-//! <data>/sandboxes/<id>/root/         skeleton that becomes the sandbox's `/`
 //! <data>/sandboxes/<id>/image/        an image root: layers, upper tmpfs, overlay (mounted in
 //!                                     the supervisor's own mount namespace only)
 //! <data>/images/                      the image store (paddock-image), 0700
@@ -13,6 +12,8 @@
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
+//! <data>/skeletons/<hash>/           mount points that become a sandbox's `/`, one per
+//!                                     top-level listing of a root, shared (see `shared_skeleton`)
 //! <data>/ids/<slot>                   a host identity in use, and by whom (see `identity`)
 //! <data>/.paddock-data-dir            marks a data directory, which every sandbox's root hides (see `registry`)
 //! ```
@@ -64,8 +65,9 @@ impl DataDir {
     pub fn image_mounts(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("image")
     }
-    pub fn skeleton(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox(id).join("root")
+    /// Shared root skeletons (`paddock_sys::mounts::shared_skeleton`).
+    pub fn skeletons(&self) -> PathBuf {
+        self.root.join("skeletons")
     }
     pub fn scratch_workspace(&self, id: &SandboxId) -> PathBuf {
         self.sandbox(id).join("workspace")

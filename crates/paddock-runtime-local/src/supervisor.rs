@@ -89,6 +89,8 @@ struct Supervisor {
     listener: OwnedFd,
     signals: OwnedFd,
     expires: Option<Instant>,
+    /// The root is an image from the store, whose lease ends with the sandbox.
+    image_root: bool,
 }
 
 fn now_ms() -> u64 {
@@ -227,7 +229,9 @@ impl Supervisor {
                     // One inode per page of the cap at most: plenty for package installs.
                     upper_inodes: (spec.resources.memory_bytes / 4096).max(16384),
                 };
-                root.mount(&dd.image_mounts(&id)).map_err(sys("mounting the image root"))?
+                let at = dd.image_mounts(&id);
+                paddock_sys::mounts::mount_scratch(&at).map_err(sys("mounting the image root"))?;
+                root.mount(&at).map_err(sys("mounting the image root"))?
             }
             RootSource::Reference(r) => {
                 return Err(RuntimeError::InvalidArgument(format!(
@@ -256,8 +260,10 @@ impl Supervisor {
             }
         };
         let masks = crate::registry::masks_within(&source, &data_dirs);
+        let skeleton = paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source)
+            .map_err(sys("preparing the sandbox root"))?;
         let plan = RootPlan {
-            skeleton: dd.skeleton(&id),
+            skeleton,
             source,
             workspace: workspace_mount,
             masks,
@@ -265,7 +271,6 @@ impl Supervisor {
             shm_bytes: spec.resources.tmp_bytes.min(64 << 20),
             writable_root,
         };
-        plan.prepare_skeleton().map_err(sys("preparing the sandbox root"))?;
         let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
         let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
         let (control, init_control) =
@@ -275,16 +280,26 @@ impl Supervisor {
         let (uid, gid) = (spec.user.uid, spec.user.gid);
 
         let host = (ids.uid, ids.gid);
+        // The init joins its cgroups without the host-wide migration lock: created straight
+        // into the cgroup2 one, and moving itself into the v1 ones (see `join_v1`).
+        let cgroup2 = cgroup.unified_dir().transpose().map_err(sys("opening the sandbox cgroup"))?;
+        let v1_tasks = cgroup.v1_task_files().map_err(sys("opening the sandbox cgroup"))?;
         // The new user namespace is owned by the sandbox's host identity, not by root.
-        let forked =
-            sp::clone_into_new_namespaces_owned_by(host.0, host.1).map_err(sys("creating the sandbox namespaces"))?;
+        let forked = match sp::clone_into_new_namespaces_owned_by(host.0, host.1, cgroup2.as_ref().map(|d| d.as_fd())) {
+            Err(e) if cgroup2.is_some() && sp::clone_into_cgroup_unsupported(&e) => {
+                sp::clone_into_new_namespaces_owned_by(host.0, host.1, None).map(|f| (f, false))
+            }
+            other => other.map(|f| (f, cgroup2.is_some())),
+        };
+        let (forked, in_cgroup2) = forked.map_err(sys("creating the sandbox namespaces"))?;
         let init_pid = match forked {
             Forked::Child => {
-                drop((control, go_w, status_r));
+                drop((control, go_w, status_r, cgroup2));
                 child_main(ChildSetup {
                     go: go_r,
                     status: status_w,
                     control: init_control,
+                    v1_tasks,
                     plan,
                     seccomp,
                     oom_counter,
@@ -295,7 +310,7 @@ impl Supervisor {
             }
             Forked::Parent(pid) => pid,
         };
-        drop((init_control, go_r, status_w, oom_counter));
+        drop((init_control, go_r, status_w, oom_counter, v1_tasks, cgroup2));
         rustix::io::ioctl_fionbio(&control, true).map_err(|e| RuntimeError::System(format!("control socket: {e}")))?;
         let init_pidfd = rustix::process::pidfd_open(
             Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
@@ -305,7 +320,9 @@ impl Supervisor {
         let setup = (|| {
             paddock_sys::ids::write_id_maps(init_pid, (uid, gid), host)
                 .map_err(sys("writing the user namespace id maps"))?;
-            cgroup.add_process(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
+            if !in_cgroup2 {
+                cgroup.add_process_unified(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
+            }
             File::from(go_w).write_all(b"g").map_err(|e| RuntimeError::System(format!("starting the sandbox: {e}")))?;
             let mut report = String::new();
             let _ = File::from(status_r).read_to_string(&mut report);
@@ -316,6 +333,8 @@ impl Supervisor {
             Ok(())
         })();
         if let Err(e) = setup {
+            // It may have failed before joining its cgroups.
+            let _ = rustix::process::pidfd_send_signal(&init_pidfd, rustix::process::Signal::KILL);
             let _ = cgroup.kill_all(Duration::from_secs(2));
             let _ = rustix::process::waitpid(Pid::from_raw(init_pid as i32), WaitOptions::empty());
             return Err(e);
@@ -337,7 +356,19 @@ impl Supervisor {
         };
         let record = Record { info, supervisor_pid: std::process::id(), init_pid, host_ids: Some(ids) };
         write_record(&dd, &record)?;
-        Ok(Self { dd, id, record, cgroup, init_pid, init_pidfd, control, listener, signals, expires })
+        Ok(Self {
+            dd,
+            id,
+            record,
+            cgroup,
+            init_pid,
+            init_pidfd,
+            control,
+            listener,
+            signals,
+            expires,
+            image_root: writable_root,
+        })
     }
 
     fn serve(&mut self) -> i32 {
@@ -353,6 +384,7 @@ impl Supervisor {
             };
             if self.expires.is_some_and(|e| e <= now) {
                 self.teardown();
+                self.release_image();
                 return 0;
             }
             let (init_gone, signalled, accept, ready) = {
@@ -380,6 +412,7 @@ impl Supervisor {
             }
             if signalled {
                 self.teardown();
+                self.release_image();
                 return 0;
             }
             if accept {
@@ -480,6 +513,9 @@ impl Supervisor {
             Request::Destroy => {
                 self.teardown();
                 send(&conn, &Reply::Ok);
+                // The image store syncs its lease list to disk (milliseconds): the caller need
+                // not wait for that bookkeeping, only for the sandbox to be gone.
+                self.release_image();
                 return true;
             }
         };
@@ -509,6 +545,7 @@ impl Supervisor {
     /// Kills everything, removes the cgroups and the sandbox directory.
     fn teardown(&mut self) {
         let _ = fs::remove_file(self.dd.socket(&self.id));
+        self.kill_init();
         if let Err(e) = self.cgroup.kill_all(Duration::from_secs(10)) {
             eprintln!("killing the sandbox: {e}");
         }
@@ -518,10 +555,44 @@ impl Supervisor {
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
+        paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
-        crate::image::release(&self.dd, &self.id);
+    }
+
+    /// Ends the sandbox's lease on its image, once it no longer uses it.
+    fn release_image(&self) {
+        if self.image_root {
+            crate::image::release(&self.dd, &self.id);
+        }
+    }
+
+    /// Kills the init and waits, without polling, until it is gone. It is PID 1 of the
+    /// sandbox's pid namespace, and the kernel reaps every other process of a namespace before
+    /// its init's exit is reported, so the cgroup is empty by then and the cgroup's own kill
+    /// loop (still run, for anything unexpected) finds nothing left instead of sleeping.
+    fn kill_init(&self) {
+        // A frozen process dies only once thawed.
+        if self.cgroup.is_frozen() {
+            let _ = self.cgroup.thaw();
+        }
+        if rustix::process::pidfd_send_signal(&self.init_pidfd, rustix::process::Signal::KILL).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds = [PollFd::new(&self.init_pidfd, PollFlags::IN)];
+            let ts = rustix::time::Timespec::try_from(left).unwrap_or_default();
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                _ => return,
+            }
+        }
     }
 
     /// The init ended on its own: record the sandbox as failed, keep its workspace.
@@ -542,9 +613,9 @@ impl Supervisor {
         let _ = fs::remove_file(self.dd.socket(&self.id));
         let _ = self.cgroup.kill_all(Duration::from_secs(10));
         let _ = self.cgroup.remove(Duration::from_secs(5));
-        let _ = fs::remove_dir_all(self.dd.skeleton(&self.id));
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
+        paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

@@ -23,7 +23,7 @@ const SANDBOX_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWUTS) as libc::c_ulong;
 
 /// The number of threads of this process, from `/proc/self/stat`.
-fn thread_count() -> Result<u64> {
+pub(crate) fn thread_count() -> Result<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
     // The command name (field 2) may hold spaces and parentheses: count from the last `)`.
     stat.rsplit_once(')')
@@ -63,13 +63,78 @@ pub fn clone_into_new_namespaces() -> Result<Forked> {
     }
 }
 
-/// Like [`clone_into_new_namespaces`], but the new user namespace is owned by host `uid:gid`
-/// instead of root: the clone happens with those effective ids (saved ids stay root, and the
-/// parent switches back right after). Per-user kernel limits of everything in the sandbox
-/// (inotify instances, for one) are then charged to that unprivileged identity, not to root.
+/// `CLONE_INTO_CGROUP` (Linux 5.7): the child starts in the cgroup2 directory given by fd.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of clone3(2), up to `cgroup` (`CLONE_ARGS_SIZE_VER2`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Like [`clone_into_new_namespaces`], but the child starts in the cgroup2 directory `cgroup`
+/// (`CLONE_INTO_CGROUP`): it never has to be migrated there, and a migration costs an RCU grace
+/// period (several milliseconds) whenever none ran just before. On an error for which
+/// [`clone_into_cgroup_unsupported`] holds, the caller may clone without it and migrate.
+pub fn clone_into_new_namespaces_in_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) -> Result<Forked> {
+    use std::os::fd::AsRawFd;
+    ensure_single_threaded("cloning into new namespaces")?;
+    // `c_ulong` is `u64` here but not on every target.
+    #[allow(clippy::unnecessary_cast)]
+    let args = CloneArgs {
+        flags: SANDBOX_NAMESPACES as u64 | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM and with no stack (0, size 0) behaves like fork(2): the
+    // child gets a copy-on-write image of this process and resumes here on the same stack
+    // address. `args` is a valid clone_args of the size passed, read by the kernel only during
+    // the call. The process was just checked to be single-threaded, so no lock can be held by
+    // another thread in the copy.
+    let ret = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    match ret {
+        -1 => Err(SysError::call("clone3 into new namespaces and a cgroup", std::io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as u32)),
+    }
+}
+
+/// Whether `e`, from [`clone_into_new_namespaces_in_cgroup`], means this kernel cannot create
+/// a child in a cgroup (no clone3, or no `CLONE_INTO_CGROUP`).
+pub fn clone_into_cgroup_unsupported(e: &SysError) -> bool {
+    matches!(e.errno(), Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL))
+}
+
+/// Like [`clone_into_new_namespaces`] (or, given a cgroup2 directory, like
+/// [`clone_into_new_namespaces_in_cgroup`]), but the new user namespace is owned by host
+/// `uid:gid` instead of root: the clone happens with those effective ids (saved ids stay
+/// root, and the parent switches back right after). Per-user kernel limits of everything in
+/// the sandbox (inotify instances, for one) are then charged to that unprivileged identity,
+/// not to root.
+///
+/// With a cgroup, the filesystem ids stay root during the clone, since the kernel checks with
+/// them that the caller may write the cgroup's `cgroup.procs`; the child then holds host
+/// filesystem id 0 until it calls [`set_fs_ids`] (which it must do first thing once its id
+/// maps are written). Its capabilities are those of its new user namespace only.
 ///
 /// Fails unless the caller is single-threaded and root.
-pub fn clone_into_new_namespaces_owned_by(uid: u32, gid: u32) -> Result<Forked> {
+pub fn clone_into_new_namespaces_owned_by(
+    uid: u32,
+    gid: u32,
+    cgroup: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<Forked> {
     use rustix::process::{Gid, Uid};
     use rustix::thread as t;
     let restore = || -> Result<()> {
@@ -81,12 +146,35 @@ pub fn clone_into_new_namespaces_owned_by(uid: u32, gid: u32) -> Result<Forked> 
         restore()?;
         return Err(SysError::call("seteuid", e));
     }
-    let forked = clone_into_new_namespaces();
+    let forked = match cgroup {
+        Some(dir) => set_fs_ids(0, 0).and_then(|()| clone_into_new_namespaces_in_cgroup(dir)),
+        None => clone_into_new_namespaces(),
+    };
     // The child keeps its ids: root does not exist in its namespace to switch back to.
     if !matches!(forked, Ok(Forked::Child)) {
         restore()?;
     }
     forked
+}
+
+/// Sets this thread's filesystem uid and gid (as seen in its user namespace), the ids the
+/// kernel checks file access with; fails if they did not take.
+pub fn set_fs_ids(uid: u32, gid: u32) -> Result<()> {
+    // SAFETY: setfsgid/setfsuid only change this thread's credentials and touch no memory of
+    // ours; an id that is not allowed leaves them unchanged, which is checked below by asking
+    // for the current value with an id that is never valid (-1).
+    let (now_gid, now_uid) = unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        let g = libc::syscall(libc::SYS_setfsgid, u32::MAX);
+        libc::syscall(libc::SYS_setfsuid, uid);
+        (g, libc::syscall(libc::SYS_setfsuid, u32::MAX))
+    };
+    if now_gid != i64::from(gid) || now_uid != i64::from(uid) {
+        return Err(SysError::Other(format!(
+            "setting the filesystem ids to {uid}:{gid} failed (they are {now_uid}:{now_gid})"
+        )));
+    }
+    Ok(())
 }
 
 /// Plain fork, for the in-sandbox init's short-lived file workers.

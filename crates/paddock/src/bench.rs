@@ -12,7 +12,10 @@
 //! 4. density: time to bring N sandboxes up (bounded concurrency) and to remove them again,
 //!    against N bubblewrap sandboxes.
 //!
-//! 5. the HTTP API: `paddock serve` started as a child process and driven over HTTP, against the
+//! 5. the CLI as a user runs it: whole `paddock run -- echo x` processes against the same
+//!    bubblewrap command, and `paddock run --image NAME -- echo x` when `--image` names one;
+//!
+//! 6. the HTTP API: `paddock serve` started as a child process and driven over HTTP, against the
 //!    library path measured in the same run (see `bench_http.rs`; skipped with `--no-http`).
 //!
 //! Every sandbox the bench creates carries a label naming this run; whatever is left when the
@@ -89,6 +92,10 @@ pub struct BenchArgs {
     /// Skip the HTTP API measurement (`paddock serve` as a child process).
     #[arg(long)]
     pub no_http: bool,
+    /// Also time `paddock run --image NAME -- echo x` (an image in this data directory's store,
+    /// e.g. one made with `paddock image import FILE --tag NAME`) against bubblewrap.
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
 }
 
 struct Config {
@@ -103,6 +110,8 @@ struct Config {
     /// Whether the HTTP section runs; it is the fifth section when it does.
     http: bool,
     sections: usize,
+    /// The image of the CLI section's image row.
+    image: Option<String>,
 }
 
 impl Config {
@@ -119,6 +128,7 @@ impl Config {
             run_label: format!("{}-{}", std::process::id(), now_ms()),
             http: !args.no_http,
             sections: if args.no_http { 4 } else { 5 },
+            image: args.image.clone(),
         };
         for (name, v) in [
             ("--iterations", cfg.iterations),
@@ -160,6 +170,12 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
              Install bubblewrap (e.g. `apt-get install bubblewrap`) or pass --bwrap PATH for the comparison."
         );
     }
+    if let Some(image) = &cfg.image {
+        // Fail before the long sections, not after them, when the image cannot run here.
+        let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+        let args = cli_args(rt, Some(image));
+        cli_once(&exe, &args).await.with_context(|| format!("--image {image} cannot run here"))?;
+    }
     let live = Live::default();
     let result = tokio::select! {
         r = bench(rt, &cfg, bwrap.as_ref().ok(), &live) => r,
@@ -198,7 +214,9 @@ async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Li
     let exec = exec_round_trip(rt, cfg, bwrap, live).await?;
     let memory = idle_memory(rt, cfg, bwrap, live).await?;
     let density = density(rt, cfg, bwrap, live).await?;
-    let aims = aims(&cold, &memory, &density);
+    let cli = cli_run(rt, cfg, bwrap).await?;
+    let mut aims = aims(&cold, &memory, &density);
+    aims.extend(cli.aims());
     Ok(Report {
         machine,
         config: ConfigOut {
@@ -225,6 +243,7 @@ async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Li
         exec,
         memory,
         density,
+        cli,
         aims,
         http: None,
     })
@@ -887,6 +906,151 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// CLI: whole processes, as a user runs them
+
+/// The aims of the CLI section (issue 9).
+const AIM_CLI_RATIO: f64 = 1.5;
+const AIM_CLI_IMAGE_RATIO: f64 = 2.0;
+
+#[derive(Serialize)]
+struct CliOut {
+    /// The Paddock command timed, spawn to exit.
+    command: String,
+    paddock: Stats,
+    /// The bubblewrap command, spawn to exit, interleaved with it.
+    bwrap: Option<Stats>,
+    ratio_p50: Option<f64>,
+    /// `paddock run --image NAME`; `null` without `--image`.
+    image: Option<CliImageOut>,
+    /// Why there is no image row.
+    image_skipped: Option<String>,
+}
+
+#[derive(Serialize)]
+struct CliImageOut {
+    image: String,
+    paddock: Stats,
+    bwrap: Option<Stats>,
+    ratio_p50: Option<f64>,
+}
+
+impl CliOut {
+    fn aims(&self) -> Vec<Aim> {
+        let aim = |what: String, p: &Stats, b: Option<&Stats>, r: Option<f64>, limit: f64| Aim {
+            aim: what,
+            measured: match r {
+                Some(r) => format!("{} ({} vs {})", times(Some(r)), ms(p.p50_ms), ms(b.map_or(0.0, |b| b.p50_ms))),
+                None => "n/a (no bubblewrap)".into(),
+            },
+            hit: r.map(|r| r <= limit),
+        };
+        let mut out = vec![aim(
+            format!("`paddock run -- echo x` p50 within {AIM_CLI_RATIO}× bubblewrap's"),
+            &self.paddock,
+            self.bwrap.as_ref(),
+            self.ratio_p50,
+            AIM_CLI_RATIO,
+        )];
+        if let Some(i) = &self.image {
+            out.push(aim(
+                format!("`paddock run --image …` p50 within {AIM_CLI_IMAGE_RATIO}× bubblewrap's"),
+                &i.paddock,
+                i.bwrap.as_ref(),
+                i.ratio_p50,
+                AIM_CLI_IMAGE_RATIO,
+            ));
+        }
+        out
+    }
+
+    fn print(&self, row: &dyn Fn(&str, Option<&Stats>)) {
+        println!("CLI: paddock run -- echo x vs bwrap (spawn → exit) {:>10} {:>10} {:>10}", "p50", "p90", "p99");
+        row("paddock run -- echo x", Some(&self.paddock));
+        row("bwrap … -- echo x, interleaved", self.bwrap.as_ref());
+        println!("  {:<44} {:>10}", "ratio paddock / bwrap (p50)", times(self.ratio_p50));
+        match (&self.image, &self.image_skipped) {
+            (Some(i), _) => {
+                println!("  image root: --image {}", i.image);
+                row("paddock run --image … -- echo x", Some(&i.paddock));
+                row("bwrap … -- echo x, interleaved", i.bwrap.as_ref());
+                println!("  {:<44} {:>10}", "ratio paddock --image / bwrap (p50)", times(i.ratio_p50));
+            }
+            (None, Some(why)) => println!("  image root: skipped ({why})"),
+            (None, None) => {}
+        }
+    }
+}
+
+/// `paddock run` as a user runs it: a new process per sandbox, spawn to exit, its output
+/// checked, each iteration followed by the bubblewrap command (A B A B).
+async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Result<CliOut> {
+    let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+    let run_args = |image: Option<&str>| cli_args(rt, image);
+    let measure = async |args: Vec<String>, label: String| -> Result<(Stats, Option<Stats>)> {
+        let total = cfg.warmup + cfg.iterations;
+        let mut progress = Progress::new(&label, total);
+        let (mut p, mut b) = (Vec::new(), Vec::new());
+        for i in 0..total {
+            let t = cli_once(&exe, &args).await?;
+            let bt = match bwrap {
+                Some(bw) => Some(bw.run_once(&["echo", "x"], true).await?.1),
+                None => None,
+            };
+            if i >= cfg.warmup {
+                p.push(t);
+                b.extend(bt);
+            }
+            progress.tick(i + 1);
+        }
+        Ok((Stats::of(&p), (!b.is_empty()).then(|| Stats::of(&b))))
+    };
+    let label = "[CLI] paddock run -- echo x vs bwrap (whole processes)".to_owned();
+    let (paddock, bwrap_stats) = measure(run_args(None), label).await?;
+    let command = format!("{} {}", exe.display(), run_args(None).join(" "));
+    let (image, image_skipped) = match &cfg.image {
+        Some(name) => {
+            let label = format!("[CLI] paddock run --image {name} -- echo x vs bwrap");
+            let (p, b) = measure(run_args(Some(name)), label).await?;
+            (Some(CliImageOut { image: name.clone(), ratio_p50: ratio(&p, b.as_ref()), paddock: p, bwrap: b }), None)
+        }
+        None => {
+            (None, Some("no --image NAME given; import one with `paddock image import FILE --tag NAME`".to_owned()))
+        }
+    };
+    Ok(CliOut {
+        command,
+        ratio_p50: ratio(&paddock, bwrap_stats.as_ref()),
+        paddock,
+        bwrap: bwrap_stats,
+        image,
+        image_skipped,
+    })
+}
+
+/// `--data-dir D run [--image NAME] -- echo x`, on the bench's data directory.
+fn cli_args(rt: &LocalRuntime, image: Option<&str>) -> Vec<String> {
+    let mut a = vec!["--data-dir".to_owned(), rt.data_dir().root().display().to_string(), "run".to_owned()];
+    if let Some(i) = image {
+        a.extend(["--image".to_owned(), i.to_owned()]);
+    }
+    a.extend(["--".to_owned(), "echo".to_owned(), "x".to_owned()]);
+    a
+}
+
+/// One `paddock ARGS` process, spawn to exit; it must print `x`.
+async fn cli_once(exe: &Path, args: &[String]) -> Result<Duration> {
+    let t0 = Instant::now();
+    let mut command = tokio::process::Command::new(exe);
+    command.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    let out = within("running `paddock run`", command.output()).await?;
+    let took = t0.elapsed();
+    if !out.status.success() || out.stdout != b"x\n" {
+        bail!("`paddock {}` failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(took)
+}
+
+// ---------------------------------------------------------------------------------------------
 // bubblewrap
 
 #[derive(Clone)]
@@ -1025,6 +1189,7 @@ struct Report {
     exec: ExecOut,
     memory: MemoryOut,
     density: DensityOut,
+    cli: CliOut,
     aims: Vec<Aim>,
     /// The HTTP API section; `null` with `--no-http`.
     http: Option<http::HttpOut>,
@@ -1310,6 +1475,8 @@ fn print_human(r: &Report) {
         d.bwrap_down_s.map_or_else(na, secs)
     );
     println!("  {:<44} {:>10} {:>10}", "ratio paddock / bwrap", times(d.ratio_up), times(d.ratio_down));
+    println!();
+    r.cli.print(&row);
     println!();
     if let Some(h) = &r.http {
         h.print(&r.cold, &r.exec);
