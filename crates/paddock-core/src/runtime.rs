@@ -287,6 +287,10 @@ pub enum RuntimeError {
     /// The runtime did not finish in time; the message says what was waited for.
     #[error("{0}")]
     Timeout(String),
+    /// A service the runtime depends on failed it (an image registry that cannot be reached
+    /// or sent a corrupt blob); trying later or another mirror may help.
+    #[error("{0}")]
+    Upstream(String),
     /// The host or the cluster could not do what was asked; the message says what failed.
     #[error("{0}")]
     System(String),
@@ -315,6 +319,7 @@ impl RuntimeError {
             Self::File { kind: FileErrorKind::PermissionDenied, .. } => "PERMISSION_DENIED",
             Self::File { .. } => "FILE_ERROR",
             Self::Unavailable(_) => "UNAVAILABLE",
+            Self::Upstream(_) => "UPSTREAM_ERROR",
             Self::Unsupported(_) => "NOT_SUPPORTED",
             Self::Exhausted(_) => "RESOURCE_EXHAUSTED",
             Self::Timeout(_) => "TIMEOUT",

@@ -151,8 +151,7 @@ pub fn from_image_error(e: ImageError) -> RuntimeError {
         ImageError::NotFound(m) | ImageError::InvalidReference(m) | ImageError::Unauthorized(m) => {
             RuntimeError::InvalidArgument(m)
         }
-        ImageError::Registry(m) => RuntimeError::Unavailable(m),
-        ImageError::Corrupt(m) => RuntimeError::Unavailable(m),
+        ImageError::Registry(m) | ImageError::Corrupt(m) => RuntimeError::Upstream(m),
         ImageError::NoSpace(m) => RuntimeError::Exhausted(m),
         ImageError::InUse(m) => RuntimeError::Conflict(m),
         other => RuntimeError::System(other.to_string()),

@@ -152,6 +152,7 @@ impl From<WireError> for RuntimeError {
             "NOT_SUPPORTED" => RuntimeError::Unsupported(w.message),
             "RESOURCE_EXHAUSTED" => RuntimeError::Exhausted(w.message),
             "TIMEOUT" => RuntimeError::Timeout(w.message),
+            "UPSTREAM_ERROR" => RuntimeError::Upstream(w.message),
             _ => RuntimeError::System(w.message),
         }
     }

@@ -61,6 +61,7 @@ impl From<RuntimeError> for ApiError {
             RuntimeError::Unsupported(_) => StatusCode::BAD_REQUEST,
             RuntimeError::Exhausted(_) => StatusCode::SERVICE_UNAVAILABLE,
             RuntimeError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            RuntimeError::Upstream(_) => StatusCode::BAD_GATEWAY,
             RuntimeError::System(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: e.code(), message: e.to_string() }

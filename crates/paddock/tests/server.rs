@@ -191,7 +191,7 @@ fn bad_input_gets_a_clear_4xx_never_a_5xx() {
         (r#"{"image":{"uri":"host"},"resourceLimits":{"cpu":"0"}}"#, "cpu"),
         (r#"{"image":{"uri":"host"},"resourceLimits":{"pids":"-5"}}"#, "pids"),
         (r#"{"image":{"uri":"host"},"resourceLimits":{"gpu":"1"}}"#, "not supported"),
-        (r#"{"image":{"uri":"python:3.12-slim"}}"#, "\"host\""),
+        (r#"{"image":{"uri":"Not A Reference"}}"#, "not a valid image reference"),
         (r#"{"image":{"uri":"host"},"networkPolicy":{"defaultAction":"allow"}}"#, "deny-all"),
         (r#"{"image":{"uri":"host"},"metadata":{"bad key":"v"}}"#, "label"),
         (r#"{"image":{"uri":"host"},"env":{"1BAD":"x"}}"#, "variable name"),
