@@ -8,7 +8,7 @@
 #  4. the SDK suite through `kubectl port-forward` to the ClusterIP Service (PADDOCK_HELM_E2E
 #     picks tests with pytest -k); a workspace made through the API (acquire, release) whose PVC
 #     is kept;
-#  5. `kubectl auth can-i --as` the server's ServiceAccount: every verb in check.rs NEEDED is
+#  5. `paddock check --no-probe` with the server's ServiceAccount token; `kubectl auth can-i --as` the server's ServiceAccount: every verb in check.rs NEEDED is
 #     allowed; the claim verbs (rbac.claimModel off), secrets, other namespaces and cluster-scoped
 #     writes are denied; the same for the reaper's ServiceAccount;
 #  6. the backstop: a Pod labelled managed-by=paddock cannot reach the API server, the same
@@ -113,6 +113,22 @@ helm_charts() {
   kept=$(K -n "$helm_ns" get pvc -l paddock.dev/thread-hash -o name)
   [ "$(wc -w <<<"$kept")" = 1 ] || die "want one workspace PVC after the release, found: $kept"
   info "kept: $kept"
+
+  step "helm: paddock check --no-probe with the server's ServiceAccount token"
+  local kc; kc=$(mktemp)
+  cat >"$kc" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {certificate-authority: $PKI/ca.crt, server: "https://$NODE_IP:6443"}}]
+users: [{name: sa, user: {token: $(K -n "$helm_ns" create token paddock-server --duration 10m)}}]
+contexts: [{name: c, context: {cluster: c, user: sa, namespace: $helm_ns}}]
+current-context: c
+EOF
+  out=$(KUBECONFIG=$kc "$rel_bin" --runtime kubernetes --namespace "$helm_ns" check --no-probe 2>&1) || {
+    rm -f "$kc"; die "paddock check as the server's ServiceAccount failed: $out"; }
+  rm -f "$kc"
+  # `warn namespace`: the Role has no `get namespaces` (not needed to run), so check cannot tell
+  info "exit 0: $(grep -cE '^ *ok ' <<<"$out") ok, $(grep -cE '^ *warn ' <<<"$out") warn ($(grep -E '^ *warn ' <<<"$out" | awk '{print $2}' | tr '\n' ' '))"
 
   step "helm: kubectl auth can-i as the server's ServiceAccount"
   local sa=paddock-server n_yes=0 n_no=0 line verb res
