@@ -16,7 +16,9 @@
 #  7. the CronJob, triggered twice (kubectl create job --from): an unused PVC is marked, then
 #     deleted;
 #  8. `helm uninstall` of both: nothing of the charts remains, and of Paddock's own objects only
-#     the kept workspace PVC (then the namespace is deleted by hand).
+#     the kept workspace PVC (then the namespace is deleted by hand);
+#  9. the claim model in a second namespace (rbac.claimModel, runtime.model=claim, warmPool 1):
+#     Ready, SDK tests (PADDOCK_HELM_CLAIM_E2E, default test_lifecycle), uninstall deletes it all.
 
 HELM=$BIN/helm
 helm_ns="" helm_infra="" helm_pf=""
@@ -30,6 +32,17 @@ helm_cleanup() {
     K delete namespace "$helm_ns" --wait=false >/dev/null 2>&1 || true
     helm_ns=""
   fi
+}
+
+# needs NEEDED|CLAIM_NEEDED: the runtime's verbs from check.rs, one "VERB RESOURCE[.GROUP] [--subresource=S]" a line
+needs() {
+  python3 - "$REPO/crates/paddock-runtime-k8s/src/check.rs" "$1" <<'PY'
+import re, sys
+src = open(sys.argv[1]).read()
+block = re.search(sys.argv[2] + r": &\[Need\] = &\[(.*?)\];", src, re.S).group(1)
+for g, r, s, v in re.findall(r'need\("([^"]*)", "([^"]*)", "([^"]*)", "([^"]*)"\)', block):
+    print(v, r + "." + g if g else r, "--subresource=" + s if s else "")
+PY
 }
 
 # can NS SA EXPECT(yes|no) VERB RESOURCE [kubectl auth can-i flags...]
@@ -136,25 +149,11 @@ EOF
   while read -r verb res sub; do
     can "$helm_ns" $sa yes "$verb" "$res" $sub -n "$helm_ns"; n_yes=$((n_yes + 1))
     can "$helm_ns" $sa no "$verb" "$res" $sub -n default; n_no=$((n_no + 1))
-  done < <(python3 - "$REPO/crates/paddock-runtime-k8s/src/check.rs" NEEDED <<'PY'
-import re, sys
-src = open(sys.argv[1]).read()
-block = re.search(sys.argv[2] + r": &\[Need\] = &\[(.*?)\];", src, re.S).group(1)
-for g, r, s, v in re.findall(r'need\("([^"]*)", "([^"]*)", "([^"]*)", "([^"]*)"\)', block):
-    print(v, r + "." + g if g else r, "--subresource=" + s if s else "")
-PY
-  )
+  done < <(needs NEEDED)
   [ "$n_yes" -ge 17 ] || die "read only $n_yes verbs from check.rs NEEDED"
   while read -r verb res sub; do
     can "$helm_ns" $sa no "$verb" "$res" $sub -n "$helm_ns"; n_no=$((n_no + 1))
-  done < <(python3 - "$REPO/crates/paddock-runtime-k8s/src/check.rs" CLAIM_NEEDED <<'PY'
-import re, sys
-src = open(sys.argv[1]).read()
-block = re.search(sys.argv[2] + r": &\[Need\] = &\[(.*?)\];", src, re.S).group(1)
-for g, r, s, v in re.findall(r'need\("([^"]*)", "([^"]*)", "([^"]*)", "([^"]*)"\)', block):
-    print(v, r + "." + g if g else r, "--subresource=" + s if s else "")
-PY
-  )
+  done < <(needs CLAIM_NEEDED)
   for line in "get secrets" "list secrets" "create secrets" "watch secrets" "update pods" "create pods --subresource=attach" "create pods --subresource=ephemeralcontainers" "get pods --subresource=log" \
               "patch persistentvolumeclaims" "create serviceaccounts --subresource=token" "create roles.rbac.authorization.k8s.io" \
               "create rolebindings.rbac.authorization.k8s.io" "patch networkpolicies.networking.k8s.io" \
@@ -250,5 +249,49 @@ EOF
   K get namespace "$helm_ns" >/dev/null || die "the namespace (keepOnUninstall) is gone"
   info "left: namespace $helm_ns (keepOnUninstall) with $kept; nothing else"
   K delete namespace "$helm_ns" --wait=false >/dev/null
+  helm_ns=""
+
+  helm_claim "$image" "$rel_bin"
+}
+
+# The claim model: paddock-infra with rbac.claimModel, the server with --model claim --warm-pool 1.
+# Its start makes the default profile's SandboxTemplate and SandboxWarmPool (so Ready proves the
+# claim verbs suffice); a sandbox created through the Service is a SandboxClaim; the uninstall
+# (namespace not kept) leaves nothing.
+helm_claim() {
+  local image=$1 rel_bin=$2 port=18791 key
+  helm_ns="paddock-helmc-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
+  helm_infra="$helm_ns-infra"
+  step "helm: the claim model (rbac.claimModel, runtime.model=claim, warmPool 1; namespace $helm_ns)"
+  "$HELM" install "$helm_infra" "$REPO/charts/paddock-infra" -n default --wait --timeout 60s \
+    --set namespace.name="$helm_ns" --set 'apiServer.cidrs={10.96.0.1/32,10.244.0.1/32}' \
+    --set namespace.podSecurity=baseline --set rbac.claimModel=true --set pvcReaper.enabled=false >/dev/null \
+    || die "helm install paddock-infra (claim) failed"
+  while read -r verb res sub; do
+    can "$helm_ns" paddock-server yes "$verb" "$res" $sub -n "$helm_ns"
+  done < <(needs CLAIM_NEEDED)
+  "$HELM" install paddock "$REPO/charts/paddock" -n "$helm_ns" --wait --timeout 120s \
+    --set image.repository="${image%:*}" --set image.tag="${image##*:}" --set image.pullPolicy=Never \
+    --set runtime.sandboxImagePullPolicy=Never --set runtime.cpuRequest=0.01 --set runtime.chownWorkspace=true \
+    --set runtime.model=claim --set runtime.warmPool=1 >/dev/null || {
+    K -n "$helm_ns" logs deploy/paddock --tail 30 >&2 || true
+    die "helm install paddock (claim model) failed"
+  }
+  K -n "$helm_ns" get sandboxwarmpools.extensions.agents.x-k8s.io -o name | grep -q . \
+    || die "the claim-model server made no SandboxWarmPool"
+  key=$(K -n "$helm_ns" get secret paddock-api-key -o jsonpath='{.data.api-key}' | base64 -d)
+  "$BIN/kubectl" -n "$helm_ns" port-forward svc/paddock "$port:80" >/dev/null 2>&1 &   # not K: $! must be kubectl
+  helm_pf=$!
+  wait_for 30 "the port-forward to the claim-model server" curl -sf "http://127.0.0.1:$port/health"
+  PADDOCK_BIN=$rel_bin PADDOCK_E2E_IMAGE=paddock.local/sandbox:1 PADDOCK_E2E_URL="127.0.0.1:$port" \
+    PADDOCK_E2E_API_KEY="$key" "$REPO/e2e/run" -k "${PADDOCK_HELM_CLAIM_E2E:-test_lifecycle}" \
+    || die "the SDK tests through the claim-model server failed"
+  kill "$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
+  "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null || die "helm uninstall paddock (claim) failed"
+  "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra (claim) failed"
+  helm_infra=""
+  wait_for 120 "namespace $helm_ns to be deleted (keepOnUninstall false)" sh -c "! '$BIN/kubectl' get namespace '$helm_ns'"
+  [ -z "$(K get clusterroles,clusterrolebindings -l app.kubernetes.io/part-of=paddock -o name)" ] || die "cluster-scoped chart objects remain"
+  info "claim model: server Ready with a warm pool, SDK tests passed, uninstall removed the namespace"
   helm_ns=""
 }
