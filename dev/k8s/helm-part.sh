@@ -1,15 +1,16 @@
 # The `helm` part of dev/k8s/paddock (sourced by it): both charts installed on the dev cluster.
 #
 #  1. the server image from the release binary (dev/k8s/server-image), imported into containerd;
-#  2. `helm install` paddock-infra (a fresh namespace, PVC reaper with a 2 s TTL, namespace kept
+#  2. the server refuses to start with a default timeout below 60 s or above the maximum;
+#  3. `helm install` paddock-infra (a fresh namespace, PVC reaper with a 2 s TTL, namespace kept
 #     on uninstall so a workspace PVC survives it) and paddock (the server) into it; the server
-#     Pod becomes Ready (its start already lists Pods: the egress backstop lets it reach the API);
-#  3. the server refuses to start with a default timeout below 60 s or above the maximum;
+#     Pod becomes Ready (its start already lists Pods: the egress backstop lets it reach the API)
+#     and meets Pod Security restricted; `helm upgrade` keeps the generated API key;
 #  4. the SDK suite through `kubectl port-forward` to the ClusterIP Service (PADDOCK_HELM_E2E
 #     picks tests with pytest -k); a workspace made through the API (acquire, release) whose PVC
 #     is kept;
-#  5. `paddock check --no-probe` with the server's ServiceAccount token; `kubectl auth can-i --as` the server's ServiceAccount: every verb in check.rs NEEDED is
-#     allowed; the claim verbs (rbac.claimModel off), secrets, other namespaces and cluster-scoped
+#  5. `paddock check --no-probe` with the server's ServiceAccount token; `kubectl auth can-i
+#     --as` the server's ServiceAccount: every verb in check.rs NEEDED is allowed; the claim verbs (rbac.claimModel off), secrets, other namespaces and cluster-scoped
 #     writes are denied; the same for the reaper's ServiceAccount;
 #  6. the backstop: a Pod labelled managed-by=paddock cannot reach the API server, the same
 #     Pod labelled as the server can;
