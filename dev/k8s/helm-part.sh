@@ -241,14 +241,18 @@ EOF
   [ -z "$left" ] || die "sandbox Pods remain after the SDK suite and the release: $left"
   "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null || die "helm uninstall paddock failed"
   "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra failed"
-  helm_infra=""
+  local infra_release=$helm_infra; helm_infra=""
   local left kinds=pods,deployments,replicasets,services,secrets,serviceaccounts,roles,rolebindings,networkpolicies,resourcequotas,limitranges,cronjobs,jobs,configmaps,persistentvolumeclaims
   # what the uninstall deleted takes its dependents along (ReplicaSets, Pods, the Jobs made from
   # the CronJob) by garbage collection, a few seconds later
+  # (only where these releases put things: other sessions may run Paddock on the same cluster)
   leftovers() {
-    K get "$kinds" -A -l app.kubernetes.io/part-of=paddock -o name 2>/dev/null
-    K get clusterroles,clusterrolebindings -l app.kubernetes.io/part-of=paddock -o name 2>/dev/null
-    K get "$kinds" -A -l app.kubernetes.io/managed-by=paddock -o name 2>/dev/null | grep -vxF "$kept" || true
+    local ns
+    for ns in "$helm_ns" default; do
+      K -n "$ns" get "$kinds" -l app.kubernetes.io/part-of=paddock -o name 2>/dev/null
+      K -n "$ns" get "$kinds" -l app.kubernetes.io/managed-by=paddock -o name 2>/dev/null | grep -vxF "$kept" || true
+    done
+    K get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$infra_release" -o name 2>/dev/null
   }
   local end=$(( $(date +%s) + 90 ))
   while left=$(leftovers) && [ -n "$left" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
@@ -299,7 +303,8 @@ helm_claim() {
   "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra (claim) failed"
   helm_infra=""
   wait_for 120 "namespace $helm_ns to be deleted (keepOnUninstall false)" sh -c "! '$BIN/kubectl' get namespace '$helm_ns'"
-  [ -z "$(K get clusterroles,clusterrolebindings -l app.kubernetes.io/part-of=paddock -o name)" ] || die "cluster-scoped chart objects remain"
+  [ -z "$(K get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$helm_ns-infra" -o name)" ] || die "cluster-scoped chart objects remain"
+  [ -z "$(K -n default get all -l "app.kubernetes.io/instance=$helm_ns-infra" -o name)" ] || die "chart objects remain in default"
   info "claim model: server Ready with a warm pool, SDK tests passed, uninstall removed the namespace"
   helm_ns=""
 }
