@@ -43,6 +43,10 @@ PADDOCK_BIN = Path(os.environ.get("PADDOCK_BIN") or REPO_ROOT / "target" / "debu
 IMAGE = os.environ.get("PADDOCK_E2E_IMAGE", "host")
 # Extra `paddock serve` arguments, e.g. "--runtime kubernetes --namespace paddock-e2e".
 SERVE_ARGS = os.environ.get("PADDOCK_E2E_SERVE_ARGS", "").split()
+# An already running server (e.g. the chart's Service through `kubectl port-forward`): the suite
+# then starts no process and uses this HOST:PORT and PADDOCK_E2E_API_KEY; tests that restart the
+# server are skipped.
+EXTERNAL = os.environ.get("PADDOCK_E2E_URL", "").removeprefix("http://").rstrip("/")
 MODES = ("direct", "proxy")
 START_TIMEOUT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -69,7 +73,7 @@ class PaddockServer:
     registry: list["PaddockServer"] = []
 
     def __init__(self, name: str) -> None:
-        if not PADDOCK_BIN.is_file():
+        if not EXTERNAL and not PADDOCK_BIN.is_file():
             pytest.exit(
                 f"paddock binary not found at {PADDOCK_BIN}: build it with "
                 f"`cargo build -p paddock` in {REPO_ROOT}, or set PADDOCK_BIN",
@@ -79,18 +83,28 @@ class PaddockServer:
         self.root = Path(tempfile.mkdtemp(prefix="pe2e-", dir="/tmp"))
         # Sandboxes run as an unprivileged host uid that must be able to reach the data dir.
         self.root.chmod(0o711)
-        self.data_dir = self.root / "d"
-        self.data_dir.mkdir()
+        self._data_dir = self.root / "d"
+        self._data_dir.mkdir()
         self.log_path = self.root / "server.log"
         self.port = _free_port()
         self.api_key = secrets.token_hex(16)
+        if EXTERNAL:
+            self.api_key = os.environ.get("PADDOCK_E2E_API_KEY", "")
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         PaddockServer.registry.append(self)
 
     @property
+    def data_dir(self) -> Path:
+        """The server's data directory; a test that uses it (the CLI beside the server, `paddock
+        logs`) cannot run against an external server."""
+        if EXTERNAL:
+            pytest.skip("the server is external (PADDOCK_E2E_URL): its data directory is not here")
+        return self._data_dir
+
+    @property
     def domain(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return EXTERNAL or f"127.0.0.1:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -99,6 +113,12 @@ class PaddockServer:
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         self.starts += 1
+        if EXTERNAL:
+            if self.starts > 1:
+                pytest.skip("the server is external (PADDOCK_E2E_URL): it cannot be restarted from here")
+            with urllib.request.urlopen(self.base_url + "/health", timeout=10) as r:
+                assert r.status == 200, f"GET {self.base_url}/health: HTTP {r.status}"
+            return
         log = open(self.log_path, "ab")
         log.write(f"\n===== e2e: start #{self.starts} of paddock serve ({self.name}) =====\n".encode())
         log.flush()
@@ -150,11 +170,15 @@ class PaddockServer:
 
     def kill_hard(self) -> None:
         """SIGKILL the server process (only it: sandboxes are meant to outlive it)."""
+        if EXTERNAL:
+            pytest.skip("the server is external (PADDOCK_E2E_URL): it cannot be killed from here")
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
+        if EXTERNAL:
+            return
         if self.proc is None or self.proc.poll() is not None:
             return
         os.kill(self.proc.pid, signal.SIGTERM)
@@ -197,7 +221,7 @@ class PaddockServer:
 
     def kill_all_sandboxes(self) -> None:
         """Kill every sandbox through the API, then through the CLI as a fallback."""
-        if self.proc is not None and self.proc.poll() is None:
+        if EXTERNAL or (self.proc is not None and self.proc.poll() is None):
             cfg = self.config("direct", request_timeout=timedelta(seconds=15))
             try:
                 manager = SandboxManagerSync.create(cfg)
@@ -213,6 +237,8 @@ class PaddockServer:
             except Exception:
                 pass
         # Fallback when the server could not do it: the CLI on the same data dir.
+        if EXTERNAL:
+            return
         try:
             out = subprocess.run(
                 [str(PADDOCK_BIN), "--data-dir", str(self.data_dir), "--json", "ls"],
