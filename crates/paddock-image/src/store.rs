@@ -235,6 +235,20 @@ impl Store {
         self.read_json("leases.json")
     }
 
+    /// Leases are rewritten on every sandbox create and destroy, so without an fsync: they
+    /// only matter while the host is up, and a host that lost power runs no sandbox after.
+    /// The rename still keeps a reader from ever seeing half a file.
+    fn write_leases(&self, leases: &BTreeMap<String, String>) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(leases).map_err(|e| ImageError::Io(e.to_string()))?;
+        let (tmp, dest) = (self.tmp(&unique("leases.json")), self.root.join("leases.json"));
+        let r = fs::write(&tmp, &bytes).and_then(|()| fs::rename(&tmp, &dest));
+        if let Err(e) = r {
+            let _ = fs::remove_file(&tmp);
+            return Err(ImageError::io(format!("writing {}", dest.display()), e));
+        }
+        Ok(())
+    }
+
     /// Points `name` at `digest`.
     pub(crate) fn set_ref(&self, name: &str, digest: &str) -> Result<()> {
         let _meta = self.lock("meta.lock", true)?;
@@ -324,7 +338,7 @@ impl Store {
         self.load(&image.name, &image.digest)?;
         let mut leases = self.leases()?;
         leases.insert(holder.to_string(), image.digest.clone());
-        self.write_json("leases.json", &leases)
+        self.write_leases(&leases)
     }
 
     /// Ends `holder`'s lease; releasing what is not held is fine.
@@ -332,7 +346,7 @@ impl Store {
         let _meta = self.lock("meta.lock", true)?;
         let mut leases = self.leases()?;
         if leases.remove(holder).is_some() {
-            self.write_json("leases.json", &leases)?;
+            self.write_leases(&leases)?;
         }
         Ok(())
     }
