@@ -21,11 +21,20 @@
 #  9. the claim model in a second namespace (rbac.claimModel, runtime.model=claim, warmPool 1):
 #     Ready, SDK tests (PADDOCK_HELM_CLAIM_E2E, default test_lifecycle), uninstall deletes it all.
 
+# `kubectl port-forward` to the chart's Service, restarted whenever it exits: kubectl ends the
+# whole forward when one forwarded connection is reset, which says nothing about the server.
+# The loop runs in a session of its own, so killing -$helm_pf ends it and its kubectl.
+forward() { # namespace port
+  setsid bash -c 'while true; do "$0" -n "$1" port-forward svc/paddock "$2:80" >/dev/null 2>&1; sleep 0.2; done' \
+    "$BIN/kubectl" "$1" "$2" &
+  helm_pf=$!
+}
+
 HELM=$BIN/helm
 helm_ns="" helm_infra="" helm_pf=""
 
 helm_cleanup() {
-  [ -n "$helm_pf" ] && { kill "$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null; } || true
+  [ -n "$helm_pf" ] && { kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null; } || true
   helm_pf=""
   if [ -n "$helm_ns" ]; then
     "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null 2>&1 || true
@@ -113,8 +122,7 @@ helm_charts() {
     || die "helm upgrade changed the API key"
 
   step "helm: the SDK suite through the Service (kubectl port-forward svc/paddock $port:80)"
-  "$BIN/kubectl" -n "$helm_ns" port-forward svc/paddock "$port:80" >/dev/null 2>&1 &   # not K: $! must be kubectl
-  helm_pf=$!
+  forward "$helm_ns" "$port"
   wait_for 30 "the port-forward to the server" curl -sf "http://127.0.0.1:$port/health"
   [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/sandboxes")" = 401 ] \
     || die "the server answers without the API key"
@@ -129,7 +137,7 @@ helm_charts() {
   local auth=(-H "OPEN-SANDBOX-API-KEY: $key")
   curl -sf "${auth[@]}" -XPOST "http://127.0.0.1:$port/v1/workspaces/helm-kept/acquire" >/dev/null || die "acquire failed"
   curl -sf "${auth[@]}" -XPOST "http://127.0.0.1:$port/v1/workspaces/helm-kept/release" >/dev/null || die "release failed"
-  kill "$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
+  kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   local kept
   kept=$(K -n "$helm_ns" get pvc -l paddock.dev/thread-hash -o name)
   [ "$(wc -w <<<"$kept")" = 1 ] || die "want one workspace PVC after the release, found: $kept"
@@ -292,13 +300,12 @@ helm_claim() {
   K -n "$helm_ns" get sandboxwarmpools.extensions.agents.x-k8s.io -o name | grep -q . \
     || die "the claim-model server made no SandboxWarmPool"
   key=$(K -n "$helm_ns" get secret paddock-api-key -o jsonpath='{.data.api-key}' | base64 -d)
-  "$BIN/kubectl" -n "$helm_ns" port-forward svc/paddock "$port:80" >/dev/null 2>&1 &   # not K: $! must be kubectl
-  helm_pf=$!
+  forward "$helm_ns" "$port"
   wait_for 30 "the port-forward to the claim-model server" curl -sf "http://127.0.0.1:$port/health"
   PADDOCK_BIN=$rel_bin PADDOCK_E2E_IMAGE=paddock.local/sandbox:1 PADDOCK_E2E_URL="127.0.0.1:$port" \
     PADDOCK_E2E_API_KEY="$key" "$REPO/e2e/run" -k "${PADDOCK_HELM_CLAIM_E2E:-test_lifecycle}" \
     || die "the SDK tests through the claim-model server failed"
-  kill "$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
+  kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null || die "helm uninstall paddock (claim) failed"
   "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra (claim) failed"
   helm_infra=""
