@@ -88,22 +88,22 @@ pub(crate) async fn prepare(
         RootSource::Reference(r) => r,
         RootSource::Host | RootSource::Dir(_) => return Ok(None),
     };
-    let store = store(dd)?;
-    let found = {
-        let (store_dir, wanted) = (dd.images(), reference.clone());
-        tokio::task::spawn_blocking(move || Store::open(&store_dir)?.lookup(&wanted))
-            .await
-            .map_err(|e| RuntimeError::System(format!("looking up an image: {e}")))?
-            .map_err(from_image_error)?
-    };
-    let image = match found {
-        Some(image) => image,
-        None if options.offline => {
+    let dir = dd.images();
+    let wanted = reference.clone();
+    let found = blocking(move || {
+        let store = Store::open(&dir)?;
+        let found = store.lookup(&wanted)?;
+        Ok((store, found))
+    })
+    .await?;
+    let (store, image) = match found {
+        (store, Some(image)) => (store, image),
+        (_, None) if options.offline => {
             return Err(RuntimeError::InvalidArgument(format!(
                 "image {reference} is not in this host's image store and pulling is off (--pull never): import it with `paddock image import` or pull it with `paddock image pull`"
             )));
         }
-        None => {
+        (store, None) => {
             let pull = PullOptions {
                 auth: spec
                     .image_auth
@@ -111,10 +111,15 @@ pub(crate) async fn prepare(
                     .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() }),
                 registries: options.registries.clone(),
             };
-            store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?
+            let image = store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?;
+            (store, image)
         }
     };
-    let owner = store.image_user(&image).map_err(from_image_error)?.unwrap_or((0, 0));
+    // Reads the image's /etc/passwd and /etc/group from its layers: blocking IO.
+    let owner = {
+        let image = image.clone();
+        blocking(move || store.image_user(&image)).await?.unwrap_or((0, 0))
+    };
     apply_config(&image, spec);
     Ok(Some((ImageRoot { layers: image.layers.clone(), owner }, image)))
 }
@@ -143,6 +148,16 @@ pub(crate) fn release(dd: &DataDir, id: &SandboxId) {
     if let Ok(store) = Store::open(&dd.images()) {
         let _ = store.release(id.as_str());
     }
+}
+
+/// Store work on the blocking pool, its errors in the seam's terms.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RuntimeError::System(format!("an image store task failed: {e}")))?
+        .map_err(from_image_error)
 }
 
 /// Store errors in the seam's terms: a client's mistake is a 400 that says what to fix.

@@ -216,9 +216,8 @@ impl Supervisor {
         let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
         data_dirs.extend(fs::canonicalize(dd.root()));
         let writable_root = image.is_some();
-        let source = match crate::image::resolve(spec.image.as_deref())? {
-            _ if image.is_some() => {
-                let image = image.expect("checked");
+        let source = match (image, crate::image::resolve(spec.image.as_deref())?) {
+            (Some(image), _) => {
                 paddock_sys::process::unshare_mount_namespace()
                     .map_err(sys("a private mount namespace for the image root"))?;
                 let root = LayeredRoot {
@@ -233,13 +232,13 @@ impl Supervisor {
                 paddock_sys::mounts::mount_scratch(&at).map_err(sys("mounting the image root"))?;
                 root.mount(&at).map_err(sys("mounting the image root"))?
             }
-            RootSource::Reference(r) => {
+            (None, RootSource::Reference(r)) => {
                 return Err(RuntimeError::InvalidArgument(format!(
                     "image {r} reached the supervisor without its layers: create sandboxes through the runtime"
                 )));
             }
-            RootSource::Host => PathBuf::from("/"),
-            RootSource::Dir(path) => {
+            (None, RootSource::Host) => PathBuf::from("/"),
+            (None, RootSource::Dir(path)) => {
                 let real = fs::canonicalize(&path).ok().filter(|p| p.is_dir()).ok_or_else(|| {
                     RuntimeError::InvalidArgument(format!(
                         "rootfs {} is not a directory: pass the path of an unpacked root filesystem",

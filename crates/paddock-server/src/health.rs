@@ -40,6 +40,27 @@ fn descriptors() -> Result<(u64, Option<u64>), std::io::Error> {
     Ok((open, getrlimit(Resource::Nofile).current))
 }
 
+/// Runs one dependency check within [`DATABASE_DEADLINE`]; a failure or a timeout adds a
+/// problem (`late` holds `{}` for the seconds waited) and reads `{"ok": false}`.
+async fn bounded<E>(
+    check: impl std::future::Future<Output = Result<(), E>>,
+    problems: &mut Vec<String>,
+    failed: impl FnOnce(E) -> String,
+    late: &str,
+) -> serde_json::Value {
+    match tokio::time::timeout(DATABASE_DEADLINE, check).await {
+        Ok(Ok(())) => json!({"ok": true}),
+        Ok(Err(e)) => {
+            problems.push(failed(e));
+            json!({"ok": false})
+        }
+        Err(_) => {
+            problems.push(late.replace("{}", &DATABASE_DEADLINE.as_secs().to_string()));
+            json!({"ok": false})
+        }
+    }
+}
+
 pub async fn health(State(state): State<AppState>) -> Response {
     let mut problems = Vec::new();
     let fds = match tokio::task::spawn_blocking(descriptors).await {
@@ -61,34 +82,20 @@ pub async fn health(State(state): State<AppState>) -> Response {
             json!(null)
         }
     };
-    let database = match tokio::time::timeout(DATABASE_DEADLINE, state.store.ping()).await {
-        Ok(Ok(())) => json!({"ok": true}),
-        Ok(Err(e)) => {
-            problems.push(format!("the state database does not answer: {e}"));
-            json!({"ok": false})
-        }
-        Err(_) => {
-            problems.push(format!(
-                "the state database did not answer within {}s: check the disk of the data directory",
-                DATABASE_DEADLINE.as_secs()
-            ));
-            json!({"ok": false})
-        }
-    };
-    let runtime = match tokio::time::timeout(DATABASE_DEADLINE, state.rt.health()).await {
-        Ok(Ok(())) => json!({"ok": true}),
-        Ok(Err(e)) => {
-            problems.push(format!("the sandbox runtime is not usable: {e}"));
-            json!({"ok": false})
-        }
-        Err(_) => {
-            problems.push(format!(
-                "the sandbox runtime did not answer within {}s: creates and commands will time out",
-                DATABASE_DEADLINE.as_secs()
-            ));
-            json!({"ok": false})
-        }
-    };
+    let database = bounded(
+        state.store.ping(),
+        &mut problems,
+        |e| format!("the state database does not answer: {e}"),
+        "the state database did not answer within {}s: check the disk of the data directory",
+    )
+    .await;
+    let runtime = bounded(
+        state.rt.health(),
+        &mut problems,
+        |e| format!("the sandbox runtime is not usable: {e}"),
+        "the sandbox runtime did not answer within {}s: creates and commands will time out",
+    )
+    .await;
     let (status, word) =
         if problems.is_empty() { (StatusCode::OK, "healthy") } else { (StatusCode::SERVICE_UNAVAILABLE, "unhealthy") };
     let body =

@@ -360,20 +360,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let json = cli.json;
     let rt = rt.as_ref();
     let naming = cli.naming;
-    // On the local runtime the CLI pulls a missing image itself first, with progress, instead
-    // of a create that waits in silence while the runtime pulls.
-    let prepull = async |spec: &paddock_core::spec::SandboxSpec| -> Result<()> {
-        let images = cli.runtime.images.options();
-        if cli.runtime.kind != crate::runtimes::RuntimeKind::Local || images.offline {
-            return Ok(());
-        }
-        let image = images.apply_alias(spec.image.as_deref());
-        if let Ok(paddock_runtime_local::image::RootSource::Reference(r)) =
-            paddock_runtime_local::image::resolve(image.as_deref())
-        {
-            crate::image_cmd::ensure_pulled(&cli.data_dir, &r, images.registries).await?;
-        }
-        Ok(())
+    let prepull = async |spec: &paddock_core::spec::SandboxSpec| {
+        crate::runtimes::prepull(&cli.runtime, &cli.data_dir, spec.image.as_deref()).await
     };
     match cli.command {
         Command::Run { sandbox, timeout, exec } => {

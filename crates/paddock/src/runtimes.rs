@@ -320,6 +320,22 @@ pub async fn reap_pvcs(opts: &RuntimeOpts, naming: NamingMode, ttl: std::time::D
     Ok(0)
 }
 
+/// Pulls a sandbox's image with progress on stderr before a CLI create, when the chosen runtime
+/// pulls into this host's store (the local one), instead of a create that waits in silence.
+pub async fn prepull(opts: &RuntimeOpts, data_dir: &Path, image: Option<&str>) -> Result<()> {
+    let images = opts.images.options();
+    if opts.kind != RuntimeKind::Local || images.offline {
+        return Ok(());
+    }
+    let image = images.apply_alias(image);
+    if let Ok(paddock_runtime_local::image::RootSource::Reference(r)) =
+        paddock_runtime_local::image::resolve(image.as_deref())
+    {
+        crate::image_cmd::ensure_pulled(data_dir, &r, images.registries).await?;
+    }
+    Ok(())
+}
+
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
 /// work, such as reaping expired sandboxes on Kubernetes.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {

@@ -188,3 +188,17 @@ impl TapMkdir for std::path::PathBuf {
         self
     }
 }
+
+#[test]
+fn with_pulling_off_a_missing_image_is_refused_with_what_to_do_and_nothing_is_fetched() {
+    require_root();
+    let data = tempfile::tempdir().unwrap();
+    // A registry address nothing listens on: were a pull attempted, the error would name it.
+    let out =
+        paddock(data.path(), &["--pull", "never", "run", "--image", "127.0.0.1:1/team/tool:1", "--", "true"], None);
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    for says in ["not in this host's image store", "--pull never", "paddock image import"] {
+        assert!(out.stderr.contains(says), "{says:?} missing: {}", out.stderr);
+    }
+    assert!(!out.stderr.contains("cannot reach registry"), "a pull was attempted: {}", out.stderr);
+}
