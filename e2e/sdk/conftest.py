@@ -72,7 +72,7 @@ class PaddockServer:
 
     registry: list["PaddockServer"] = []
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, extra_args: list[str] | None = None) -> None:
         if not EXTERNAL and not PADDOCK_BIN.is_file():
             pytest.exit(
                 f"paddock binary not found at {PADDOCK_BIN}: build it with "
@@ -91,6 +91,7 @@ class PaddockServer:
         if EXTERNAL:
             self.api_key = os.environ.get("PADDOCK_E2E_API_KEY", "")
         self.proc: subprocess.Popen | None = None
+        self.extra_args = list(extra_args or [])
         self.starts = 0
         PaddockServer.registry.append(self)
 
@@ -135,6 +136,7 @@ class PaddockServer:
                 "--listen", self.domain,
                 "--data-dir", str(self.data_dir),
                 *SERVE_ARGS,
+                *self.extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -1,6 +1,7 @@
 //! Paddock's domain: what a sandbox is, what may be asked of one, and the `Runtime` trait the
 //! local and Kubernetes runtimes implement. Pure: no IO, no async runtime.
 
+pub mod egress;
 pub mod naming;
 pub mod runtime;
 pub mod spec;

@@ -12,8 +12,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use serde::{Deserialize, Serialize};
 
+use crate::egress::{EgressCounters, EgressPolicy, EgressStatus};
 use crate::naming::ThreadId;
-use crate::spec::{NetworkPolicy, SandboxSpec, SpecError};
+use crate::spec::{SandboxSpec, SpecError};
 
 /// A sandbox's id: `sbx-` and 12 lowercase hex digits for sandboxes Paddock made.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -357,8 +358,10 @@ pub struct Capabilities {
     pub run_as_other_user: bool,
     /// Image references this runtime accepts, in words (shown in errors and `/v1/capabilities`).
     pub images: String,
-    /// Network modes a sandbox may ask for.
-    pub network: Vec<NetworkPolicy>,
+    /// What a sandbox's network policy may say, in words: `deny` (loopback only),
+    /// `allow-all`, `ip-rules` (IP and CIDR targets), `domain-rules` (names and `*.names`),
+    /// `change` (a running sandbox's policy can be changed).
+    pub network: Vec<String>,
     /// CPU and memory use can be read (`Runtime::metrics`).
     pub metrics: bool,
 }
@@ -370,6 +373,9 @@ pub struct SandboxMetrics {
     pub cpu_used_ns: Option<u64>,
     /// Memory charged to the sandbox now, bytes.
     pub memory_used_bytes: Option<u64>,
+    /// What its egress enforcer counted, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressCounters>,
     /// When this was measured, Unix milliseconds.
     pub at_unix_ms: u64,
 }
@@ -419,6 +425,19 @@ pub trait Runtime: Send + Sync {
     async fn connect(&self, id: &SandboxId, port: u16) -> Result<Box<dyn Duplex>, RuntimeError>;
     /// The sandbox's CPU and memory use now.
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError>;
+    /// The sandbox's egress policy as enforced now, with its counters and newest denials.
+    async fn egress(&self, id: &SandboxId) -> Result<EgressStatus, RuntimeError> {
+        self.get(id).await?;
+        Err(RuntimeError::Unsupported("this runtime cannot report a sandbox's egress".into()))
+    }
+    /// Replaces a running sandbox's egress policy; new connections and DNS queries follow it
+    /// at once. A policy the runtime cannot enforce is refused (`Unsupported`), never applied
+    /// in part.
+    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+        let _ = policy;
+        self.get(id).await?;
+        Err(RuntimeError::Unsupported("this runtime cannot change a running sandbox's egress policy".into()))
+    }
     /// Freezes every process of the sandbox in place, keeping its memory.
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
     async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;

@@ -4,16 +4,30 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::egress::EgressPolicy;
 use crate::naming::{NamingMode, ThreadId};
 use crate::units::{format_bytes, format_duration};
 
 /// How the sandbox reaches the network.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkPolicy {
     /// A network namespace with only loopback: zero egress, no DNS.
     #[default]
     LoopbackOnly,
+    /// Egress through the runtime's enforcer, as the policy allows (DNS included). A policy
+    /// that denies everything still gets the enforcer, so a later change can open it.
+    Egress(EgressPolicy),
+}
+
+impl NetworkPolicy {
+    /// The policy in OpenSandbox's shape (loopback only is deny-all).
+    pub fn policy(&self) -> EgressPolicy {
+        match self {
+            NetworkPolicy::LoopbackOnly => EgressPolicy::deny_all(),
+            NetworkPolicy::Egress(p) => p.clone(),
+        }
+    }
 }
 
 /// Resource limits; every sandbox has all of them.
@@ -241,6 +255,9 @@ pub fn command_env(
 impl SandboxSpec {
     /// Rejects impossible or unsafe specs with a message that says what to change.
     pub fn validate(&self) -> Result<(), SpecError> {
+        if let NetworkPolicy::Egress(p) = &self.network {
+            p.validate().map_err(|m| err("networkPolicy", m))?;
+        }
         let r = &self.resources;
         if r.memory_bytes < MIN_MEMORY {
             return Err(err(

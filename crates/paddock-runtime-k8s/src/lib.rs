@@ -311,7 +311,15 @@ impl KubeRuntime {
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
         // Exhaustive on purpose: a new network mode must be handled here before it compiles.
-        let NetworkPolicy::LoopbackOnly = spec.network;
+        match &spec.network {
+            NetworkPolicy::LoopbackOnly => {}
+            NetworkPolicy::Egress(p) if p.denies_everything() => spec.network = NetworkPolicy::LoopbackOnly,
+            NetworkPolicy::Egress(_) => {
+                return Err(RuntimeError::Unsupported(
+                    "egress rules are not enforced on the Kubernetes runtime yet: every sandbox there is deny-all (loopback only); omit networkPolicy or send {\"defaultAction\":\"deny\"}, or use the local runtime".into(),
+                ));
+            }
+        }
         match spec.image.as_deref() {
             None => spec.image = Some(self.config.default_image.clone()),
             // The local runtime's names for a root filesystem mean nothing to a kubelet.
@@ -824,7 +832,7 @@ impl Runtime for KubeRuntime {
                 "container image references with a POSIX sh and busybox-level tools (default {}, pull policy {})",
                 self.config.default_image, self.config.image_pull_policy
             ),
-            network: vec![NetworkPolicy::LoopbackOnly],
+            network: vec!["deny".into()],
             metrics: true,
         }
     }
@@ -1259,7 +1267,7 @@ mod tests {
             let c = k.capabilities();
             assert_eq!(c.runtime, "kubernetes");
             assert!(!c.pause && c.persistent_workspaces && !c.run_as_other_user);
-            assert_eq!(c.network, vec![NetworkPolicy::LoopbackOnly]);
+            assert_eq!(c.network, vec!["deny".to_string()]);
             let id = SandboxId::parse("sbx-000000000001").unwrap();
             assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
             assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");

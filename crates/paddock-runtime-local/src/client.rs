@@ -28,6 +28,8 @@ use tokio::sync::oneshot;
 use crate::layout::DataDir;
 use crate::protocol::{self, Control, FileCall, Ready, Record, Reply, Request};
 use crate::supervisor::CGROUP_PARENT;
+use paddock_core::egress::{EgressPolicy, EgressStatus};
+use paddock_egress::control::Request as ControlRequest;
 
 /// The embedded local runtime.
 #[derive(Debug, Clone)]
@@ -37,6 +39,7 @@ pub struct LocalRuntime {
     exe: PathBuf,
     naming: NamingMode,
     images: crate::image::ImageOptions,
+    egress: crate::egress::EgressOptions,
 }
 
 fn sys_err(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeError {
@@ -82,7 +85,7 @@ impl LocalRuntime {
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
         crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
         crate::identity::register_host_wide(&dd);
-        Ok(Self { dd, exe: exe.into(), naming, images: Default::default() })
+        Ok(Self { dd, exe: exe.into(), naming, images: Default::default(), egress: Default::default() })
     }
 
     /// Registries to pull from and image aliases (`paddock serve --registry-mirror`,
@@ -90,6 +93,28 @@ impl LocalRuntime {
     pub fn with_images(mut self, images: crate::image::ImageOptions) -> Self {
         self.images = images;
         self
+    }
+
+    /// The operator's egress settings (`paddock serve --egress-block`, `--egress-allow-private`,
+    /// `--egress-dns`).
+    pub fn with_egress(mut self, egress: crate::egress::EgressOptions) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// The host identity a sandbox runs as (its egress enforcer drops to it).
+    fn host_ids(&self, id: &SandboxId) -> Result<(u32, u32), RuntimeError> {
+        let record = self.read_record(id)?;
+        Ok(match record.host_ids {
+            Some(ids) => (ids.uid, ids.gid),
+            None => (record.info.spec.user.host_uid(), record.info.spec.user.host_gid()),
+        })
+    }
+
+    /// Starts or updates a sandbox's egress enforcer with `policy`.
+    async fn apply_egress(&self, id: &SandboxId, policy: &EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+        let ids = self.host_ids(id)?;
+        crate::egress::apply(&self.dd, &self.exe, &self.egress, id, ids, policy).await
     }
 
     pub fn naming(&self) -> NamingMode {
@@ -134,7 +159,15 @@ impl LocalRuntime {
             let _ = fs::remove_dir_all(&dir);
             crate::image::release(&self.dd, &id);
         }
-        result
+        let info = result?;
+        if let NetworkPolicy::Egress(policy) = &spec.network
+            && let Err(e) = self.apply_egress(&id, policy).await
+        {
+            // Never hand out a sandbox whose policy is not in force.
+            let _ = self.destroy(&id).await;
+            return Err(e);
+        }
+        Ok(info)
     }
 
     async fn run_supervisor(
@@ -437,7 +470,7 @@ impl Runtime for LocalRuntime {
             persistent_workspaces: true,
             run_as_other_user: false,
             images: crate::image::ACCEPTED.into(),
-            network: vec![NetworkPolicy::LoopbackOnly],
+            network: ["deny", "allow-all", "ip-rules", "domain-rules", "change"].map(String::from).to_vec(),
             metrics: true,
         }
     }
@@ -599,9 +632,43 @@ impl Runtime for LocalRuntime {
 
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
         match self.call(id, &Request::Stats).await? {
-            Reply::Stats { metrics } => Ok(metrics),
+            Reply::Stats { mut metrics } => {
+                // A sandbox without an enforcer has nothing to count; one whose enforcer does
+                // not answer just lacks the counters this time.
+                metrics.egress =
+                    crate::egress::ask(&self.dd, id, &ControlRequest::Status).await.ok().flatten().map(|s| s.counters);
+                Ok(metrics)
+            }
             other => Err(RuntimeError::System(format!("unexpected answer to stats: {other:?}"))),
         }
+    }
+
+    async fn egress(&self, id: &SandboxId) -> Result<EgressStatus, RuntimeError> {
+        let info = self.get(id).await?;
+        if let Some(status) = crate::egress::ask(&self.dd, id, &ControlRequest::Status).await? {
+            return Ok(status);
+        }
+        let policy = crate::egress::stored_policy(&self.dd, id).unwrap_or_else(|| info.spec.network.policy());
+        if info.state == SandboxState::Failed || policy.denies_everything() {
+            return Ok(EgressStatus {
+                policy,
+                enforcement: "network-namespace".into(),
+                counters: Default::default(),
+                denials: Vec::new(),
+            });
+        }
+        // Its enforcer is gone (killed, or the host ran out of memory): start it again rather
+        // than leave the sandbox cut off from what its policy allows.
+        self.apply_egress(id, &policy).await
+    }
+
+    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+        policy.validate().map_err(RuntimeError::InvalidArgument)?;
+        let info = self.get(id).await?;
+        if info.state == SandboxState::Failed {
+            return Err(RuntimeError::Conflict(format!("sandbox {id} has failed: its egress cannot change")));
+        }
+        self.apply_egress(id, &policy).await
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {

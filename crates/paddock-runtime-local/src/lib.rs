@@ -6,6 +6,7 @@
 //! of the supervisor process.
 
 mod client;
+pub mod egress;
 mod fileops;
 pub mod identity;
 pub mod image;
@@ -17,4 +18,5 @@ pub mod supervisor;
 mod wsimage;
 
 pub use client::LocalRuntime;
+pub use egress::EgressOptions;
 pub use image::ImageOptions;

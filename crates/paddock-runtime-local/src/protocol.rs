@@ -50,6 +50,9 @@ pub enum Request {
         port: u16,
     },
     Info,
+    /// Answered with `Network` and two descriptors: the sandbox's network namespace and a
+    /// pidfd of its init (for the egress enforcer, which ends with the sandbox).
+    Network,
     /// Answered with `Stats`.
     Stats,
     Pause,
@@ -115,6 +118,8 @@ pub enum Reply {
     },
     /// The connected socket is attached.
     Connected,
+    /// The network namespace and the init's pidfd are attached.
+    Network,
     Error {
         error: WireError,
     },

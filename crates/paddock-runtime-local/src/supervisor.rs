@@ -495,11 +495,19 @@ impl Supervisor {
                 }
             }
             Request::Info => Ok(Reply::Info { info: Box::new(self.info()) }),
+            Request::Network => match self.network_fds() {
+                Ok((netns, pidfd)) => {
+                    let _ = fdpass::send(&conn, &protocol::encode(&Reply::Network), &[netns.as_fd(), pidfd.as_fd()]);
+                    return false;
+                }
+                Err(e) => Err(e),
+            },
             Request::Stats => Ok(Reply::Stats {
                 metrics: SandboxMetrics {
                     cpu_used_ns: self.cgroup.cpu_used_ns(),
                     memory_used_bytes: self.cgroup.memory_used(),
                     at_unix_ms: now_ms(),
+                    egress: None,
                 },
             }),
             Request::Pause => self.cgroup.freeze().map(|()| Reply::Ok).map_err(sys("pausing")),
@@ -533,6 +541,16 @@ impl Supervisor {
             send(&conn, &Reply::Error { error: WireError::from(&e) });
         }
         false
+    }
+
+    /// The init's network namespace and a pidfd of the init. The init is this process's
+    /// unreaped child, so its pid names it and no other process while the namespace opens.
+    fn network_fds(&self) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+        let path = format!("/proc/{}/ns/net", self.init_pid);
+        let ns = File::open(&path).map_err(|e| RuntimeError::from_io(format!("opening {path}"), &e))?;
+        let pidfd =
+            self.init_pidfd.try_clone().map_err(|e| RuntimeError::from_io("duplicating the init's pidfd", &e))?;
+        Ok((ns.into(), pidfd))
     }
 
     fn info(&self) -> SandboxInfo {

@@ -33,6 +33,11 @@ pub struct ServerConfig {
     /// Size and inode caps of `/workspace` for creates that give none (`resourceLimits`).
     pub workspace_bytes: u64,
     pub workspace_inodes: u64,
+    /// Routes `<sandbox-id>-<port>.<domain>` by Host (`--sandbox-domain`); signed endpoints
+    /// are then given in that form.
+    pub sandbox_domain: Option<String>,
+    /// The egress of sandboxes whose create gives no `networkPolicy`.
+    pub default_network: paddock_core::spec::NetworkPolicy,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -90,6 +95,8 @@ mod tests {
             max_connections: 1024,
             workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
+            default_network: Default::default(),
+            sandbox_domain: None,
         }
     }
 

@@ -202,6 +202,16 @@ impl Runtime for Deadlined {
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
         within(self.d.call, || format!("measuring {id}"), self.inner.metrics(id)).await
     }
+    async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        within(self.d.call, || format!("reading the egress of {id}"), self.inner.egress(id)).await
+    }
+    async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: paddock_core::egress::EgressPolicy,
+    ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        within(self.d.call, || format!("changing the egress of {id}"), self.inner.set_egress(id, policy)).await
+    }
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         within(self.d.call, || format!("pausing {id}"), self.inner.pause(id)).await
     }

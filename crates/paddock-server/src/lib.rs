@@ -4,12 +4,14 @@
 
 pub mod config;
 pub mod deadline;
+mod egress;
 pub mod error;
 pub mod execd;
 pub mod health;
 pub mod lifecycle;
 pub mod metrics;
-mod proxy;
+pub mod proxy;
+pub mod routes;
 pub mod secrets;
 mod slow;
 pub mod state;
@@ -80,6 +82,8 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         metrics: Arc::new(metrics::Metrics::default()),
         draining: Arc::new(AtomicBool::new(false)),
         token_key,
+        tickets: Default::default(),
+        pool: Default::default(),
     };
     lifecycle::reconcile(&state).await;
     Ok(state)
@@ -104,7 +108,7 @@ pub fn app(state: AppState) -> Router {
     let sandbox = proxy::router(state.config.max_upload_bytes)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
-    Router::new()
+    let inner = Router::new()
         .route("/health", get(health::health))
         .route("/version", get(|| async { axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/metrics", get(metrics_text))
@@ -120,10 +124,14 @@ pub fn app(state: AppState) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             ApiError::internal("the server hit a bug handling this request; it has been logged").into_response()
         }))
-        .with_state(state)
+        .with_state(state.clone());
+    // A layer on a router runs after its routing, so a routed request (Host, header, `/r/`) is
+    // rewritten to the path form by an outer router that routes nothing itself.
+    Router::new().fallback_service(inner).layer(middleware::from_fn_with_state(state, routes::ingress))
 }
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
+    egress::refresh_metrics(&state).await;
     let mut r = state.metrics.encode().into_response();
     r.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
@@ -211,6 +219,12 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
 /// mode, where the SDK sends only the endpoint's headers). A token never opens another sandbox.
 async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if api_key_ok(&state, &req).is_ok() {
+        return next.run(req).await;
+    }
+    // A signed route or a ticket opens the sandbox it was made for, and no other.
+    if let Some(routes::RouteGrant(id)) = req.extensions().get::<routes::RouteGrant>()
+        && sandbox_id_of(req.uri().path()).as_deref() == Some(id.as_str())
+    {
         return next.run(req).await;
     }
     // A token is checked against the id in the path, so it never opens another sandbox.
@@ -344,7 +358,8 @@ pub async fn serve(
     ready(bound);
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();
-    let slots = Arc::new(tokio::sync::Semaphore::new(state.config.max_connections));
+    let max_connections = state.config.max_connections;
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
     let no_auth = state.config.api_key.is_none();
@@ -356,7 +371,9 @@ pub async fn serve(
         router = router.layer(middleware::from_fn(move |req: Request, next: Next| local_only(port, req, next)));
     }
     let service = hyper_util::service::TowerToHyperService::new(router);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Draining is done by hand: hyper-util's graceful shutdown does not take a connection that
+    // may be upgraded (a WebSocket through the port proxy).
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
@@ -389,9 +406,19 @@ pub async fn serve(
         // for the client's delayed ACK (about 40 ms).
         let _ = tcp.set_nodelay(true);
         let tcp = slow::WriteDeadline::new(tcp, stall);
-        let conn = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()));
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()).with_upgrades();
+        let mut drain = drain_rx.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = async { drop(drain.wait_for(|d| *d).await) } => {
+                    // Finish the request in flight, then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
             drop(slot);
@@ -401,8 +428,11 @@ pub async fn serve(
     draining.store(true, Ordering::SeqCst);
     tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
     // A long stream must not hold the process forever once a drain began.
+    let _ = drain_tx.send(true);
+    // Every connection holds a slot until it closes: all slots back means all closed.
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     tokio::select! {
-        () = graceful.shutdown() => {}
+        _ = slots.acquire_many(all) => {}
         () = tokio::time::sleep(drain) => {}
     }
     Ok(())

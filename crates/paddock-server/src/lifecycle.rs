@@ -44,7 +44,9 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/snapshots", any(not_served))
         .route("/snapshots", any(not_served))
         .route("/snapshots/{id}", any(not_served))
-        .route("/sandboxes/{id}/networkpolicy", any(not_served))
+        .route("/sandboxes/{id}/networkpolicy", crate::egress::policy_routes())
+        .route("/sandboxes/{id}/egress", get(crate::egress::status))
+        .route("/sandboxes/{id}/tickets", post(crate::routes::issue_ticket))
         .route("/templates", any(not_served))
         .route("/templates/{id}", any(not_served))
         .route("/pools", any(not_served))
@@ -59,7 +61,7 @@ async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core:
 }
 
 /// OpenSandbox lifecycle routes Paddock does not implement, as the paths they are served at.
-const NOT_SERVED: [(&str, &str); 8] = [
+const NOT_SERVED: [(&str, &str); 7] = [
     (
         "/sandboxes/{id}/snapshots",
         "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
@@ -71,10 +73,6 @@ const NOT_SERVED: [(&str, &str); 8] = [
     (
         "/snapshots/{id}",
         "snapshots are not supported: a persistent workspace (extensions.workspace, or /v1/workspaces) keeps /workspace across sandboxes",
-    ),
-    (
-        "/sandboxes/{id}/networkpolicy",
-        "network policies are not supported: every sandbox has loopback only (deny-all); the egress endpoint's GET /policy shows it",
     ),
     ("/templates", "templates are not supported: create sandboxes from an image"),
     ("/templates/{id}", "templates are not supported: create sandboxes from an image"),
@@ -116,7 +114,7 @@ pub struct CreateSandboxRequest {
     metadata: BTreeMap<String, String>,
     lifecycle: Option<Value>,
     entrypoint: Option<Vec<String>>,
-    network_policy: Option<NetworkPolicy>,
+    network_policy: Option<paddock_core::egress::EgressPolicy>,
     credential_proxy: Option<CredentialProxy>,
     #[serde(default)]
     secure_access: bool,
@@ -151,14 +149,6 @@ struct ImageAuth {
 struct Platform {
     os: Option<String>,
     arch: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct NetworkPolicy {
-    default_action: Option<String>,
-    #[serde(default)]
-    egress: Vec<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,14 +291,10 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
             )));
         }
     }
-    if let Some(np) = &req.network_policy {
-        let deny = np.default_action.as_deref().is_none_or(|a| a == "deny");
-        if !deny || !np.egress.is_empty() {
-            return Err(ApiError::bad_request(
-                "only a deny-all network policy is supported so far (sandboxes have loopback only): omit networkPolicy or send {\"defaultAction\":\"deny\"}",
-            ));
-        }
-    }
+    let network = match req.network_policy {
+        None => state.config.default_network.clone(),
+        Some(np) => crate::egress::network_of(np)?,
+    };
     // The runtime resolves the image and says in its own words what it cannot run.
     let image_auth = req
         .image
@@ -336,7 +322,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
         Some(Some(t)) => Some(t as u64),
     };
-    let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, ..Default::default() };
+    let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, network, ..Default::default() };
     spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
@@ -724,20 +710,21 @@ async fn endpoint(
     if proxy && q.expires.is_some() {
         return Err(ApiError::bad_request("use_server_proxy and expires cannot be combined"));
     }
-    // A signed endpoint promises to stop working at `expires`; handing out one that does not
-    // would be a silent difference, so it is refused like the create fields Paddock lacks.
-    if q.expires.is_some() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "signed endpoints (expires) are not supported by Paddock yet: ask without expires; the endpoint's token opens only this sandbox, until it is deleted",
-        ));
-    }
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_owned)
         .unwrap_or_else(|| state.config.listen.to_string());
+    // A signed endpoint is a self-contained URL: the signature in it opens this port of this
+    // sandbox until `expires`, with no headers (a browser can open it).
+    if let Some(expires) = q.expires.as_deref() {
+        let expires: u64 = expires
+            .trim()
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("expires {expires:?} is not a Unix time in seconds")))?;
+        let endpoint = crate::routes::signed_endpoint(&state, &host, &row.id, port, expires)?;
+        return Ok(axum::Json(json!({ "endpoint": endpoint })).into_response());
+    }
     // Both modes reach the sandbox through this server (its network has no other way in). In
     // direct mode the SDK sends only the endpoint's headers, so they carry the sandbox's token.
     let endpoint = format!("{host}/v1/sandboxes/{id}/proxy/{port}");
@@ -1050,6 +1037,10 @@ fn lifecycle_paths() -> Value {
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
     let ok =
         |what: &str, schema: Value| json!({"description": what, "content": {"application/json": {"schema": schema}}});
+    let policy_status = json!({"type": "object", "required": ["status", "mode", "policy"], "properties": {
+        "status": {"type": "string"}, "mode": {"type": "string", "enum": ["deny_all", "allow_all", "enforcing"]},
+        "enforcementMode": {"type": "string"}, "reason": {"type": "string"},
+        "policy": {"$ref": "#/components/schemas/NetworkPolicy"}}});
     let plain = |summary: &str, code: &str, what: &str| {
         json!({"summary": summary, "parameters": [id.clone()],
             "responses": {code: {"description": what}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}})
@@ -1093,8 +1084,28 @@ fn lifecycle_paths() -> Value {
                 "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/endpoints/{port}": {"get": {"summary": "Where to reach a port of the sandbox",
             "parameters": [id.clone(), {"name": "port", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}},
-                {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}}],
-            "responses": {"200": {"description": "The endpoint"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}}
+                {"name": "use_server_proxy", "in": "query", "schema": {"type": "boolean"}},
+                {"name": "expires", "in": "query", "schema": {"type": "integer"},
+                    "description": "Unix seconds: a signed, self-contained route valid until then (at most 7 days)"}],
+            "responses": {"200": {"description": "The endpoint"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/networkpolicy": {
+            "get": {"summary": "The sandbox's egress policy (OpenSandbox PolicyStatusResponse)", "parameters": [id.clone()],
+                "responses": {"200": ok("The policy", policy_status.clone()), "401": error_ref.clone(), "404": error_ref.clone()}},
+            "put": {"summary": "Replace the sandbox's egress policy", "parameters": [id.clone()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkPolicy"}}}},
+                "responses": {"200": ok("The policy now", policy_status.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}},
+            "patch": {"summary": "Add rules before the existing ones (one rule per target)", "parameters": [id.clone()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/NetworkRule"}}}}},
+                "responses": {"200": ok("The policy now", policy_status.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}},
+            "delete": {"summary": "Remove the rules of these targets", "parameters": [id.clone()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "array", "items": {"type": "string"}}}}},
+                "responses": {"200": ok("The policy now", policy_status.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/egress": {"get": {"summary": "The egress policy, how it is enforced, counters and the newest denials", "parameters": [id.clone()],
+            "responses": {"200": {"description": "Egress status"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/tickets": {"post": {"summary": "A single-use ticket for one request to a port (a browser's WebSocket handshake)", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["port"], "additionalProperties": false,
+                "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}, "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": 300}}}}}},
+            "responses": {"200": {"description": "The ticket, its expiry, the route and the query parameter to add"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}}
     })
 }
 
@@ -1105,8 +1116,14 @@ fn lifecycle_schemas() -> Value {
                 "scope": {"type": "string"}, "delivery": {"type": "string", "enum": ["inline"]},
                 "contentType": {"type": "string"}, "truncated": {"type": "boolean"}, "content": {"type": "string"},
                 "contentLength": {"type": "integer"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
+        "NetworkRule": {"type": "object", "required": ["action", "target"], "additionalProperties": false, "properties": {
+            "action": {"type": "string", "enum": ["allow", "deny"]},
+            "target": {"type": "string", "description": "a domain, *.domain, an IP or a CIDR"}}},
+        "NetworkPolicy": {"type": "object", "additionalProperties": false, "properties": {
+            "defaultAction": {"type": ["string", "null"], "enum": ["allow", "deny", null]},
+            "egress": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/NetworkRule"}, "maxItems": 4096}}},
         "CreateRequest": {"type": "object",
-            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess, egress rules) are refused with 400.",
+            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess) are refused with 400; networkPolicy is enforced (no policy: the server's --default-egress).",
             "properties": {
                 "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {"type": "object", "required": ["username", "password"], "properties": {"username": {"type": "string"}, "password": {"type": "string"}}}}},
                 "entrypoint": {"type": "array", "items": {"type": "string"}},
@@ -1119,7 +1136,7 @@ fn lifecycle_schemas() -> Value {
                 "extensions": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "workspace: a thread id whose persistent workspace becomes /workspace"},
                 "platform": {"type": "object", "properties": {"os": {"type": "string"}, "arch": {"type": "string"}}},
-                "networkPolicy": {"type": "object", "properties": {"defaultAction": {"type": "string"}, "egress": {"type": "array"}}},
+                "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"},
                 "snapshotId": {"type": "string"}, "templateId": {"type": "string"},
                 "secureAccess": {"type": "boolean"}, "volumes": {"type": "array"}, "lifecycle": {},
                 "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}}}}
@@ -1134,7 +1151,7 @@ fn workspace_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Paddock", "version": env!("CARGO_PKG_VERSION"),
-            "description": "Paddock's workspace API and the OpenSandbox lifecycle routes it serves; the execd API is served under /v1/sandboxes/{id}/proxy/44772. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, network policies, and execd's sessions, code interpreter, PTY, isolation) answer 501 NOT_SUPPORTED and are not listed here."},
+            "description": "Paddock's workspace API and the OpenSandbox lifecycle routes it serves; the execd API is served under /v1/sandboxes/{id}/proxy/44772. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, and execd's sessions, code interpreter, PTY, isolation) answer 501 NOT_SUPPORTED and are not listed here."},
         "servers": [{"url": "/v1"}],
         "security": [{"apiKey": []}],
         "paths": {

@@ -12,6 +12,13 @@ pub struct StateLabel {
     pub state: String,
 }
 
+/// One sandbox's egress events of one verdict (`allowed` or `denied`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabel {
+    pub sandbox: String,
+    pub verdict: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub code: String,
@@ -23,6 +30,9 @@ pub struct Metrics {
     pub create_seconds: Histogram,
     pub exec_seconds: Histogram,
     pub errors: Family<CodeLabel, Counter>,
+    /// Refilled from the runtime at each scrape, so sandboxes that are gone drop out.
+    pub egress_connections: Family<EgressLabel, Counter>,
+    pub egress_dns: Family<EgressLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -36,7 +46,19 @@ impl Default for Metrics {
         registry.register("create_seconds", "Time to create a sandbox", create_seconds.clone());
         registry.register("exec_seconds", "Duration of foreground commands", exec_seconds.clone());
         registry.register("api_errors", "API errors by code", errors.clone());
-        Self { registry, sandboxes, create_seconds, exec_seconds, errors }
+        let egress_connections = Family::<EgressLabel, Counter>::default();
+        let egress_dns = Family::<EgressLabel, Counter>::default();
+        registry.register(
+            "egress_connections",
+            "Outbound TCP connections of a sandbox by verdict of its egress policy",
+            egress_connections.clone(),
+        );
+        registry.register(
+            "egress_dns_queries",
+            "DNS queries of a sandbox by verdict of its egress policy",
+            egress_dns.clone(),
+        );
+        Self { registry, sandboxes, create_seconds, exec_seconds, errors, egress_connections, egress_dns }
     }
 }
 

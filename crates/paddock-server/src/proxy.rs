@@ -6,21 +6,62 @@
 //! the sandbox's network namespace.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::response::Response;
+use axum::routing::any;
 use hyper_util::rt::TokioIo;
-use serde_json::json;
 use tower::{Layer, ServiceExt};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::{API_KEY_HEADER, EGRESS_PORT, SANDBOX_TOKEN_HEADER};
+
+/// Idle HTTP/1 connections to servers in sandboxes, per sandbox and port: opening one costs a
+/// round trip through the supervisor and the init, more than the request itself.
+#[derive(Default)]
+pub struct Pool(Mutex<HashMap<PortKey, Vec<(Sender, Instant)>>>);
+
+type Sender = hyper::client::conn::http1::SendRequest<Body>;
+/// A sandbox id and a port in it.
+type PortKey = (String, u16);
+
+/// How long a connection stays idle in the pool: under the 5 s keep-alive of Node's servers,
+/// so a pooled connection is not one its server is about to close.
+const POOL_IDLE: Duration = Duration::from_secs(2);
+const POOL_PER_PORT: usize = 16;
+
+impl Pool {
+    fn take(&self, key: &PortKey) -> Option<Sender> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = map.get_mut(key)?;
+        while let Some((sender, at)) = idle.pop() {
+            if at.elapsed() < POOL_IDLE && sender.is_ready() && !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        map.remove(key);
+        None
+    }
+
+    fn put(&self, key: PortKey, sender: Sender) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget stale entries of every port now and then, so a busy server's map stays small.
+        if map.len() > 1024 {
+            map.retain(|_, idle| idle.iter().any(|(_, at)| at.elapsed() < POOL_IDLE));
+        }
+        let idle = map.entry(key).or_default();
+        if idle.len() < POOL_PER_PORT {
+            idle.push((sender, Instant::now()));
+        }
+    }
+}
 
 pub fn router(max_upload: u64) -> Router<AppState> {
     let max_upload = usize::try_from(max_upload).unwrap_or(usize::MAX);
@@ -46,11 +87,10 @@ async fn upload_limit(max_upload: usize, req: Request, next: Next) -> Response {
     }
 }
 
-/// The egress policy API of a sandbox. Sandboxes have no egress at all for now, so the policy
-/// is deny-all and cannot be changed; saying so beats pretending to accept rules.
+/// The egress policy API of a sandbox (OpenSandbox's sidecar routes, answered by this server).
 fn egress_router() -> Router<AppState> {
     Router::new()
-        .route("/policy", get(egress_policy).patch(egress_change).delete(egress_change))
+        .route("/policy", crate::egress::policy_routes())
         .route("/", any(egress_not_served))
         .route("/{*rest}", any(egress_not_served))
 }
@@ -64,35 +104,10 @@ async fn egress_not_served(method: axum::http::Method, uri: axum::http::Uri) -> 
 
 fn unserved_egress_feature(path: &str) -> String {
     if path.trim_start_matches('/').starts_with("credential-vault") {
-        "the credential vault is not supported: sandboxes have no network egress, so there is nothing to inject credentials into".into()
+        "the credential vault is not supported: Paddock does not terminate a sandbox's TLS, so it cannot inject credentials into its requests".into()
     } else {
-        "this is not an egress route Paddock serves: GET /policy shows the (deny-all) policy".into()
+        "this is not an egress route Paddock serves: GET, PUT, PATCH and DELETE /policy are".into()
     }
-}
-
-fn deny_all() -> serde_json::Value {
-    json!({
-        "status": "ok",
-        "mode": "deny_all",
-        "enforcementMode": "network-namespace",
-        "reason": "the sandbox's network namespace has only loopback: no egress, no DNS",
-        "policy": {"defaultAction": "deny", "egress": []}
-    })
-}
-
-async fn egress_policy(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    state.sandbox(p.get("id").map(String::as_str).unwrap_or_default()).await?;
-    Ok(axum::Json(deny_all()).into_response())
-}
-
-async fn egress_change(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    state.sandbox(p.get("id").map(String::as_str).unwrap_or_default()).await?;
-    // An unbuilt feature, not a bad request: 501 like every other route Paddock does not serve.
-    Err(ApiError::new(
-        axum::http::StatusCode::NOT_IMPLEMENTED,
-        "NOT_SUPPORTED",
-        "egress rules are not supported yet: every sandbox is deny-all (loopback only); GET /policy shows it",
-    ))
 }
 
 async fn forward(
@@ -118,20 +133,12 @@ async fn forward(
         };
         return Err(crate::execd::not_supported(req.method(), &rest, what));
     }
-    if req.headers().contains_key(header::UPGRADE) {
-        return Err(ApiError::bad_request("WebSocket and other upgrades are not proxied yet: use plain HTTP"));
-    }
-    let stream = state.rt.connect(&sid, port).await.map_err(|e| match e {
-        paddock_core::runtime::RuntimeError::Unavailable(m) => {
-            ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m)
-        }
-        other => other.into(),
-    })?;
     let bad_gateway = |m: String| ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| bad_gateway(format!("talking HTTP to port {port} in the sandbox: {e}")))?;
-    tokio::spawn(conn);
+    // A WebSocket (or any other upgrade): the client's side of the switch, taken before the
+    // request moves on to the sandbox. Its connection is the upgrade's alone, never pooled.
+    let client_upgrade = req.headers().contains_key(header::UPGRADE).then(|| hyper::upgrade::on(&mut req));
+    let key = (sid.to_string(), port);
+    let pooled = if client_upgrade.is_none() { state.pool.take(&key) } else { None };
 
     let rest = p.get("rest").map(String::as_str).unwrap_or("");
     let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
@@ -147,9 +154,69 @@ async fn forward(
         HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a host:port is a valid header"),
     );
     // A server in the sandbox that never answers must not hold the request forever.
-    let response = tokio::time::timeout(std::time::Duration::from_secs(300), sender.send_request(req))
+    let (mut sender, req) = match pooled {
+        Some(mut sender) => match sender.try_send_request(req).await {
+            Ok(response) => return Ok(finish(&state, key, sender, response)),
+            // Not sent at all (the connection went away while idle): a fresh one takes it.
+            Err(mut e) if e.message().is_some() => {
+                let req = e.take_message().expect("checked");
+                (open(&state, &sid, port).await?, req)
+            }
+            Err(e) => return Err(bad_gateway(format!("port {port} in the sandbox did not answer: {}", e.error()))),
+        },
+        None => (open(&state, &sid, port).await?, req),
+    };
+    let mut response = tokio::time::timeout(Duration::from_secs(300), sender.send_request(req))
         .await
         .map_err(|_| bad_gateway(format!("port {port} in the sandbox did not answer within 300s")))?
         .map_err(|e| bad_gateway(format!("port {port} in the sandbox did not answer: {e}")))?;
-    Ok(response.map(Body::new))
+    if let Some(client_upgrade) = client_upgrade
+        && response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS
+    {
+        let sandbox_upgrade = hyper::upgrade::on(&mut response);
+        // Both sides switched: from here on the bytes are the protocol's, copied as they come
+        // until either side closes.
+        tokio::spawn(async move {
+            let (Ok(client), Ok(sandbox)) = tokio::join!(client_upgrade, sandbox_upgrade) else { return };
+            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(sandbox)).await;
+        });
+        return Ok(response.map(Body::new));
+    }
+    Ok(finish(&state, key, sender, response))
+}
+
+/// A new connection to `port` in the sandbox, speaking HTTP/1.1 (upgrades allowed).
+async fn open(state: &AppState, sid: &paddock_core::runtime::SandboxId, port: u16) -> ApiResult<Sender> {
+    let stream = state.rt.connect(sid, port).await.map_err(|e| match e {
+        paddock_core::runtime::RuntimeError::Unavailable(m) => {
+            ApiError::new(axum::http::StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", m)
+        }
+        other => other.into(),
+    })?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_GATEWAY,
+            "UPSTREAM_UNAVAILABLE",
+            format!("talking HTTP to port {port} in the sandbox: {e}"),
+        )
+    })?;
+    tokio::spawn(conn.with_upgrades());
+    Ok(sender)
+}
+
+/// Hands the response on, and the connection back to the pool once the client has read the
+/// response to its end (hyper's sender is ready again only then).
+fn finish(
+    state: &AppState,
+    key: PortKey,
+    mut sender: Sender,
+    response: hyper::Response<hyper::body::Incoming>,
+) -> Response {
+    let pool = state.pool.clone();
+    tokio::spawn(async move {
+        if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(300), sender.ready()).await {
+            pool.put(key, sender);
+        }
+    });
+    response.map(Body::new)
 }

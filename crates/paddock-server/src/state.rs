@@ -24,6 +24,10 @@ pub struct AppState {
     pub draining: Arc<AtomicBool>,
     /// Derives each sandbox's endpoint token; no token is stored.
     pub token_key: Arc<TokenKey>,
+    /// Idle connections of the port proxy.
+    pub(crate) pool: Arc<crate::proxy::Pool>,
+    /// Single-use tickets for routes (`routes.rs`).
+    pub tickets: Arc<crate::routes::Tickets>,
 }
 
 impl AppState {

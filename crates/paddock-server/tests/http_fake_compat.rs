@@ -68,10 +68,8 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
     for (method, path, feature) in [
         ("GET", egress("/credential-vault"), "credential vault"),
         ("POST", egress("/credential-vault/credentials"), "credential vault"),
-        ("PATCH", egress("/policy"), "egress rules"),
         ("POST", format!("/v1/sandboxes/{id}/snapshots"), "snapshots"),
         ("GET", "/v1/snapshots".into(), "snapshots"),
-        ("GET", format!("/sandboxes/{id}/networkpolicy"), "network policies"),
         ("POST", "/v1/templates".into(), "templates"),
         ("GET", "/v1/pools/p1".into(), "pools"),
     ] {
@@ -80,10 +78,10 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
         assert_error(&body, "NOT_SUPPORTED");
         assert!(message(&body).contains(feature), "{method} {path} names {feature:?}: {body}");
     }
-    // A signed endpoint is refused rather than handed out unsigned.
+    // A signed endpoint further away than a signed route may last is refused, not shortened.
     let (status, body) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772?expires=4102444800"), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    assert_error(&body, "NOT_SUPPORTED");
+    assert_error(&body, "INVALID_ARGUMENT");
     let (status, body) = s.call("GET", &egress("/policy"), None).await;
     assert_eq!((status, body["policy"]["defaultAction"].as_str()), (StatusCode::OK, Some("deny")), "{body}");
     // The diagnostics routes are documented (the API fuzz run reaches them); the 501s are named
@@ -91,6 +89,71 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
     let (_, doc) = s.call("GET", "/v1/openapi.json", None).await;
     assert!(doc["paths"]["/sandboxes/{id}/diagnostics/logs"]["get"].is_object(), "{doc}");
     assert!(doc["info"]["description"].as_str().unwrap().contains("501"), "{doc}");
+}
+
+#[tokio::test]
+async fn fake_runtime_egress_policy_api_follows_opensandbox_semantics() {
+    let s = Server::new().await;
+    let body = json!({
+        "image": {"uri": "fake"},
+        "networkPolicy": {"defaultAction": "deny", "egress": [{"action": "allow", "target": "pypi.org"}]}
+    });
+    let (status, created) = s.call("POST", "/v1/sandboxes", Some(body.clone())).await;
+    assert!(status.is_success(), "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let sidecar = format!("/v1/sandboxes/{id}/proxy/18080/policy");
+    let lifecycle = format!("/v1/sandboxes/{id}/networkpolicy");
+    let rules = |v: &Value| v["policy"]["egress"].clone();
+
+    let (status, got) = s.call("GET", &sidecar, None).await;
+    assert_eq!((status, got["mode"].as_str()), (StatusCode::OK, Some("enforcing")), "{got}");
+    assert_eq!(rules(&got), json!([{"action": "allow", "target": "pypi.org"}]));
+
+    // PATCH: new rules first, one rule per target (case-insensitive), the default kept.
+    let patch = json!([{"action": "deny", "target": "PyPI.org"}, {"action": "allow", "target": "*.npmjs.org"}]);
+    let (status, got) = s.call("PATCH", &sidecar, Some(patch)).await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(
+        rules(&got),
+        json!([{"action": "deny", "target": "PyPI.org"}, {"action": "allow", "target": "*.npmjs.org"}])
+    );
+    assert_eq!(got["policy"]["defaultAction"], "deny");
+
+    // DELETE by target, idempotent; the lifecycle route is the same policy.
+    let (_, got) = s.call("DELETE", &lifecycle, Some(json!(["*.NPMJS.org", "absent.example"]))).await;
+    assert_eq!(rules(&got), json!([{"action": "deny", "target": "PyPI.org"}]), "{got}");
+    let (status, got) = s.call("DELETE", &sidecar, Some(json!(["absent.example"]))).await;
+    assert_eq!((status, got["reason"].as_str()), (StatusCode::OK, Some("no matching targets found")), "{got}");
+
+    // PUT replaces the whole policy.
+    let (_, got) = s.call("PUT", &lifecycle, Some(json!({"defaultAction": "allow"}))).await;
+    assert_eq!((got["mode"].as_str(), rules(&got)), (Some("allow_all"), json!([])), "{got}");
+
+    // Bad rules are a 400 naming the rule, and change nothing.
+    for bad in [
+        json!([{"action": "allow", "target": "exa mple.com"}]),
+        json!([{"action": "maybe", "target": "a.b"}]),
+        json!({"x": 1}),
+    ] {
+        let (status, got) = s.call("PATCH", &sidecar, Some(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {got}");
+        assert_error(&got, "INVALID_ARGUMENT");
+    }
+    let (_, got) = s.call("GET", &sidecar, None).await;
+    assert_eq!(got["mode"], "allow_all");
+    let mut bad_create = body.clone();
+    bad_create["networkPolicy"]["egress"][0]["target"] = json!("10.0.0.0/99");
+    let (status, got) = s.call("POST", "/v1/sandboxes", Some(bad_create)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
+    assert!(message(&got).contains("egress rule 0"), "{got}");
+
+    // Paddock's own view adds the counters; /metrics has them per sandbox.
+    let (status, got) = s.call("GET", &format!("/v1/sandboxes/{id}/egress"), None).await;
+    assert_eq!((status, got["counters"]["connections_denied"].as_u64()), (StatusCode::OK, Some(0)), "{got}");
+    let (_, text) = s.raw("GET", "/metrics", "text/plain", Vec::new()).await;
+    let text = String::from_utf8(text).unwrap();
+    let line = format!("paddock_egress_connections_total{{sandbox=\"{id}\",verdict=\"denied\"}} 3");
+    assert!(text.contains(&line), "{line} not in:\n{text}");
 }
 
 /// Runs a shell command through `/command` and returns its stdout lines and exit code.

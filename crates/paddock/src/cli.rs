@@ -10,7 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use paddock_core::naming::{NamingMode, ThreadId};
 use paddock_core::runtime::{ByteReader, ByteWriter, ExecOutcome, ExecRequest, FileOp, Process, Runtime, SandboxId};
-use paddock_core::spec::{SandboxSpec, User, validate_env_name};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, User, validate_env_name};
 use paddock_core::units::{format_duration, parse_bytes, parse_cpus, parse_duration};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
@@ -111,6 +111,23 @@ pub enum Command {
         #[arg(long)]
         sandbox: Option<String>,
     },
+    /// Show a sandbox's egress policy, what it counted and its newest denials; with options,
+    /// change the policy of the running sandbox (new connections follow it at once).
+    Egress {
+        id: String,
+        /// Allow TARGET (a domain, *.domain, IP or CIDR); goes before the existing rules.
+        #[arg(long, value_name = "TARGET")]
+        allow: Vec<String>,
+        /// Deny TARGET; goes before the existing rules.
+        #[arg(long, value_name = "TARGET")]
+        deny: Vec<String>,
+        /// Remove the rules for TARGET.
+        #[arg(long, value_name = "TARGET")]
+        remove: Vec<String>,
+        /// What no rule matches gets: allow or deny.
+        #[arg(long = "default", value_name = "ACTION", value_parser = parse_action)]
+        default_action: Option<paddock_core::egress::Action>,
+    },
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
@@ -130,6 +147,13 @@ pub enum Command {
         #[arg(long)]
         id: String,
     },
+    #[command(name = "__egress", hide = true)]
+    EgressEnforcer {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,7 +162,7 @@ pub enum WorkspaceCommand {
     Acquire {
         thread: String,
         #[command(flatten)]
-        sandbox: SandboxOpts,
+        sandbox: Box<SandboxOpts>,
     },
     /// Stop the thread's sandbox and keep its workspace.
     Release { thread: String },
@@ -187,6 +211,15 @@ pub struct SandboxOpts {
     /// uid:gid to run as inside the sandbox.
     #[arg(long, value_parser = parse_user)]
     user: Option<User>,
+    /// Let the sandbox reach TARGET: a domain (`pypi.org`), `*.domain`, an IP, a CIDR, or `*`
+    /// for everything (the operator's blocked addresses excepted). Repeatable; without it the
+    /// sandbox has no network but its own loopback.
+    #[arg(long = "allow-net", value_name = "TARGET")]
+    allow_net: Vec<String>,
+    /// Keep the sandbox from TARGET even where --allow-net would let it (checked first for
+    /// names; repeatable).
+    #[arg(long = "deny-net", value_name = "TARGET")]
+    deny_net: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -209,6 +242,14 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
     validate_env_name(k).map_err(|e| e.message)?;
     Ok((k.to_owned(), v.to_owned()))
+}
+
+fn parse_action(s: &str) -> Result<paddock_core::egress::Action, String> {
+    match s {
+        "allow" => Ok(paddock_core::egress::Action::Allow),
+        "deny" => Ok(paddock_core::egress::Action::Deny),
+        _ => Err(format!("{s:?} is not an action: say allow or deny")),
+    }
 }
 
 fn parse_user(s: &str) -> Result<User, String> {
@@ -251,10 +292,31 @@ impl SandboxOpts {
             spec.image = Some(image.clone());
         }
         spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
+        spec.network = self.network();
         spec.validate().map_err(|e| anyhow!("--{e}"))?;
         let thread =
             self.workspace.as_deref().map(|t| ThreadId::new(t).map_err(|e| anyhow!("--workspace: {e}"))).transpose()?;
         Ok((spec, thread))
+    }
+}
+
+impl SandboxOpts {
+    /// `--allow-net` / `--deny-net` as a policy: deny rules first, then allow rules, and
+    /// `--allow-net '*'` as the default action.
+    fn network(&self) -> NetworkPolicy {
+        use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+        if self.allow_net.is_empty() {
+            return NetworkPolicy::LoopbackOnly;
+        }
+        let everything = self.allow_net.iter().any(|t| t == "*");
+        let rule = |action, target: &String| EgressRule { action, target: target.clone() };
+        let egress = (self.deny_net.iter().map(|t| rule(Action::Deny, t)))
+            .chain(self.allow_net.iter().filter(|t| *t != "*").map(|t| rule(Action::Allow, t)))
+            .collect();
+        NetworkPolicy::Egress(EgressPolicy {
+            default_action: if everything { Action::Allow } else { Action::Deny },
+            egress,
+        })
     }
 }
 
@@ -432,8 +494,30 @@ pub async fn run(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Logs { id } => logs(rt, &cli.data_dir, &id, json).await,
+        Command::Egress { id, allow, deny, remove, default_action } => {
+            use paddock_core::egress::{Action, EgressRule};
+            let id = sandbox_id(&id)?;
+            let mut status = rt.egress(&id).await?;
+            if !(allow.is_empty() && deny.is_empty() && remove.is_empty() && default_action.is_none()) {
+                let rule = |action, target: &String| EgressRule { action, target: target.clone() };
+                let rules: Vec<EgressRule> = deny
+                    .iter()
+                    .map(|t| rule(Action::Deny, t))
+                    .chain(allow.iter().map(|t| rule(Action::Allow, t)))
+                    .collect();
+                let (mut policy, _) = status.policy.patched(&rules).without(&remove);
+                if let Some(a) = default_action {
+                    policy.default_action = a;
+                }
+                status = rt.set_egress(&id, policy).await?;
+            }
+            output::egress(&status, json);
+            Ok(0)
+        }
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
-        Command::Supervise { .. } => unreachable!("dispatched in main before the async runtime starts"),
+        Command::Supervise { .. } | Command::EgressEnforcer { .. } => {
+            unreachable!("dispatched in main before the async runtime starts")
+        }
         Command::Serve(_)
         | Command::Bench(_)
         | Command::Check { .. }

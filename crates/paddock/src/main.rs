@@ -25,6 +25,17 @@ fn main() -> ExitCode {
     if let cli::Command::Supervise { data_dir, id } = &args.command {
         return supervise(data_dir, id);
     }
+    // The egress enforcer enters a sandbox's network namespace on its only thread, so it
+    // starts its own (single-threaded) async runtime after that.
+    if let cli::Command::EgressEnforcer { data_dir, id } = &args.command {
+        return match paddock_core::runtime::SandboxId::parse(id) {
+            Ok(id) => ExitCode::from(paddock_runtime_local::egress::main(data_dir, &id) as u8),
+            Err(e) => {
+                eprintln!("paddock: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     // The server wants every core; a CLI command is one request and is quicker on one thread.
     let builder = if matches!(args.command, cli::Command::Serve(_)) {
         tokio::runtime::Builder::new_multi_thread()

@@ -34,6 +34,30 @@ pub fn line(json: bool, what: &str, value: &str) {
     }
 }
 
+/// A sandbox's egress: mode and rules, counters, newest denials.
+pub fn egress(s: &paddock_core::egress::EgressStatus, json: bool) {
+    if json {
+        print_json(s);
+        return;
+    }
+    println!("mode:        {} (enforced by {})", s.policy.mode(), s.enforcement);
+    println!("default:     {}", s.policy.default_action);
+    for (i, r) in s.policy.egress.iter().enumerate() {
+        println!("rule {i:<6} {} {}", r.action, r.target);
+    }
+    let c = &s.counters;
+    println!(
+        "connections: {} allowed, {} denied\ndns queries: {} allowed, {} denied",
+        c.connections_allowed, c.connections_denied, c.dns_allowed, c.dns_denied
+    );
+    if !s.denials.is_empty() {
+        println!("newest denials:");
+        for d in s.denials.iter().rev().take(20) {
+            println!("  {} {:<3} {}: {}", ago(d.at_unix_ms), d.kind, d.target, d.reason);
+        }
+    }
+}
+
 pub fn list(infos: &[SandboxInfo], json: bool) {
     if json {
         print_json(&infos);

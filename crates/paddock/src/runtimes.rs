@@ -35,6 +35,42 @@ pub struct RuntimeOpts {
     pub kube: KubeOpts,
     #[command(flatten)]
     pub images: ImageOpts,
+    #[command(flatten)]
+    pub egress: EgressOpts,
+}
+
+/// What no sandbox may reach, whatever its policy (local runtime).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Egress (local runtime)")]
+pub struct EgressOpts {
+    /// Never let a sandbox reach this CIDR (on top of loopback, link-local and cloud metadata,
+    /// multicast and this host's own addresses, which are always refused). Repeatable.
+    #[arg(long = "egress-block", global = true, value_name = "CIDR")]
+    pub block: Vec<ipnet::IpNet>,
+    /// Let sandboxes whose policy allows it reach this part of the private ranges (10/8,
+    /// 172.16/12, 192.168/16, 100.64/10, fc00::/7 are refused otherwise). Repeatable.
+    #[arg(long = "egress-allow-private", global = true, value_name = "CIDR")]
+    pub allow_private: Vec<ipnet::IpNet>,
+    /// Resolve allowed names with this DNS server (`ip` or `ip:port`) instead of the ones in
+    /// the host's /etc/resolv.conf. Repeatable.
+    #[arg(long = "egress-dns", global = true, value_name = "ADDR", value_parser = parse_dns)]
+    pub dns: Vec<std::net::SocketAddr>,
+}
+
+fn parse_dns(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse::<std::net::SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| std::net::SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("{s:?} is not an address: give ip or ip:port"))
+}
+
+impl EgressOpts {
+    pub fn options(&self) -> paddock_runtime_local::EgressOptions {
+        paddock_runtime_local::EgressOptions {
+            blocked: self.block.clone(),
+            allowed_private: self.allow_private.clone(),
+            dns: self.dns.clone(),
+        }
+    }
 }
 
 /// Where the local runtime gets OCI images from.
@@ -343,7 +379,9 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
             Ok(Arc::new(
-                paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?.with_images(opts.images.options()),
+                paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?
+                    .with_images(opts.images.options())
+                    .with_egress(opts.egress.options()),
             ))
         }
         RuntimeKind::Kubernetes => {

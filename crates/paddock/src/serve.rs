@@ -65,9 +65,25 @@ pub struct ServeArgs {
     /// `resourceLimits.workspace-inodes`.
     #[arg(long, default_value_t = paddock_core::spec::DEFAULT_WORKSPACE_INODES)]
     workspace_inodes: u64,
+    /// The egress of sandboxes created without a `networkPolicy`: `deny` (loopback only, no
+    /// DNS) or `allow-all` (everything but the addresses no sandbox may reach; see
+    /// --egress-block and --egress-allow-private).
+    #[arg(long, value_enum, default_value = "deny")]
+    default_egress: DefaultEgress,
+    /// Route `<sandbox-id>-<port>.DOMAIN` to that port of that sandbox by the Host header (point a
+    /// wildcard DNS name and certificate of your ingress at this server); signed endpoints are
+    /// then given in that form.
+    #[arg(long, value_name = "DOMAIN")]
+    sandbox_domain: Option<String>,
     /// How long running requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DefaultEgress {
+    Deny,
+    AllowAll,
 }
 
 /// Reads the stored API key, or creates one (0600) on first start.
@@ -159,6 +175,13 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         max_connections: args.max_connections,
         workspace_bytes: args.workspace_size,
         workspace_inodes: args.workspace_inodes,
+        sandbox_domain: args.sandbox_domain.map(|d| d.trim_matches('.').to_ascii_lowercase()),
+        default_network: match args.default_egress {
+            DefaultEgress::Deny => paddock_core::spec::NetworkPolicy::LoopbackOnly,
+            DefaultEgress::AllowAll => {
+                paddock_core::spec::NetworkPolicy::Egress(paddock_core::egress::EgressPolicy::allow_all())
+            }
+        },
     };
     let state = paddock_server::build_state(config, rt).await?;
     let key_file =

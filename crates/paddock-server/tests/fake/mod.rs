@@ -217,7 +217,7 @@ impl Runtime for FakeRuntime {
             persistent_workspaces: true,
             run_as_other_user: false,
             images: "\"fake\"".into(),
-            network: vec![NetworkPolicy::LoopbackOnly],
+            network: vec!["deny".into()],
             metrics: true,
         }
     }
@@ -334,7 +334,34 @@ impl Runtime for FakeRuntime {
         self.known(id)?;
         // A sandbox that used a quarter of a CPU since the epoch: CPU use reads as 25 %.
         let at = now_ms();
-        Ok(SandboxMetrics { cpu_used_ns: Some(at * 250_000), memory_used_bytes: Some(64 << 20), at_unix_ms: at })
+        Ok(SandboxMetrics {
+            cpu_used_ns: Some(at * 250_000),
+            memory_used_bytes: Some(64 << 20),
+            at_unix_ms: at,
+            egress: Some(paddock_core::egress::EgressCounters { connections_denied: 3, ..Default::default() }),
+        })
+    }
+    /// The policy is kept in the sandbox's spec; nothing is enforced (there is no network).
+    async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        let info = self.known(id)?;
+        Ok(paddock_core::egress::EgressStatus {
+            policy: info.spec.network.policy(),
+            enforcement: "fake".into(),
+            counters: Default::default(),
+            denials: Vec::new(),
+        })
+    }
+    async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: paddock_core::egress::EgressPolicy,
+    ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        policy.validate().map_err(RuntimeError::InvalidArgument)?;
+        self.known(id)?;
+        if let Some(info) = self.sandboxes.lock().unwrap().get_mut(id) {
+            info.spec.network = NetworkPolicy::Egress(policy);
+        }
+        self.egress(id).await
     }
     async fn pause(&self, _id: &SandboxId) -> Result<(), RuntimeError> {
         Err(RuntimeError::Unsupported("the fake runtime cannot pause a sandbox: delete it instead".into()))

@@ -57,6 +57,8 @@ impl Server {
             max_connections: 64,
             workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
+            default_network: Default::default(),
+            sandbox_domain: None,
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),

@@ -1,0 +1,366 @@
+//! A sandbox's egress policy (OpenSandbox's `networkPolicy`): what it may reach besides its
+//! own loopback, and how a name or an address is judged against it. No IO: the runtime that
+//! enforces it resolves names and opens connections itself.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Allow or deny, as a rule's action or a policy's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Allow,
+    Deny,
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+        })
+    }
+}
+
+/// One rule: `target` is a domain (`pypi.org`), a wildcard domain (`*.example.com`: any name
+/// below it, not the name itself), an IP address or a CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressRule {
+    pub action: Action,
+    pub target: String,
+}
+
+/// A policy in OpenSandbox's shape. Domain rules apply in order, the first that matches a
+/// name decides; IP and CIDR rules are unordered, denials before allowances (as OpenSandbox's
+/// egress sidecar does); what no rule matches gets `default_action`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressPolicy {
+    #[serde(default = "deny", deserialize_with = "null_is_deny")]
+    pub default_action: Action,
+    #[serde(default, deserialize_with = "null_is_empty")]
+    pub egress: Vec<EgressRule>,
+}
+
+fn deny() -> Action {
+    Action::Deny
+}
+
+// Generated clients send `null` for unset fields; it means what an absent field means.
+fn null_is_deny<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Action, D::Error> {
+    Ok(Option::<Action>::deserialize(d)?.unwrap_or(Action::Deny))
+}
+
+fn null_is_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<EgressRule>, D::Error> {
+    Ok(Option::<Vec<EgressRule>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// The most rules one policy may hold (OpenSandbox's sidecar has the same cap).
+pub const MAX_RULES: usize = 4096;
+
+/// What a rule's target names, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A whole name, lowercase, without a trailing dot.
+    Domain(String),
+    /// `*.suffix`: names strictly below `suffix`.
+    Below(String),
+    Net(ipnet::IpNet),
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Result<Target, String> {
+        let t = s.trim();
+        if t.is_empty() {
+            return Err("a rule's target is empty: give a domain, *.domain, an IP or a CIDR".into());
+        }
+        if let Ok(ip) = t.parse::<IpAddr>() {
+            return Ok(Target::Net(ipnet::IpNet::from(canonical(ip))));
+        }
+        if t.contains('/') {
+            return t
+                .parse::<ipnet::IpNet>()
+                .map(|n| Target::Net(n.trunc()))
+                .map_err(|_| format!("{t:?} is not a valid CIDR: write it like 10.0.0.0/8 or fd00::/8"));
+        }
+        let lower = t.trim_end_matches('.').to_ascii_lowercase();
+        let (wild, name) = match lower.strip_prefix("*.") {
+            Some(rest) => (true, rest.to_string()),
+            None => (false, lower),
+        };
+        if !valid_domain(&name) {
+            return Err(format!(
+                "{t:?} is not a valid target: give a domain (letters, digits, - and _ in dot-separated labels), *.domain, an IP or a CIDR"
+            ));
+        }
+        Ok(if wild { Target::Below(name) } else { Target::Domain(name) })
+    }
+
+    fn matches_name(&self, name: &str) -> bool {
+        match self {
+            Target::Domain(d) => d == name,
+            Target::Below(d) => {
+                name.len() > d.len() + 1 && name.ends_with(d.as_str()) && {
+                    name.as_bytes()[name.len() - d.len() - 1] == b'.'
+                }
+            }
+            Target::Net(_) => false,
+        }
+    }
+}
+
+fn valid_domain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is, so one CIDR rule covers both.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// Lowercase and without a trailing dot: the form names are compared in.
+pub fn normalize_name(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// What decided a verdict, for the denial's message and the deny log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Because {
+    /// The rule at this index of `egress`.
+    Rule(usize),
+    Default,
+}
+
+/// A verdict and what gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub because: Because,
+}
+
+impl Decision {
+    pub fn allowed(&self) -> bool {
+        self.action == Action::Allow
+    }
+}
+
+impl EgressPolicy {
+    /// Everything allowed (subject to the operator's always-denied addresses).
+    pub fn allow_all() -> Self {
+        Self { default_action: Action::Allow, egress: Vec::new() }
+    }
+
+    /// Nothing allowed.
+    pub fn deny_all() -> Self {
+        Self { default_action: Action::Deny, egress: Vec::new() }
+    }
+
+    /// Checks every target and the rule count; the message names the rule at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.egress.len() > MAX_RULES {
+            return Err(format!("{} egress rules are too many: give at most {MAX_RULES}", self.egress.len()));
+        }
+        for (i, rule) in self.egress.iter().enumerate() {
+            Target::parse(&rule.target).map_err(|e| format!("egress rule {i}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// OpenSandbox's mode names: `deny_all`, `allow_all` or `enforcing` (rules apply).
+    pub fn mode(&self) -> &'static str {
+        match (self.default_action, self.egress.is_empty()) {
+            (Action::Deny, true) => "deny_all",
+            (Action::Allow, true) => "allow_all",
+            _ => "enforcing",
+        }
+    }
+
+    /// Whether the sandbox may reach anything at all.
+    pub fn denies_everything(&self) -> bool {
+        self.default_action == Action::Deny && self.egress.iter().all(|r| r.action == Action::Deny)
+    }
+
+    fn targets(&self) -> impl Iterator<Item = (usize, &EgressRule, Target)> {
+        // A policy is validated before it is stored, so an unparsable target (never expected)
+        // is skipped rather than matched.
+        self.egress.iter().enumerate().filter_map(|(i, r)| Target::parse(&r.target).ok().map(|t| (i, r, t)))
+    }
+
+    /// The verdict for a name: the first domain rule that matches it, else the default.
+    pub fn decide_name(&self, name: &str) -> Decision {
+        let name = normalize_name(name);
+        self.targets()
+            .find(|(_, _, t)| t.matches_name(&name))
+            .map(|(i, r, _)| Decision { action: r.action, because: Because::Rule(i) })
+            .unwrap_or(Decision { action: self.default_action, because: Because::Default })
+    }
+
+    /// The verdict of the IP and CIDR rules for an address (denials first), or `None` when
+    /// none of them matches.
+    pub fn decide_ip_rules(&self, ip: IpAddr) -> Option<Decision> {
+        let ip = canonical(ip);
+        let hit = |action: Action| {
+            self.targets()
+                .find(|(_, r, t)| r.action == action && matches!(t, Target::Net(n) if n.contains(&ip)))
+                .map(|(i, _, _)| Decision { action, because: Because::Rule(i) })
+        };
+        hit(Action::Deny).or_else(|| hit(Action::Allow))
+    }
+
+    /// The verdict for an address reached without a name: its IP rules, else the default.
+    pub fn decide_ip(&self, ip: IpAddr) -> Decision {
+        self.decide_ip_rules(ip).unwrap_or(Decision { action: self.default_action, because: Because::Default })
+    }
+
+    /// Says in words what gave a decision, e.g. `egress rule 2 (deny *.example.com)`.
+    pub fn explain(&self, decision: Decision) -> String {
+        match decision.because {
+            Because::Rule(i) => match self.egress.get(i) {
+                Some(r) => format!("egress rule {i} ({} {})", r.action, r.target),
+                None => format!("egress rule {i}"),
+            },
+            Because::Default => format!("the policy's defaultAction ({})", self.default_action),
+        }
+    }
+
+    /// OpenSandbox's PATCH: the given rules go before the existing ones, and for each target
+    /// (case-insensitive) only its first rule is kept.
+    pub fn patched(&self, rules: &[EgressRule]) -> EgressPolicy {
+        let mut seen = std::collections::HashSet::new();
+        let egress = rules
+            .iter()
+            .chain(self.egress.iter())
+            .filter(|r| seen.insert(r.target.trim().to_ascii_lowercase()))
+            .cloned()
+            .collect();
+        EgressPolicy { default_action: self.default_action, egress }
+    }
+
+    /// OpenSandbox's DELETE: drops the rules for these targets (case-insensitive); returns the
+    /// new policy and how many rules went.
+    pub fn without(&self, targets: &[String]) -> (EgressPolicy, usize) {
+        let gone: std::collections::HashSet<String> = targets.iter().map(|t| t.trim().to_ascii_lowercase()).collect();
+        let egress: Vec<EgressRule> =
+            self.egress.iter().filter(|r| !gone.contains(&r.target.trim().to_ascii_lowercase())).cloned().collect();
+        let removed = self.egress.len() - egress.len();
+        (EgressPolicy { default_action: self.default_action, egress }, removed)
+    }
+}
+
+/// What an egress enforcer counted for one sandbox since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressCounters {
+    pub connections_allowed: u64,
+    pub connections_denied: u64,
+    pub dns_allowed: u64,
+    pub dns_denied: u64,
+}
+
+/// One denied connection or DNS query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    pub at_unix_ms: u64,
+    /// `tcp` or `dns`.
+    pub kind: String,
+    /// The name and/or address:port the sandbox tried.
+    pub target: String,
+    /// Why, in words (the rule or the operator's list that denied it).
+    pub reason: String,
+}
+
+/// A sandbox's egress as its runtime enforces it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressStatus {
+    pub policy: EgressPolicy,
+    /// How the runtime enforces it, in a word or two (e.g. `dns+proxy`, `network-namespace`).
+    pub enforcement: String,
+    pub counters: EgressCounters,
+    /// The newest denials, oldest first (bounded by the runtime).
+    pub denials: Vec<Denial>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(action: Action, target: &str) -> EgressRule {
+        EgressRule { action, target: target.into() }
+    }
+
+    #[test]
+    fn targets_parse_into_domains_wildcards_and_networks() {
+        assert_eq!(Target::parse("PyPI.org.").unwrap(), Target::Domain("pypi.org".into()));
+        assert_eq!(Target::parse("*.example.com").unwrap(), Target::Below("example.com".into()));
+        assert_eq!(Target::parse("10.1.2.3").unwrap(), Target::Net("10.1.2.3/32".parse().unwrap()));
+        assert_eq!(Target::parse("10.1.2.3/8").unwrap(), Target::Net("10.0.0.0/8".parse().unwrap()));
+        assert_eq!(Target::parse("::ffff:10.0.0.1").unwrap(), Target::Net("10.0.0.1/32".parse().unwrap()));
+        for bad in ["", "a..b", "exa mple.com", "*.", "10.0.0.0/33", "*.*.x", "a/b"] {
+            assert!(Target::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn domain_rules_are_first_match_and_wildcards_exclude_the_apex() {
+        let p = EgressPolicy {
+            default_action: Action::Deny,
+            egress: vec![rule(Action::Deny, "bad.example.com"), rule(Action::Allow, "*.example.com")],
+        };
+        assert!(p.decide_name("a.b.example.com").allowed());
+        assert!(p.decide_name("WWW.example.com.").allowed());
+        assert!(!p.decide_name("bad.example.com").allowed());
+        assert_eq!(p.decide_name("bad.example.com").because, Because::Rule(0));
+        assert!(!p.decide_name("example.com").allowed(), "the apex is not below itself");
+        assert!(!p.decide_name("notexample.com").allowed());
+        assert_eq!(p.decide_name("other.org").because, Because::Default);
+        assert_eq!(p.explain(p.decide_name("bad.example.com")), "egress rule 0 (deny bad.example.com)");
+    }
+
+    #[test]
+    fn ip_rules_deny_before_allow_and_cover_mapped_addresses() {
+        let p = EgressPolicy {
+            default_action: Action::Deny,
+            egress: vec![rule(Action::Allow, "10.0.0.0/8"), rule(Action::Deny, "10.9.0.0/16")],
+        };
+        assert!(p.decide_ip("10.1.1.1".parse().unwrap()).allowed());
+        assert!(!p.decide_ip("10.9.1.1".parse().unwrap()).allowed());
+        assert!(p.decide_ip("::ffff:10.1.1.1".parse().unwrap()).allowed());
+        assert!(!p.decide_ip("192.0.2.1".parse().unwrap()).allowed());
+        assert_eq!(p.decide_ip_rules("192.0.2.1".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn patch_puts_new_rules_first_and_keeps_one_per_target() {
+        let p = EgressPolicy { default_action: Action::Deny, egress: vec![rule(Action::Allow, "a.test")] };
+        let q = p.patched(&[rule(Action::Deny, "A.test"), rule(Action::Allow, "b.test")]);
+        assert_eq!(q.egress, vec![rule(Action::Deny, "A.test"), rule(Action::Allow, "b.test")]);
+        let (r, n) = q.without(&["a.TEST".into(), "nothing".into()]);
+        assert_eq!((r.egress, n), (vec![rule(Action::Allow, "b.test")], 1));
+    }
+
+    #[test]
+    fn policies_read_opensandbox_json_and_check_their_size() {
+        let p: EgressPolicy = serde_json::from_str(r#"{"egress":[{"action":"allow","target":"pypi.org"}]}"#).unwrap();
+        let nulls: EgressPolicy = serde_json::from_str(r#"{"defaultAction":null,"egress":null}"#).unwrap();
+        assert_eq!(nulls, EgressPolicy::deny_all());
+        assert_eq!(p.default_action, Action::Deny, "a missing defaultAction denies");
+        assert_eq!(p.mode(), "enforcing");
+        assert_eq!(EgressPolicy::allow_all().mode(), "allow_all");
+        assert!(EgressPolicy::deny_all().denies_everything());
+        let many =
+            EgressPolicy { default_action: Action::Deny, egress: vec![rule(Action::Allow, "a.b"); MAX_RULES + 1] };
+        assert!(many.validate().unwrap_err().contains("too many"));
+        let bad = EgressPolicy { default_action: Action::Deny, egress: vec![rule(Action::Allow, "x y")] };
+        assert!(bad.validate().unwrap_err().starts_with("egress rule 0"));
+    }
+}

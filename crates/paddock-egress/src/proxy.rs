@@ -1,0 +1,176 @@
+//! The transparent TCP proxy. Every outbound TCP connection of the sandbox arrives here with
+//! its original destination kept by conntrack; the proxy reads the client's first message,
+//! judges it, and dials from the host's network namespace.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::sniff::{Hello, sniff};
+use crate::state::{Enforcer, Kind};
+
+/// Most proxied connections one sandbox holds at once; beyond it new ones are reset.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// How long the proxy waits for a client's first bytes before taking the protocol to be one
+/// where the server speaks first (SSH servers, SMTP, databases).
+const FIRST_BYTES: Duration = Duration::from_millis(300);
+const WHOLE_HELLO: Duration = Duration::from_secs(10);
+const DIAL: Duration = Duration::from_secs(10);
+const RELAY_BUFFER: usize = 256 << 10;
+
+pub async fn serve(enf: Arc<Enforcer>, listener: TcpListener) -> std::io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (conn, _) = listener.accept().await?;
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            enf.denied(Kind::Tcp, "(any)".into(), format!("more than {MAX_CONNECTIONS} connections open at once"));
+            reset(conn);
+            continue;
+        };
+        let enf = enf.clone();
+        tokio::spawn(async move {
+            handle(&enf, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Closes with a reset, so the client fails at once instead of waiting.
+fn reset(conn: TcpStream) {
+    let _ = rustix::net::sockopt::set_socket_linger(&conn, Some(Duration::ZERO));
+    drop(conn);
+}
+
+/// Where the sandbox wanted to go, or why the connection is not judged at all.
+fn original_destination(conn: &TcpStream) -> Result<SocketAddr, String> {
+    let orig = rustix::net::sockopt::ip_original_dst(conn)
+        .map_err(|e| format!("its original destination is unknown ({e})"))?;
+    let local = conn.local_addr().map_err(|e| e.to_string())?;
+    // A connection made straight to the proxy's own port has the listener as its "original"
+    // destination; so does anything on the sandbox's own addresses.
+    if IpAddr::V4(*orig.ip()) == local.ip() || orig.ip().is_loopback() {
+        return Err("it was made to the egress proxy itself".into());
+    }
+    Ok(SocketAddr::V4(orig))
+}
+
+/// What the proxy will dial, or why not.
+enum Verdict {
+    Dial(Vec<SocketAddr>),
+    Deny(String),
+}
+
+async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
+    let policy = enf.policy();
+    if let Some(name) = hello.name() {
+        let decision = policy.decide_name(name);
+        if !decision.allowed() {
+            return Verdict::Deny(format!(
+                "{name} is denied by the sandbox's egress policy: {}",
+                policy.explain(decision)
+            ));
+        }
+        let ips = crate::dns::resolve(enf, name).await;
+        if ips.is_empty() {
+            return Verdict::Deny(format!("{name} did not resolve to an address a sandbox may reach"));
+        }
+        // Only addresses Paddock resolved for this name: the one the client picked if it is
+        // among them, else the first. A name that lies about its address reaches nothing else.
+        let mut targets: Vec<SocketAddr> = ips.iter().map(|ip| SocketAddr::new(*ip, orig.port())).collect();
+        if let Some(i) = targets.iter().position(|t| *t == orig) {
+            targets.swap(0, i);
+        }
+        return Verdict::Dial(targets);
+    }
+    let ip = orig.ip();
+    if let Err(why) = enf.config.guard.check(ip) {
+        return Verdict::Deny(why);
+    }
+    let decision = match policy.decide_ip_rules(ip) {
+        Some(d) => d,
+        None => {
+            // An address Paddock resolved for an allowed name (a protocol without SNI to a
+            // name the policy allows, e.g. git over SSH) is allowed like that name.
+            let names = enf.names_of(ip);
+            match names.iter().map(|n| policy.decide_name(n)).find(|d| d.allowed()) {
+                Some(d) => d,
+                None => policy.decide_ip(ip),
+            }
+        }
+    };
+    if decision.allowed() {
+        Verdict::Dial(vec![orig])
+    } else {
+        Verdict::Deny(format!("{ip} is denied by the sandbox's egress policy: {}", policy.explain(decision)))
+    }
+}
+
+async fn handle(enf: &Enforcer, mut conn: TcpStream) {
+    let orig = match original_destination(&conn) {
+        Ok(o) => o,
+        Err(why) => {
+            enf.denied(Kind::Tcp, "(direct)".into(), format!("connection refused: {why}"));
+            return reset(conn);
+        }
+    };
+    let (hello, first) = sniff(&mut conn, FIRST_BYTES, WHOLE_HELLO).await;
+    let target = match hello.name() {
+        Some(n) => format!("{n} ({orig})"),
+        None => orig.to_string(),
+    };
+    let targets = match judge(enf, orig, &hello).await {
+        Verdict::Dial(t) => t,
+        Verdict::Deny(why) => {
+            enf.denied(Kind::Tcp, target, why.clone());
+            return refuse(conn, &hello, &why).await;
+        }
+    };
+    let mut upstream = None;
+    let mut last_err = String::new();
+    for t in &targets {
+        match tokio::time::timeout(DIAL, TcpStream::connect(t)).await {
+            Ok(Ok(s)) => {
+                upstream = Some(s);
+                break;
+            }
+            Ok(Err(e)) => last_err = format!("{t}: {e}"),
+            Err(_) => last_err = format!("{t}: no answer within {}s", DIAL.as_secs()),
+        }
+    }
+    let Some(mut upstream) = upstream else {
+        // Allowed but unreachable: not a policy denial, so it is not logged as one.
+        tracing::debug!(%target, %last_err, "egress dial failed");
+        return reset(conn);
+    };
+    enf.allowed(Kind::Tcp);
+    let _ = upstream.set_nodelay(true);
+    let _ = conn.set_nodelay(true);
+    if upstream.write_all(&first).await.is_err() {
+        return reset(conn);
+    }
+    // Large buffers: with tokio's 8 KiB default a bulk download costs a wakeup per 8 KiB.
+    let _ = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut upstream, RELAY_BUFFER, RELAY_BUFFER).await;
+}
+
+/// Tells the client why, where the protocol lets words through: an HTTP 403 whose body and
+/// `X-Paddock-Egress` header say it is a policy decision (so an agent stops retrying), a reset
+/// otherwise (TLS has no way to carry text before the server's hello).
+async fn refuse(mut conn: TcpStream, hello: &Hello, why: &str) {
+    if matches!(hello, Hello::Http(_)) {
+        let body = format!(
+            "Paddock egress policy denied this request: {why}.\nThis is a deliberate block by the sandbox's network policy, not a network fault; retrying or using another route will not help.\n"
+        );
+        let head = format!(
+            "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nX-Paddock-Egress: denied\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = conn.write_all(head.as_bytes()).await;
+        let _ = conn.write_all(body.as_bytes()).await;
+        let _ = conn.shutdown().await;
+        return;
+    }
+    reset(conn)
+}

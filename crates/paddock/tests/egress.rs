@@ -1,0 +1,274 @@
+//! Egress policy on the local runtime, against a private "outside world" (`e2e/egress_world.py`:
+//! a network namespace of the test's own with DNS, HTTP and HTTPS servers and a test CA) and
+//! never a real outside host. Every sandbox is first proven confined (uid 1000, no
+//! capabilities); the targets denied are the world's own addresses, the host's end of the
+//! test's veth, and the metadata address, which nothing here listens on.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use common::{Env, sh};
+use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+use paddock_core::runtime::Runtime;
+use paddock_core::spec::{NetworkPolicy, SandboxSpec};
+
+struct World {
+    child: Child,
+    ca: String,
+    dns: String,
+    ip: String,
+    raw_ip: String,
+    host_ip: String,
+}
+
+impl World {
+    fn up(tag: &str, net: &str) -> Self {
+        common::require_root();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../e2e/egress_world.py");
+        let name = format!("{tag}{}", std::process::id() % 10000);
+        let mut child = Command::new("python3")
+            .args([script, "--name", &name, "--net", net])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the test world");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("the world did not start: {e}: {line:?}"));
+        let s = |k: &str| v[k].as_str().unwrap().to_owned();
+        World {
+            ca: std::fs::read_to_string(s("ca")).unwrap(),
+            dns: s("dns"),
+            ip: s("ip"),
+            raw_ip: s("raw_ip"),
+            host_ip: s("host_ip"),
+            child,
+        }
+    }
+
+    /// A runtime that resolves with the world's DNS and may reach the world's two addresses
+    /// (they are in a private range, which is refused unless the operator allows it).
+    fn env(&self) -> Env {
+        let mut env = Env::new();
+        env.rt = env.rt.clone().with_egress(paddock_runtime_local::EgressOptions {
+            blocked: vec![],
+            allowed_private: vec![
+                format!("{}/32", self.ip).parse().unwrap(),
+                format!("{}/32", self.raw_ip).parse().unwrap(),
+            ],
+            dns: vec![format!("{}:53", self.dns).parse().unwrap()],
+        });
+        env
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Closing its stdin tears the world down.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn rules(default: Action, rules: &[(Action, &str)]) -> EgressPolicy {
+    EgressPolicy {
+        default_action: default,
+        egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
+    }
+}
+
+fn spec(policy: EgressPolicy) -> SandboxSpec {
+    SandboxSpec { network: NetworkPolicy::Egress(policy), ..Default::default() }
+}
+
+/// A DNS query from inside the sandbox, to whatever server its resolv.conf names: the rcode,
+/// and the Extended DNS Error text if any.
+const DNS_QUERY: &str = r#"
+import socket, struct, sys
+name = sys.argv[1]
+q = struct.pack("!HHHHHH", 0x1234, 0x0100, 1, 0, 0, 1)
+q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
+q += b"\0" + struct.pack("!HHIH", 41, 1232, 0, 0)
+server = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+try:
+    s.sendto(q, (server, 53))
+    r = s.recv(4096)
+except OSError as e:
+    print("error", e.errno)
+    sys.exit(0)
+print("rcode", r[3] & 15, r[12:].decode(errors="replace"))
+"#;
+
+async fn dns(env: &Env, id: &paddock_core::runtime::SandboxId, name: &str) -> String {
+    let script = format!("python3 -c '{}' {name}", DNS_QUERY.replace('\'', "'\\''"));
+    let out = sh(&env.rt, id, &script).await;
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
+    let world = World::up("r", "10.77.41");
+    let env = world.env();
+    let id = env
+        .confined(spec(rules(Action::Deny, &[(Action::Allow, "allowed.test"), (Action::Allow, "*.wild.test")])))
+        .await;
+    let put_ca = common::exec(
+        &env.rt,
+        &id,
+        paddock_core::runtime::ExecRequest::shell("cat > /tmp/ca.pem"),
+        Some(world.ca.clone().into_bytes()),
+    )
+    .await;
+    assert_eq!(put_ca.code(), 0);
+    // A listener on the host's own end of the world's link: no sandbox may reach it.
+    let host_listener = std::net::TcpListener::bind((world.host_ip.as_str(), 0)).unwrap();
+    host_listener.set_nonblocking(true).unwrap();
+    let host_port = host_listener.local_addr().unwrap().port();
+
+    // Allowed names answer over HTTPS with plain curl: no proxy settings anywhere.
+    let ok = sh(&env.rt, &id, "env | grep -i _proxy; curl -sS -m 10 --cacert /tmp/ca.pem https://allowed.test/ https://x.wild.test/ http://a.b.wild.test/").await;
+    assert_eq!(
+        ok.stdout,
+        "hello from outside host=allowed.test sni=allowed.test\nhello from outside host=x.wild.test sni=x.wild.test\nhello from outside host=a.b.wild.test sni=-\n",
+        "{}",
+        ok.stderr
+    );
+
+    // A denied name: NXDOMAIN with the rule in the Extended DNS Error, and curl cannot resolve it.
+    let denied = dns(&env, &id, "denied.test").await;
+    assert!(denied.starts_with("rcode 3 ") && denied.contains("denied by the sandbox's egress policy"), "{denied}");
+    assert_eq!(sh(&env.rt, &id, "curl -sS -m 5 https://denied.test/").await.code(), 6);
+
+    // The wrong name to an allowed address: the proxy judges the SNI, and resets.
+    let spoof = sh(
+        &env.rt,
+        &id,
+        &format!("curl -sS -m 5 --cacert /tmp/ca.pem --resolve denied.test:443:{} https://denied.test/", world.ip),
+    )
+    .await;
+    assert_ne!(spoof.code(), 0, "a denied SNI got through: {}", spoof.stdout);
+    assert!(!spoof.stdout.contains("hello"));
+
+    // A raw address no rule allows and no allowed name resolved to: a 403 that says why.
+    let raw = sh(&env.rt, &id, &format!("curl -sS -m 5 -w '%{{http_code}}' http://{}/", world.raw_ip)).await;
+    assert!(raw.stdout.ends_with("403") && raw.stdout.contains("egress policy denied"), "{raw:?}");
+
+    // UDP other than DNS never leaves: the sandbox's send fails at once.
+    let udp = sh(
+        &env.rt,
+        &id,
+        &format!("python3 -c 'import socket; socket.socket(2, 2).sendto(b\"x\", (\"{}\", 9999))' 2>&1", world.ip),
+    )
+    .await;
+    assert!(udp.stdout.contains("Operation not permitted"), "{udp:?}");
+
+    // The host's own address and the metadata address, by name and by address.
+    assert!(dns(&env, &id, "hostaddr.test").await.starts_with("rcode 3"), "not an allowed name");
+    for target in [format!("{}:{host_port}", world.host_ip), "169.254.169.254".into()] {
+        let out = sh(&env.rt, &id, &format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{target}/")).await;
+        assert_eq!(out.stdout, "403", "{target}: {out:?}");
+    }
+    assert!(host_listener.accept().is_err(), "a connection reached the host's own address");
+
+    // A change applies to the very next connection, without restarting anything.
+    env.rt
+        .set_egress(&id, rules(Action::Deny, &[(Action::Deny, "allowed.test"), (Action::Allow, "denied.test")]))
+        .await
+        .unwrap();
+    let flipped = sh(
+        &env.rt,
+        &id,
+        "curl -sS -m 10 --cacert /tmp/ca.pem https://denied.test/; curl -sS -m 5 https://allowed.test/; echo $?",
+    )
+    .await;
+    assert_eq!(flipped.stdout, "hello from outside host=denied.test sni=denied.test\n6\n", "{}", flipped.stderr);
+
+    let status = env.rt.egress(&id).await.unwrap();
+    assert_eq!(status.enforcement, "dns+proxy");
+    assert!(
+        status.counters.connections_allowed >= 3 && status.counters.connections_denied >= 3,
+        "{:?}",
+        status.counters
+    );
+    assert!(status.counters.dns_denied >= 2);
+    assert!(status.denials.iter().any(|d| d.kind == "tcp" && d.target.contains(&world.raw_ip)), "{:?}", status.denials);
+    assert!(
+        status.denials.iter().any(|d| d.reason.contains("egress rule 0 (deny allowed.test)")),
+        "{:?}",
+        status.denials
+    );
+    let metrics = env.rt.metrics(&id).await.unwrap();
+    assert_eq!(metrics.egress.unwrap().connections_denied, status.counters.connections_denied);
+
+    // The enforcer ends with its sandbox.
+    env.rt.destroy(&id).await.unwrap();
+    let gone = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        !enforcer_running(id.as_str())
+    });
+    assert!(gone, "the egress enforcer of {id} outlived its sandbox");
+}
+
+fn enforcer_running(id: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .map(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("__egress") && c.contains(id)
+            })
+            .unwrap_or(false)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_has_no_route_and_no_dns_until_a_change_opens_it() {
+    let world = World::up("d", "10.77.42");
+    let env = world.env();
+    let id = env.confined(SandboxSpec::default()).await;
+    let status = env.rt.egress(&id).await.unwrap();
+    assert_eq!((status.policy.mode(), status.enforcement.as_str()), ("deny_all", "network-namespace"));
+    let routes = sh(&env.rt, &id, "ip route; ip -6 route").await;
+    assert!(!routes.stdout.contains("default"), "a deny-all sandbox has a way out: {}", routes.stdout);
+    // No DNS at all: the query cannot even be sent.
+    let q = dns(&env, &id, "allowed.test").await;
+    assert_eq!(q.trim(), "error 101", "ENETUNREACH expected: {q}");
+    assert_ne!(sh(&env.rt, &id, &format!("curl -sS -m 3 http://{}/", world.ip)).await.code(), 0);
+
+    // Opened while it runs.
+    env.rt.set_egress(&id, EgressPolicy::allow_all()).await.unwrap();
+    let out = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
+    assert_eq!(out.stdout, "hello from outside host=allowed.test sni=-\n", "{}", out.stderr);
+    // And closed again.
+    env.rt.set_egress(&id, EgressPolicy::deny_all()).await.unwrap();
+    assert_eq!(sh(&env.rt, &id, "curl -sS -m 5 http://allowed.test/").await.code(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_all_still_refuses_the_host_metadata_loopback_and_private_ranges() {
+    let world = World::up("a", "10.77.43");
+    let env = world.env();
+    let id = env.confined(spec(EgressPolicy::allow_all())).await;
+    let out = sh(&env.rt, &id, &format!("curl -sS -m 10 http://allowed.test/ http://{}/", world.raw_ip)).await;
+    assert_eq!(
+        out.stdout,
+        format!("hello from outside host=allowed.test sni=-\nhello from outside host={} sni=-\n", world.raw_ip),
+        "{}",
+        out.stderr
+    );
+    for target in [world.host_ip.clone(), "169.254.169.254".into(), "10.1.2.3".into(), "192.168.77.1".into()] {
+        let out = sh(&env.rt, &id, &format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{target}/")).await;
+        assert_eq!(out.stdout, "403", "{target}: {out:?}");
+    }
+    // Names that resolve only to refused addresses (DNS rebinding) resolve to nothing.
+    for name in ["rebind.test", "hostaddr.test", "metadata.test"] {
+        let q = dns(&env, &id, name).await;
+        assert!(q.starts_with("rcode 0 ") && q.contains("no sandbox may reach"), "{name}: {q}");
+        assert_eq!(sh(&env.rt, &id, &format!("curl -sS -m 5 http://{name}/")).await.code(), 6, "{name}");
+    }
+}

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""A private "outside world" for egress tests: never a real outside host.
+
+    python3 e2e/egress_world.py --name NAME --net 10.77.5
+
+As root, makes a network namespace `pdkw-NAME` joined to the host by a veth pair (host end
+NET.1/24; the namespace has NET.2 and NET.3), a test CA and a certificate for the test names,
+and serves inside the namespace:
+
+- DNS (UDP and TCP 53 on NET.2): allowed.test, other.test, denied.test and any name under
+  wild.test are NET.2; rebind.test is 127.0.0.1; hostaddr.test is NET.1 (the host's own end);
+  metadata.test is 169.254.169.254; every other name is NXDOMAIN; AAAA answers are empty.
+- HTTP on port 80 and HTTPS (the test CA) on 443, on both addresses: `GET /` answers
+  "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes.
+
+Prints one JSON line ({"ns", "ca", "dns", "ip", "raw_ip", "host_ip"}) once everything answers,
+then runs until its stdin closes or it gets SIGTERM, and removes all of it.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import socketserver
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+NAMES_ON_SERVER = ("allowed.test", "other.test", "denied.test")
+
+
+def sh(*args: str, check: bool = True) -> None:
+    subprocess.run(args, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+# ------------------------------------------------------------------------ served in the netns
+
+def dns_answer(query: bytes, net: str) -> bytes | None:
+    if len(query) < 12:
+        return None
+    qid, flags, qd = struct.unpack("!HHH", query[:6])
+    if qd != 1:
+        return None
+    labels, i = [], 12
+    while i < len(query) and query[i]:
+        n = query[i]
+        labels.append(query[i + 1:i + 1 + n].decode("ascii", "replace").lower())
+        i += 1 + n
+    qtype = struct.unpack("!H", query[i + 1:i + 3])[0]
+    question = query[12:i + 5]
+    name = ".".join(labels)
+    table = {n: f"{net}.2" for n in NAMES_ON_SERVER}
+    table.update({"rebind.test": "127.0.0.1", "hostaddr.test": f"{net}.1", "metadata.test": "169.254.169.254"})
+    addr = table.get(name) or (f"{net}.2" if name.endswith(".wild.test") else None)
+    rd = flags & 0x0100
+    if addr is None:
+        return struct.pack("!HHHHHH", qid, 0x8083 | rd, 1, 0, 0, 0) + question
+    if qtype != 1:
+        return struct.pack("!HHHHHH", qid, 0x8080 | rd, 1, 0, 0, 0) + question
+    answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + socket.inet_aton(addr)
+    return struct.pack("!HHHHHH", qid, 0x8080 | rd, 1, 1, 0, 0) + question + answer
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/bytes/"):
+            n = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            chunk = b"x" * (1 << 16)
+            while n > 0:
+                self.wfile.write(chunk[: min(n, len(chunk))])
+                n -= min(n, len(chunk))
+            return
+        sni = getattr(self.connection, "paddock_sni", None) or "-"
+        body = f"hello from outside host={self.headers.get('Host')} sni={sni}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve(args) -> None:
+    net = args.net
+    for bind in (f"{net}.2", f"{net}.3"):
+        http = ThreadingHTTPServer((bind, 80), Handler)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        https = ThreadingHTTPServer((bind, 443), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(os.path.join(args.dir, "server.pem"), os.path.join(args.dir, "server.key"))
+
+        def remember(sslsock, name, _ctx):
+            sslsock.paddock_sni = name
+
+        ctx.sni_callback = remember
+        https.socket = ctx.wrap_socket(https.socket, server_side=True)
+        threading.Thread(target=https.serve_forever, daemon=True).start()
+
+    class Udp(socketserver.BaseRequestHandler):
+        def handle(self):
+            data, sock = self.request
+            reply = dns_answer(data, net)
+            if reply:
+                sock.sendto(reply, self.client_address)
+
+    class Tcp(socketserver.StreamRequestHandler):
+        def handle(self):
+            hdr = self.rfile.read(2)
+            if len(hdr) == 2:
+                reply = dns_answer(self.rfile.read(struct.unpack("!H", hdr)[0]), net)
+                if reply:
+                    self.wfile.write(struct.pack("!H", len(reply)) + reply)
+
+    socketserver.ThreadingUDPServer.allow_reuse_address = True
+    udp = socketserver.ThreadingUDPServer((f"{net}.2", 53), Udp)
+    tcp = socketserver.ThreadingTCPServer((f"{net}.2", 53), Tcp)
+    threading.Thread(target=udp.serve_forever, daemon=True).start()
+    threading.Thread(target=tcp.serve_forever, daemon=True).start()
+    print("serving", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+# ------------------------------------------------------------------------ setup on the host
+
+def make_certs(d: str) -> None:
+    def ossl(*a):
+        sh("openssl", *a)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=Paddock egress test CA",
+         "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.pem")
+    san = ",".join(f"DNS:{n}" for n in (*NAMES_ON_SERVER, "*.wild.test"))
+    with open(f"{d}/ext.cnf", "w") as f:
+        f.write(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=allowed.test", "-keyout", f"{d}/server.key",
+         "-out", f"{d}/server.csr")
+    ossl("x509", "-req", "-in", f"{d}/server.csr", "-CA", f"{d}/ca.pem", "-CAkey", f"{d}/ca.key",
+         "-CAcreateserial", "-days", "2", "-extfile", f"{d}/ext.cnf", "-out", f"{d}/server.pem")
+    os.chmod(f"{d}/ca.pem", 0o644)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--name", required=True)
+    p.add_argument("--net", required=True, help="the first three octets, e.g. 10.77.5")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--dir", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        serve(args)
+        return 0
+    if os.geteuid() != 0:
+        print("egress_world: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    ns, net = f"pdkw-{args.name}", args.net
+    host_if, ns_if = f"pdkw{args.name}h"[:15], f"pdkw{args.name}o"[:15]
+    d = tempfile.mkdtemp(prefix="pdkw-")
+    os.chmod(d, 0o755)
+    server = None
+
+    def teardown(*_):
+        if server and server.poll() is None:
+            server.kill()
+            server.wait()
+        sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "link", "del", host_if, check=False)
+        sh("rm", "-rf", d, check=False)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, teardown)
+    signal.signal(signal.SIGINT, teardown)
+    try:
+        sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "link", "del", host_if, check=False)
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        sh("ip", "link", "set", ns_if, "netns", ns)
+        sh("ip", "addr", "add", f"{net}.1/24", "dev", host_if)
+        sh("ip", "link", "set", host_if, "up")
+        for cmd in (["link", "set", "lo", "up"], ["addr", "add", f"{net}.2/24", "dev", ns_if],
+                    ["addr", "add", f"{net}.3/24", "dev", ns_if], ["link", "set", ns_if, "up"]):
+            sh("ip", "-n", ns, *cmd)
+        make_certs(d)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, os.path.abspath(__file__), "--serve", "--name", args.name,
+             "--net", net, "--dir", d],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        if server.stdout.readline().strip() != b"serving":
+            raise RuntimeError("the servers did not start")
+        # The host reaches them: the world is up.
+        deadline = time.time() + 10
+        while True:
+            try:
+                socket.create_connection((f"{net}.2", 80), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+    except Exception as e:  # noqa: BLE001 - report and clean up whatever failed
+        print(f"egress_world: setup failed: {e}", file=sys.stderr)
+        teardown()
+        return 1
+    print(json.dumps({"ns": ns, "ca": f"{d}/ca.pem", "dns": f"{net}.2", "ip": f"{net}.2",
+                      "raw_ip": f"{net}.3", "host_ip": f"{net}.1"}), flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
