@@ -314,10 +314,13 @@ impl KubeRuntime {
         match &spec.network {
             NetworkPolicy::LoopbackOnly => {}
             NetworkPolicy::Egress(p) if p.denies_everything() => spec.network = NetworkPolicy::LoopbackOnly,
-            NetworkPolicy::Egress(_) => {
+            NetworkPolicy::Egress(_) if self.config.model == SandboxModel::Claim => {
                 return Err(RuntimeError::Unsupported(
-                    "egress rules are not enforced on the Kubernetes runtime yet: every sandbox there is deny-all (loopback only); omit networkPolicy or send {\"defaultAction\":\"deny\"}, or use the local runtime".into(),
+                    "egress rules are not supported with --model claim (a warm pool's NetworkPolicy is its template's, shared by every claim): use the keeper model for sandboxes with egress".into(),
                 ));
+            }
+            NetworkPolicy::Egress(p) => {
+                objects::egress_rules(p).map_err(RuntimeError::Unsupported)?;
             }
         }
         match spec.image.as_deref() {
@@ -399,9 +402,22 @@ impl KubeRuntime {
             .map_err(|e| RuntimeError::System(format!("building NetworkPolicy: {e}")))?;
         match self.policies.create(&PostParams::default(), &np).await {
             Ok(_) => Ok(()),
-            Err(e) if is_code(&e, 409) => Ok(()),
+            // A thread's policy outlives its Pods; this Pod's spec may ask for other rules.
+            Err(e) if is_code(&e, 409) => self.set_policy_rules(&names.network_policy, spec).await,
             Err(e) => Err(api_error(&format!("creating NetworkPolicy {}", names.network_policy), e)),
         }
+    }
+
+    /// Replaces the egress rules of an existing NetworkPolicy with those of `spec`'s policy.
+    async fn set_policy_rules(&self, name: &str, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let rules = objects::egress_rules(&spec.network.policy()).map_err(RuntimeError::Unsupported)?;
+        // A merge patch replaces a list whole.
+        let patch = serde_json::json!({"spec": {"egress": rules}});
+        self.policies
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("updating NetworkPolicy {name}"), e))
     }
 
     /// Deletes a Pod (only this very Pod: its uid is a precondition) and its NetworkPolicy,
@@ -832,7 +848,7 @@ impl Runtime for KubeRuntime {
                 "container image references with a POSIX sh and busybox-level tools (default {}, pull policy {})",
                 self.config.default_image, self.config.image_pull_policy
             ),
-            network: vec!["deny".into()],
+            network: ["deny", "allow-all", "ip-rules", "change"].map(String::from).to_vec(),
             metrics: true,
         }
     }
@@ -985,6 +1001,55 @@ impl Runtime for KubeRuntime {
         let stream = pf.take_stream(port).ok_or_else(missing)?;
         let error = pf.take_error(port).ok_or_else(missing)?;
         Ok(Box::new(port::PortStream::new(stream, Box::pin(error))))
+    }
+
+    /// The policy in the Pod's spec annotation, enforced by its NetworkPolicy (which counts
+    /// nothing and logs no denials).
+    async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        let info = self.get(id).await?;
+        Ok(paddock_core::egress::EgressStatus {
+            policy: info.spec.network.policy(),
+            enforcement: "networkpolicy".into(),
+            counters: Default::default(),
+            denials: Vec::new(),
+        })
+    }
+
+    /// Rewrites the sandbox's NetworkPolicy, then the spec on its Pod: new connections follow
+    /// as soon as the cluster's network plugin applies it (how existing ones fare is the
+    /// plugin's choice).
+    async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: paddock_core::egress::EgressPolicy,
+    ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
+        policy.validate().map_err(RuntimeError::InvalidArgument)?;
+        let pod = self.find(id).await?;
+        let mut spec = Self::info_of(&pod)?.spec;
+        spec.network = NetworkPolicy::Egress(policy);
+        let mut spec = self.prepare(spec)?;
+        if pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(claim::CLAIM_ANNOTATION))
+            && spec.network != NetworkPolicy::LoopbackOnly
+        {
+            return Err(RuntimeError::Unsupported(
+                "egress rules are not supported for a sandbox claimed from a warm pool: its NetworkPolicy is the pool's".into(),
+            ));
+        }
+        let names = match &spec.workspace {
+            Some(w) => objects::thread_names(&w.thread, w.naming),
+            None => objects::sandbox_names(id, &spec),
+        };
+        self.set_policy_rules(&names.network_policy, &spec).await?;
+        spec.image_auth = None;
+        let annotations = serde_json::json!({"metadata": {"annotations": {
+            objects::SPEC_ANNOTATION: serde_json::to_string(&spec).map_err(|e| RuntimeError::System(e.to_string()))?
+        }}});
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.pods
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&annotations))
+            .await
+            .map_err(|e| api_error(&format!("recording the egress policy on Pod {name}"), e))?;
+        self.egress(id).await
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
@@ -1267,7 +1332,7 @@ mod tests {
             let c = k.capabilities();
             assert_eq!(c.runtime, "kubernetes");
             assert!(!c.pause && c.persistent_workspaces && !c.run_as_other_user);
-            assert_eq!(c.network, vec!["deny".to_string()]);
+            assert!(c.network.contains(&"ip-rules".to_string()) && !c.network.contains(&"domain-rules".to_string()));
             let id = SandboxId::parse("sbx-000000000001").unwrap();
             assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
             assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");

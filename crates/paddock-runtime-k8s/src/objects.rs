@@ -289,8 +289,105 @@ pub fn pvc(
     }))
 }
 
-/// Denies all ingress and all egress (DNS included) of the sandbox's Pod: with both policy
-/// types listed and no rules, nothing is allowed.
+/// Ranges a NetworkPolicy never opens, whatever a sandbox's policy: the cluster's own (Pod,
+/// Service and node networks live in private ranges), link-local (the node's metadata
+/// service), loopback. A rule that would allow any of them is refused.
+const INTERNAL_V4: [&str; 8] = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+];
+const INTERNAL_V6: [&str; 3] = ["fc00::/7", "fe80::/10", "::1/128"];
+
+fn overlaps(a: &ipnet::IpNet, b: &ipnet::IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// A policy as NetworkPolicy egress rules, or why it cannot be one. A NetworkPolicy sees
+/// addresses only: IP and CIDR rules map onto `ipBlock`s (deny rules become `except`s, which
+/// is OpenSandbox's deny-before-allow for addresses), `allow` by default onto everything but
+/// the cluster-internal ranges plus the cluster's DNS; a domain rule cannot be enforced, so
+/// it is refused rather than left open.
+pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<serde_json::Value>, String> {
+    use paddock_core::egress::{Action, Target};
+    if policy.denies_everything() {
+        return Ok(Vec::new());
+    }
+    let mut allow = Vec::new();
+    let mut deny = Vec::new();
+    for (i, rule) in policy.egress.iter().enumerate() {
+        match Target::parse(&rule.target).map_err(|e| format!("egress rule {i}: {e}"))? {
+            Target::Net(net) => match rule.action {
+                Action::Allow => allow.push((i, net)),
+                Action::Deny => deny.push(net),
+            },
+            _ => {
+                return Err(format!(
+                    "egress rule {i} ({} {}): domain rules are not enforced on the Kubernetes runtime (a NetworkPolicy sees addresses only); give IPs or CIDRs, or use the local runtime",
+                    rule.action, rule.target
+                ));
+            }
+        }
+    }
+    let internal: Vec<ipnet::IpNet> =
+        INTERNAL_V4.iter().chain(INTERNAL_V6.iter()).map(|c| c.parse().expect("valid")).collect();
+    for (i, net) in &allow {
+        if let Some(inner) = internal.iter().find(|n| overlaps(n, net)) {
+            return Err(format!(
+                "egress rule {i} (allow {net}) overlaps {inner}, a cluster-internal, link-local or loopback range, which the Kubernetes runtime never opens to a sandbox"
+            ));
+        }
+    }
+    let block = |cidr: &ipnet::IpNet, except: Vec<String>| {
+        if except.is_empty() {
+            json!({"ipBlock": {"cidr": cidr.to_string()}})
+        } else {
+            json!({"ipBlock": {"cidr": cidr.to_string(), "except": except}})
+        }
+    };
+    let inside = |outer: &ipnet::IpNet| -> Vec<String> {
+        deny.iter()
+            .filter(|d| outer.contains(&d.network()) && d.prefix_len() > outer.prefix_len())
+            .map(|d| d.to_string())
+            .collect()
+    };
+    if policy.default_action == Action::Deny {
+        let peers: Vec<serde_json::Value> = allow
+            .iter()
+            .filter(|(_, net)| !deny.iter().any(|d| d.contains(&net.network()) && d.prefix_len() <= net.prefix_len()))
+            .map(|(_, net)| block(net, inside(net)))
+            .collect();
+        return Ok(if peers.is_empty() { Vec::new() } else { vec![json!({"to": peers})] });
+    }
+    let mut peers = Vec::new();
+    for (all, ranges) in [("0.0.0.0/0", &INTERNAL_V4[..]), ("::/0", &INTERNAL_V6[..])] {
+        let all: ipnet::IpNet = all.parse().expect("valid");
+        let mut except: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
+        for d in inside(&all) {
+            if !except.contains(&d) {
+                except.push(d);
+            }
+        }
+        peers.push(block(&all, except));
+    }
+    Ok(vec![
+        json!({"to": peers}),
+        // Names resolve through the cluster's DNS, and nothing else of the cluster is reachable.
+        json!({
+            "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        }),
+    ])
+}
+
+/// Denies all ingress of the sandbox's Pod and all egress its policy does not allow (deny-all:
+/// no rules, DNS included): with both policy types listed, only the rules given are allowed.
 pub fn network_policy(
     namespace: &str,
     id: &SandboxId,
@@ -308,6 +405,7 @@ pub fn network_policy(
         "spec": {
             "podSelector": {"matchLabels": policy_selector(id, spec)},
             "policyTypes": ["Ingress", "Egress"],
+            "egress": egress_rules(&spec.network.policy()).unwrap_or_default(),
         },
     }))
 }
@@ -620,5 +718,37 @@ mod tests {
         let mut foreign = p;
         foreign.metadata.labels.as_mut().unwrap().remove(SANDBOX_LABEL);
         assert!(info(&foreign).is_none());
+    }
+
+    #[test]
+    fn egress_policies_map_to_ip_blocks_and_refuse_what_a_network_policy_cannot_enforce() {
+        use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+        let p = |default, rules: &[(Action, &str)]| EgressPolicy {
+            default_action: default,
+            egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
+        };
+        assert_eq!(egress_rules(&EgressPolicy::deny_all()).unwrap(), Vec::<serde_json::Value>::new());
+        let allow =
+            egress_rules(&p(Action::Deny, &[(Action::Allow, "203.0.113.0/24"), (Action::Deny, "203.0.113.128/25")]))
+                .unwrap();
+        assert_eq!(
+            allow,
+            vec![json!({"to": [{"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.128/25"]}}]})]
+        );
+        let all = egress_rules(&p(Action::Allow, &[(Action::Deny, "198.51.100.7")])).unwrap();
+        let v4 = &all[0]["to"][0]["ipBlock"];
+        assert_eq!(v4["cidr"], "0.0.0.0/0");
+        for must in ["10.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16", "198.51.100.7/32"] {
+            assert!(v4["except"].as_array().unwrap().contains(&json!(must)), "{must} not excepted: {v4}");
+        }
+        assert_eq!(all[1]["ports"][0]["port"], 53, "allow-all resolves names through the cluster DNS");
+        for (policy, why) in [
+            (p(Action::Deny, &[(Action::Allow, "pypi.org")]), "domain rules"),
+            (p(Action::Deny, &[(Action::Allow, "10.96.0.1")]), "cluster-internal"),
+            (p(Action::Deny, &[(Action::Allow, "0.0.0.0/0")]), "cluster-internal"),
+            (p(Action::Deny, &[(Action::Allow, "169.254.169.254")]), "link-local"),
+        ] {
+            assert!(egress_rules(&policy).unwrap_err().contains(why), "{policy:?}");
+        }
     }
 }

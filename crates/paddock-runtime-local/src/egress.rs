@@ -114,7 +114,14 @@ pub async fn apply(
     if let Some(status) = ask(dd, id, &ControlRequest::Set { policy: policy.clone() }).await? {
         return Ok(status);
     }
-    start(dd, exe, options, id, host_ids, policy).await?;
+    if let Err(e) = start(dd, exe, options, id, host_ids, policy).await {
+        // Another caller may have started one in the meantime (its listeners are then in the
+        // way of ours): hand the policy to that one.
+        return match ask(dd, id, &ControlRequest::Set { policy: policy.clone() }).await {
+            Ok(Some(status)) => Ok(status),
+            _ => Err(e),
+        };
+    }
     ask(dd, id, &ControlRequest::Status).await?.ok_or_else(|| {
         RuntimeError::Unavailable(format!(
             "the egress enforcer of {id} started but does not answer; see {}",

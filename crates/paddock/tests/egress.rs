@@ -176,6 +176,27 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
     }
     assert!(host_listener.accept().is_err(), "a connection reached the host's own address");
 
+    // The sandbox cannot touch what enforces its policy: the table, the route, the listeners.
+    let tamper = sh(
+        &env.rt,
+        &id,
+        "nft flush ruleset; echo nft=$?; ip route del default; echo route=$?; ip link set pdk0 down; echo link=$?",
+    )
+    .await;
+    assert!(
+        tamper.stdout.contains("nft=1") && tamper.stdout.contains("route=2") && tamper.stdout.contains("link=2"),
+        "{tamper:?}"
+    );
+    let direct = sh(&env.rt, &id, "for p in $(ss -Hltn | awk '{print $4}' | grep '^127.0.0.1:' | cut -d: -f2); do curl -sS -m 3 -o /dev/null -w '%{http_code} ' -H 'Host: allowed.test' http://127.0.0.1:$p/; done").await;
+    assert!(!direct.stdout.contains("200"), "a direct connection to the enforcer went through: {direct:?}");
+    let still = sh(
+        &env.rt,
+        &id,
+        "curl -sS -m 10 --cacert /tmp/ca.pem https://allowed.test/; curl -sS -m 5 https://denied.test/; echo $?",
+    )
+    .await;
+    assert_eq!(still.stdout, "hello from outside host=allowed.test sni=allowed.test\n6\n", "{}", still.stderr);
+
     // A change applies to the very next connection, without restarting anything.
     env.rt
         .set_egress(&id, rules(Action::Deny, &[(Action::Deny, "allowed.test"), (Action::Allow, "denied.test")]))
