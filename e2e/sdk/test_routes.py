@@ -167,6 +167,8 @@ def test_a_signed_endpoint_is_a_self_contained_url_for_one_port_until_it_expires
     assert status == 401 and json.loads(body)["code"] == "INVALID_ROUTE_SIGNATURE", body
     # The path form of the same route works on any Host.
     assert http_get(port, f"/r/{label}/p", {}) == (200, "plain from sandbox path=/p\n")
+    # ... and hands the query on untouched.
+    assert http_get(port, f"/r/{label}/p?flag&x=a+b%2F", {}) == (200, "plain from sandbox path=/p?flag&x=a+b%2F\n")
     # Expired: refused with a code that says so.
     short = app.get_signed_endpoint(PORT, int(time.time()) + 1).endpoint
     time.sleep(2.2)

@@ -130,7 +130,7 @@ pub async fn ingress(State(state): State<AppState>, mut req: Request, next: Next
             .into_response();
         }
         req.extensions_mut().insert(RouteGrant(route.id.clone()));
-    } else if let Some(t) = ticket {
+    } else if let Some(t) = ticket.clone() {
         if !take_ticket(&state, &t, &route) {
             return ApiError::unauthorized(
                 "INVALID_TICKET",
@@ -140,11 +140,19 @@ pub async fn ingress(State(state): State<AppState>, mut req: Request, next: Next
         }
         req.extensions_mut().insert(RouteGrant(route.id.clone()));
     }
+    let had_ticket = ticket.is_some();
     req.headers_mut().remove(INGRESS_HEADER);
     let mut target = format!("/v1/sandboxes/{}/proxy/{}{}", route.id, route.port, tail);
+    // The query goes on as it came, unless a ticket had to be taken out of it.
+    let raw_query = req.uri().query().unwrap_or("");
+    let query = if had_ticket {
+        form_urlencoded::Serializer::new(String::new()).extend_pairs(&query).finish()
+    } else {
+        raw_query.to_owned()
+    };
     if !query.is_empty() {
         target.push('?');
-        target.push_str(&form_urlencoded::Serializer::new(String::new()).extend_pairs(&query).finish());
+        target.push_str(&query);
     }
     match target.parse::<Uri>() {
         Ok(uri) => *req.uri_mut() = uri,
