@@ -132,6 +132,22 @@ impl ExecRequest {
                 "a command argument contains a NUL byte, which no program can receive".into(),
             ));
         }
+        // What the kernel takes (MAX_ARG_STRLEN per string; argv and environment share a few
+        // MiB): refused here with a reason instead of an E2BIG from deep inside the sandbox.
+        if let Some(long) = self.argv.iter().find(|a| a.len() > crate::spec::MAX_ENV_ENTRY) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "a command argument is {} bytes; the kernel passes at most {} bytes per argument: write large scripts to a file and run that",
+                long.len(),
+                crate::spec::MAX_ENV_ENTRY
+            )));
+        }
+        let total: usize = self.argv.iter().map(|a| a.len() + 1).sum();
+        if total > MAX_ARGV_TOTAL || self.argv.len() > MAX_ARGS {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "the command line is {total} bytes in {} arguments; at most {MAX_ARGV_TOTAL} bytes and {MAX_ARGS} arguments are accepted: pass long lists through a file or stdin",
+                self.argv.len()
+            )));
+        }
         if self.timeout_ms == Some(0) {
             return Err(RuntimeError::InvalidArgument(
                 "a command timeout must be positive; leave it unset for none".into(),
@@ -140,6 +156,11 @@ impl ExecRequest {
         crate::spec::validate_env(&self.env).map_err(RuntimeError::from)
     }
 }
+
+/// The most bytes a command line may take (its arguments and their terminators).
+pub const MAX_ARGV_TOTAL: usize = 1 << 20;
+/// The most arguments in one command line.
+pub const MAX_ARGS: usize = 32 << 10;
 
 /// Bytes coming out of a sandbox (a command's output, a file's contents).
 pub type ByteReader = Box<dyn AsyncRead + Send + Unpin>;
@@ -473,6 +494,18 @@ mod tests {
         assert!(ExecRequest::default().validate().is_err());
         assert!(ExecRequest { argv: vec!["a\0".into()], ..Default::default() }.validate().is_err());
         ExecRequest::shell("echo hi").validate().unwrap();
+    }
+
+    #[test]
+    fn command_lines_the_kernel_would_refuse_are_refused_first() {
+        let big =
+            ExecRequest { argv: vec!["echo".into(), "x".repeat(crate::spec::MAX_ENV_ENTRY + 1)], ..Default::default() };
+        assert!(matches!(big.validate(), Err(RuntimeError::InvalidArgument(m)) if m.contains("per argument")));
+        let many = ExecRequest { argv: vec!["x".repeat(100_000); 11], ..Default::default() };
+        assert!(matches!(many.validate(), Err(RuntimeError::InvalidArgument(m)) if m.contains("command line")));
+        let fine =
+            ExecRequest { argv: vec!["echo".into(), "x".repeat(crate::spec::MAX_ENV_ENTRY)], ..Default::default() };
+        assert!(fine.validate().is_ok());
     }
 
     #[test]
