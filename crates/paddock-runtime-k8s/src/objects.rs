@@ -398,16 +398,21 @@ pub fn network_policy(
         Some(w) => thread_labels(&w.thread, w.naming),
         None => pod_labels(id, spec),
     };
-    serde_json::from_value(json!({
+    let mut np = json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": names.network_policy, "namespace": namespace, "labels": labels},
         "spec": {
             "podSelector": {"matchLabels": policy_selector(id, spec)},
             "policyTypes": ["Ingress", "Egress"],
-            "egress": egress_rules(&spec.network.policy()).unwrap_or_default(),
         },
-    }))
+    });
+    // Deny-all lists no rules at all, as before policies had any.
+    let rules = egress_rules(&spec.network.policy()).unwrap_or_default();
+    if !rules.is_empty() {
+        np["spec"]["egress"] = serde_json::Value::Array(rules);
+    }
+    serde_json::from_value(np)
 }
 
 /// Where a Pod is in its life, as far as a sandbox is concerned.
