@@ -290,6 +290,14 @@ pub struct EgressStatus {
     pub denials: Vec<Denial>,
 }
 
+impl EgressStatus {
+    /// A policy enforced by something that counts nothing and logs no denials (a network
+    /// namespace with loopback only, a NetworkPolicy).
+    pub fn uncounted(policy: EgressPolicy, enforcement: &str) -> Self {
+        Self { policy, enforcement: enforcement.into(), counters: EgressCounters::default(), denials: Vec::new() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1007,12 +1007,7 @@ impl Runtime for KubeRuntime {
     /// nothing and logs no denials).
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         let info = self.get(id).await?;
-        Ok(paddock_core::egress::EgressStatus {
-            policy: info.spec.network.policy(),
-            enforcement: "networkpolicy".into(),
-            counters: Default::default(),
-            denials: Vec::new(),
-        })
+        Ok(paddock_core::egress::EgressStatus::uncounted(info.spec.network.policy(), "networkpolicy"))
     }
 
     /// Rewrites the sandbox's NetworkPolicy, then the spec on its Pod: new connections follow

@@ -650,12 +650,7 @@ impl Runtime for LocalRuntime {
         }
         let policy = crate::egress::stored_policy(&self.dd, id).unwrap_or_else(|| info.spec.network.policy());
         if info.state == SandboxState::Failed || policy.denies_everything() {
-            return Ok(EgressStatus {
-                policy,
-                enforcement: "network-namespace".into(),
-                counters: Default::default(),
-                denials: Vec::new(),
-            });
+            return Ok(EgressStatus::uncounted(policy, "network-namespace"));
         }
         // Its enforcer is gone (killed, or the host ran out of memory): start it again rather
         // than leave the sandbox cut off from what its policy allows.

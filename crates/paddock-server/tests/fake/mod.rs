@@ -344,12 +344,7 @@ impl Runtime for FakeRuntime {
     /// The policy is kept in the sandbox's spec; nothing is enforced (there is no network).
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         let info = self.known(id)?;
-        Ok(paddock_core::egress::EgressStatus {
-            policy: info.spec.network.policy(),
-            enforcement: "fake".into(),
-            counters: Default::default(),
-            denials: Vec::new(),
-        })
+        Ok(paddock_core::egress::EgressStatus::uncounted(info.spec.network.policy(), "fake"))
     }
     async fn set_egress(
         &self,
