@@ -14,6 +14,7 @@ written during that test are attached to the report.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -255,11 +256,24 @@ class PaddockServer:
         except Exception:
             pass
 
+    def remove_volumes(self) -> None:
+        """Deletes the named volumes the run made, so none stays mounted on the host."""
+        if EXTERNAL or not PADDOCK_BIN.is_file():
+            return
+        base = [str(PADDOCK_BIN), "--data-dir", str(self._data_dir)]
+        try:
+            listed = subprocess.run([*base, "--json", "volume", "ls"], capture_output=True, text=True, timeout=60)
+            for v in json.loads(listed.stdout or "[]"):
+                subprocess.run([*base, "volume", "rm", v["name"]], capture_output=True, timeout=60)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+
     def cleanup(self) -> None:
         try:
             self.kill_all_sandboxes()
         finally:
             self.stop()
+            self.remove_volumes()
             if os.environ.get("PADDOCK_E2E_KEEP") != "1":
                 shutil.rmtree(self.root, ignore_errors=True)
             if self in PaddockServer.registry:
@@ -339,6 +353,30 @@ def mode(request) -> str:
 def conn(server, mode) -> ConnectionConfigSync:
     """ConnectionConfig for the shared server, in direct or server-proxy mode."""
     return server.config(mode)
+
+
+@contextlib.contextmanager
+def sandboxes_on(server: "PaddockServer", mode: str):
+    """A `create(**kw)` for sandboxes of the host image on `server` in `mode`; every one
+    is killed on exit."""
+    made: list[SandboxSync] = []
+
+    def create(**kw) -> SandboxSync:
+        kw.setdefault("timeout", timedelta(minutes=10))
+        kw.setdefault("ready_timeout", timedelta(seconds=30))
+        sb = SandboxSync.create(IMAGE, connection_config=server.config(mode), **kw)
+        made.append(sb)
+        return sb
+
+    try:
+        yield create
+    finally:
+        for sb in made:
+            try:
+                sb.kill()
+            except Exception:
+                pass
+            sb.close()
 
 
 @pytest.fixture

@@ -11,13 +11,12 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
 
-from conftest import EXTERNAL, IMAGE, REPO_ROOT, PaddockServer, capabilities, out, run_ok
+from conftest import EXTERNAL, REPO_ROOT, PaddockServer, capabilities, out, run_ok, sandboxes_on
 
 NET = "10.77.61"
 
@@ -59,23 +58,8 @@ def egress_server(world):
 
 @pytest.fixture
 def make(egress_server, mode):
-    made: list[SandboxSync] = []
-
-    def create(**kw) -> SandboxSync:
-        sb = SandboxSync.create(
-            IMAGE, connection_config=egress_server.config(mode), timeout=timedelta(minutes=10),
-            ready_timeout=timedelta(seconds=30), **kw,
-        )
-        made.append(sb)
-        return sb
-
-    yield create
-    for sb in made:
-        try:
-            sb.kill()
-        except Exception:
-            pass
-        sb.close()
+    with sandboxes_on(egress_server, mode) as create:
+        yield create
 
 
 def curl(sb: SandboxSync, args: str) -> tuple[int | None, list[str]]:

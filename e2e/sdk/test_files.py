@@ -163,3 +163,35 @@ def test_root_filesystem_is_read_only(sandbox):
         sandbox.files.write_file(name, "nope")
     assert not os.path.exists(name), "the write reached the host's /etc"
     assert run_ok(sandbox, f"test ! -e {name} && echo absent") == ["absent"]
+
+
+def test_files_can_be_given_to_nobody_and_back_and_to_no_one_else(sandbox):
+    """The SDK's own examples write files owned by nobody:nogroup. Inside, nobody is a real
+    owner no process runs as: the sandbox user can no longer write the file, nor take it back;
+    only the API can. Other owners (root) do not exist in a sandbox: refused, with a reason."""
+    from opensandbox.models.filesystem import SetPermissionEntry
+
+    assert run_ok(sandbox, "id -u") == ["1000"]
+    for base in ("/workspace", "/tmp"):
+        d = _dir(base)
+        path = f"{d}/owned.txt"
+        sandbox.files.write_file(path, "data\n", mode=644, owner="nobody", group="nogroup")
+        info = sandbox.files.get_file_info([path])[path]
+        assert (info.owner, info.group) == ("nobody", "nogroup"), info
+        assert run_ok(sandbox, f"stat -c '%U:%G %a' {path}") == ["nobody:nogroup 644"]
+        ex = sandbox.commands.run(f"echo more >> {path}; chown cloudsdk {path}; chmod 666 {path}")
+        stderr = "".join(m.text for m in ex.logs.stderr)
+        assert "Permission denied" in stderr and "Operation not permitted" in stderr, stderr
+        assert sandbox.files.read_file(path) == "data\n"
+        # Given back to the sandbox user through the API, it is writable again.
+        sandbox.files.set_permissions([SetPermissionEntry(path=path, owner="1000", group="1000", mode=644)])
+        run_ok(sandbox, f"echo more >> {path}")
+        assert sandbox.files.read_file(path) == "data\nmore\n"
+        sandbox.files.create_directories([WriteEntry(path=f"{d}/nobodys", mode=755, owner="nobody", group="nogroup")])
+        assert run_ok(sandbox, f"stat -c %U {d}/nobodys") == ["nobody"]
+    with pytest.raises(SandboxException) as e:
+        sandbox.files.write_file(f"{_dir('/workspace')}/r.txt", "x", owner="root")
+    assert "nobody" in str(e.value) and "no other user" in str(e.value), e.value
+    # A file the sandbox does not own stays out of reach (the root filesystem is the host's).
+    with pytest.raises(SandboxException):
+        sandbox.files.set_permissions([SetPermissionEntry(path="/etc/hostname", owner="nobody", mode=644)])

@@ -6,3 +6,4 @@ pub mod naming;
 pub mod runtime;
 pub mod spec;
 pub mod units;
+pub mod volume;

@@ -217,12 +217,45 @@ pub trait Execution: Send {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FileOp {
-    List { path: String },
-    Stat { path: String },
-    Mkdir { path: String, mode: Option<u32> },
-    Remove { path: String, recursive: bool },
-    Move { from: String, to: String },
-    Chmod { path: String, mode: u32 },
+    List {
+        path: String,
+    },
+    Stat {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        mode: Option<u32>,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    Chmod {
+        path: String,
+        mode: u32,
+    },
+    /// Gives a file of the sandbox user to `nobody`, or back; `None` leaves that id as it is.
+    Chown {
+        path: String,
+        user: Option<FileOwner>,
+        group: Option<FileOwner>,
+    },
+}
+
+/// Who a file may belong to through the file API. No other owner exists inside a sandbox
+/// (root is not mapped), and giving files to nobody gives no process any power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileOwner {
+    /// The sandbox's own user (or group).
+    SandboxUser,
+    /// `nobody` (`nogroup`), uid and gid 65534 inside.
+    Nobody,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,6 +418,10 @@ pub struct Capabilities {
     pub network: Vec<String>,
     /// CPU and memory use can be read (`Runtime::metrics`).
     pub metrics: bool,
+    /// Volume kinds a sandbox may mount: `host` (operator-allowed host directories), `named`
+    /// (volumes the runtime keeps until deleted). Empty: none.
+    #[serde(default)]
+    pub volumes: Vec<String>,
 }
 
 /// A sandbox's resource use at one moment.
@@ -458,6 +495,15 @@ pub trait Runtime: Send + Sync {
         let _ = policy;
         self.get(id).await?;
         Err(RuntimeError::Unsupported("this runtime cannot change a running sandbox's egress policy".into()))
+    }
+    /// The named volumes this runtime keeps.
+    async fn volumes(&self) -> Result<Vec<crate::volume::NamedVolume>, RuntimeError> {
+        Err(RuntimeError::Unsupported("this runtime keeps no named volumes".into()))
+    }
+    /// Deletes a named volume and its files; refused while a sandbox mounts it.
+    async fn delete_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        let _ = name;
+        Err(RuntimeError::Unsupported("this runtime keeps no named volumes".into()))
     }
     /// Freezes every process of the sandbox in place, keeping its memory.
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;

@@ -154,6 +154,9 @@ pub struct SandboxSpec {
     /// and never stored, handed to another process or returned.
     #[serde(skip)]
     pub image_auth: Option<RegistryAuth>,
+    /// Host directories and named volumes mounted besides the workspace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// A registry user name and password (or token).
@@ -258,6 +261,7 @@ impl SandboxSpec {
         if let NetworkPolicy::Egress(p) = &self.network {
             p.validate().map_err(|m| err("networkPolicy", m))?;
         }
+        crate::volume::validate_volumes(&self.volumes)?;
         let r = &self.resources;
         if r.memory_bytes < MIN_MEMORY {
             return Err(err(

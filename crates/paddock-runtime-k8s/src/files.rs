@@ -51,6 +51,9 @@ const MISSING: &str =
 /// The argv of a file operation on resolved paths.
 pub fn op_argv(op: &FileOp) -> Result<Vec<String>, RuntimeError> {
     Ok(match op {
+        FileOp::Chown { .. } => {
+            return Err(RuntimeError::Unsupported("changing owners is not supported on Kubernetes".into()));
+        }
         FileOp::Stat { path } => {
             script(&format!("{MISSING}\nmissing \"$1\"\nstat -c '{STAT}' -- \"$1\""), &[&resolve(path)?])
         }

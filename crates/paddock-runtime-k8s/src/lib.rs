@@ -310,6 +310,11 @@ impl KubeRuntime {
     /// Validates a spec and fills in what the runtime decides: the image.
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
+        if !spec.volumes.is_empty() {
+            return Err(RuntimeError::Unsupported(
+                "volumes are not supported on the Kubernetes runtime yet: use a thread's workspace (extensions.workspace) for files that outlive a sandbox".into(),
+            ));
+        }
         // Exhaustive on purpose: a new network mode must be handled here before it compiles.
         match &spec.network {
             NetworkPolicy::LoopbackOnly => {}
@@ -850,6 +855,7 @@ impl Runtime for KubeRuntime {
             ),
             network: ["deny", "allow-all", "ip-rules", "change"].map(String::from).to_vec(),
             metrics: true,
+            volumes: Vec::new(),
         }
     }
 
@@ -907,7 +913,18 @@ impl Runtime for KubeRuntime {
         .await
     }
 
-    async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
+    async fn file(&self, id: &SandboxId, mut op: FileOp) -> Result<FileReply, RuntimeError> {
+        if let FileOp::Chown { path, user, group } = &op {
+            // A Pod's files all belong to its one user: giving one to the sandbox user is
+            // checking that it exists; nobody is not an owner a Pod can hand files to.
+            if [user, group].iter().any(|o| **o == Some(paddock_core::runtime::FileOwner::Nobody)) {
+                return Err(RuntimeError::Unsupported(
+                    "giving files to nobody is not supported on Kubernetes: a Pod's files belong to its one user"
+                        .into(),
+                ));
+            }
+            op = FileOp::Stat { path: path.clone() };
+        }
         let argv = files::op_argv(&op)?;
         let (what, target) = match &op {
             FileOp::List { path } => ("list", files::resolve(path)?),
@@ -915,7 +932,7 @@ impl Runtime for KubeRuntime {
             FileOp::Mkdir { path, .. } => ("mkdir", files::resolve(path)?),
             FileOp::Remove { path, .. } => ("remove", files::resolve(path)?),
             FileOp::Move { from, to } => ("move", format!("{} to {}", files::resolve(from)?, files::resolve(to)?)),
-            FileOp::Chmod { path, .. } => ("chmod", files::resolve(path)?),
+            FileOp::Chmod { path, .. } | FileOp::Chown { path, .. } => ("chmod", files::resolve(path)?),
         };
         let (code, out, err) = self.script(id, argv, None).await?;
         if code != 0 {
@@ -931,9 +948,10 @@ impl Runtime for KubeRuntime {
             FileOp::List { .. } => Ok(FileReply::List { entries: files::parse_list(&out) }),
             FileOp::Remove { .. } => Ok(FileReply::Done),
             FileOp::Move { to, .. } => stat_of(files::resolve(&to)?),
-            FileOp::Stat { path } | FileOp::Mkdir { path, .. } | FileOp::Chmod { path, .. } => {
-                stat_of(files::resolve(&path)?)
-            }
+            FileOp::Stat { path }
+            | FileOp::Mkdir { path, .. }
+            | FileOp::Chmod { path, .. }
+            | FileOp::Chown { path, .. } => stat_of(files::resolve(&path)?),
         }
     }
 

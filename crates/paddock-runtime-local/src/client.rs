@@ -40,6 +40,7 @@ pub struct LocalRuntime {
     naming: NamingMode,
     images: crate::image::ImageOptions,
     egress: crate::egress::EgressOptions,
+    volumes: crate::volumes::VolumeOptions,
 }
 
 fn sys_err(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeError {
@@ -85,7 +86,14 @@ impl LocalRuntime {
         dd.check_searchable_by_sandboxes().map_err(RuntimeError::InvalidArgument)?;
         crate::registry::register(Path::new(crate::registry::REGISTRY), dd.root()).map_err(RuntimeError::System)?;
         crate::identity::register_host_wide(&dd);
-        Ok(Self { dd, exe: exe.into(), naming, images: Default::default(), egress: Default::default() })
+        Ok(Self {
+            dd,
+            exe: exe.into(),
+            naming,
+            images: Default::default(),
+            egress: Default::default(),
+            volumes: Default::default(),
+        })
     }
 
     /// Registries to pull from and image aliases (`paddock serve --registry-mirror`,
@@ -99,6 +107,12 @@ impl LocalRuntime {
     /// `--egress-dns`).
     pub fn with_egress(mut self, egress: crate::egress::EgressOptions) -> Self {
         self.egress = egress;
+        self
+    }
+
+    /// The operator's volume settings (`paddock serve --volume-root`).
+    pub fn with_volumes(mut self, volumes: crate::volumes::VolumeOptions) -> Self {
+        self.volumes = volumes;
         self
     }
 
@@ -137,6 +151,7 @@ impl LocalRuntime {
         let mut spec = spec.clone();
         let image = crate::image::prepare(&self.dd, &self.images, &mut spec).await?;
         spec.validate()?;
+        crate::volumes::resolve(&self.dd, &self.volumes, &mut spec)?;
         let id = Self::new_id()?;
         let dir = self.dd.sandbox(&id);
         fs::create_dir(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
@@ -472,7 +487,22 @@ impl Runtime for LocalRuntime {
             images: crate::image::ACCEPTED.into(),
             network: ["deny", "allow-all", "ip-rules", "domain-rules", "change"].map(String::from).to_vec(),
             metrics: true,
+            volumes: if self.volumes.host_roots.is_empty() {
+                vec!["named".into()]
+            } else {
+                vec!["host".into(), "named".into()]
+            },
         }
+    }
+
+    async fn volumes(&self) -> Result<Vec<paddock_core::volume::NamedVolume>, RuntimeError> {
+        let dd = self.dd.clone();
+        blocking(move || crate::volumes::list(&dd)).await
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        let (dd, name) = (self.dd.clone(), name.to_owned());
+        blocking(move || crate::volumes::remove(&dd, &name)).await
     }
 
     async fn create(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {

@@ -149,6 +149,8 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
                 .map_err(|e| io_err("chmod", &p, e))?;
             stat(&p)
         }
+        // Nothing inside may change owners: the supervisor does it (`ownership`).
+        FileOp::Chown { .. } => Err(RuntimeError::System("owners are changed by the supervisor, not inside".into())),
     }
 }
 

@@ -30,6 +30,10 @@ use crate::layout::DataDir;
 pub const BASE: u32 = 1_001_000_000;
 /// How many identities the range holds.
 pub const SLOTS: u32 = 1_000_000;
+/// The host uid and gid of `nobody` (65534) inside every sandbox: just above the range, never
+/// a sandbox's own identity. Files given to nobody through the file API get it; no process
+/// runs as it.
+pub const NOBODY: u32 = BASE + SLOTS;
 /// Host-wide claims of every instance: `<slot>` holding the data directory and owner.
 pub const HOST_CLAIMS: &str = "/var/lib/paddock-ids";
 

@@ -88,7 +88,8 @@ fn build(
     drop(v1_tasks);
     sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
     // Read from the skeleton before the pivot; the paths are the sandbox's own.
-    let writable_root_dirs = plan.writable_dirs().map_err(|e| e.to_string())?;
+    let mut writable_root_dirs = plan.writable_dirs().map_err(|e| e.to_string())?;
+    writable_root_dirs.extend(plan.writable_volumes());
     plan.enter().map_err(|e| format!("building the sandbox filesystem failed: {e}"))?;
     rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     sp::bring_up_loopback().map_err(|e| e.to_string())?;

@@ -12,6 +12,11 @@
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
+//! <data>/volumes/<name>/files.img     a named volume (ext4, size-capped), and its identity
+//! <data>/volumes/<name>.lock          serialises making, mounting and removing one volume
+//! <data>/volume-mounts/<name>/        where a named volume is mounted on the host (0700;
+//!                                     supervisors drop these from their own mount namespaces)
+//! <data>/sandboxes/<id>/volumes/<i>   a sandbox's staged volume mounts (supervisor's namespace)
 //! <data>/skeletons/<hash>/           mount points that become a sandbox's `/`, one per
 //!                                     top-level listing of a root, shared (see `shared_skeleton`)
 //! <data>/ids/<slot>                   a host identity in use, and by whom (see `identity`)
@@ -98,6 +103,31 @@ impl DataDir {
     /// Host identities in use, one file per slot.
     pub fn ids(&self) -> PathBuf {
         self.root.join("ids")
+    }
+    pub fn volumes(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+    pub fn volume(&self, name: &str) -> PathBuf {
+        self.volumes().join(name)
+    }
+    pub fn volume_image(&self, name: &str) -> PathBuf {
+        self.volume(name).join("files.img")
+    }
+    pub fn volume_identity(&self, name: &str) -> PathBuf {
+        self.volume(name).join("identity")
+    }
+    pub fn volume_lock(&self, name: &str) -> PathBuf {
+        self.volumes().join(format!("{name}.lock"))
+    }
+    pub fn volume_mounts(&self) -> PathBuf {
+        self.root.join("volume-mounts")
+    }
+    pub fn volume_mount(&self, name: &str) -> PathBuf {
+        self.volume_mounts().join(name)
+    }
+    /// Where the supervisor stages a sandbox's volume mounts (in its own mount namespace).
+    pub fn volume_staging(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox(id).join("volumes")
     }
     pub fn workspace_lock(&self, name: &str) -> PathBuf {
         self.workspaces().join(format!("{name}.lock"))

@@ -12,11 +12,14 @@ pub mod identity;
 pub mod image;
 mod init;
 pub mod layout;
+mod ownership;
 mod protocol;
 pub mod registry;
 pub mod supervisor;
+pub mod volumes;
 mod wsimage;
 
 pub use client::LocalRuntime;
 pub use egress::EgressOptions;
 pub use image::ImageOptions;
+pub use volumes::VolumeOptions;

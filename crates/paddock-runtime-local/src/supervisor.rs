@@ -167,6 +167,10 @@ impl Supervisor {
         let own_dir = dd.sandbox(&id);
         chown(&own_dir, None, Some(ids.gid)).map_err(|e| io(&own_dir, e))?;
         fs::set_permissions(&own_dir, fs::Permissions::from_mode(0o710)).map_err(|e| io(&own_dir, e))?;
+        // Opened (named ones made and mounted) in the host's mount namespace, before anything
+        // below leaves it.
+        let opened_volumes = crate::volumes::open_all(&dd, &spec, (ids.uid, ids.gid))?;
+        let mut private_mounts = false;
         let (workspace_mount, workspace) = match &spec.workspace {
             Some(w) => {
                 let name = resource_name(&w.thread, w.naming);
@@ -174,6 +178,7 @@ impl Supervisor {
                 let dir = if image.is_file() {
                     let at = dd.workspace_mount(&id);
                     crate::wsimage::mount_private(&image, &at)?;
+                    private_mounts = true;
                     at
                 } else {
                     dd.workspace_files(&name)
@@ -220,6 +225,7 @@ impl Supervisor {
             (Some(image), _) => {
                 paddock_sys::process::unshare_mount_namespace()
                     .map_err(sys("a private mount namespace for the image root"))?;
+                private_mounts = true;
                 let root = LayeredRoot {
                     layers: image.layers,
                     owner: image.owner,
@@ -259,7 +265,21 @@ impl Supervisor {
             }
         };
         let masks = crate::registry::masks_within(&source, &data_dirs);
-        let skeleton = paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source)
+        let (shadowed, extra) = crate::volumes::plan_targets(&spec.volumes, &source)?;
+        let volumes = if opened_volumes.is_empty() {
+            Vec::new()
+        } else {
+            if !private_mounts {
+                paddock_sys::process::unshare_mount_namespace()
+                    .map_err(sys("a private mount namespace for the volumes"))?;
+                private_mounts = true;
+            }
+            crate::volumes::stage(&dd, &id, &spec.volumes, opened_volumes, (ids.uid, ids.gid))?
+        };
+        if private_mounts {
+            crate::volumes::forget_host_mounts(&dd);
+        }
+        let skeleton = paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source, &extra)
             .map_err(sys("preparing the sandbox root"))?;
         let plan = RootPlan {
             skeleton,
@@ -269,6 +289,8 @@ impl Supervisor {
             tmp_bytes: spec.resources.tmp_bytes,
             shm_bytes: spec.resources.tmp_bytes.min(64 << 20),
             writable_root,
+            volumes,
+            shadowed,
         };
         let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
         let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
@@ -317,8 +339,13 @@ impl Supervisor {
         )
         .map_err(|e| RuntimeError::System(format!("pidfd_open: {e}")))?;
         let setup = (|| {
-            paddock_sys::ids::write_id_maps(init_pid, (uid, gid), host)
-                .map_err(sys("writing the user namespace id maps"))?;
+            paddock_sys::ids::write_id_maps_with_nobody(
+                init_pid,
+                (uid, gid),
+                host,
+                (identity::NOBODY, identity::NOBODY),
+            )
+            .map_err(sys("writing the user namespace id maps"))?;
             if !in_cgroup2 {
                 cgroup.add_process_unified(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
             }
@@ -480,6 +507,18 @@ impl Supervisor {
                     return self.forward(conn, &msg, fds);
                 }
             }
+            Request::File {
+                op: protocol::FileCall::Meta(paddock_core::runtime::FileOp::Chown { path, user, group }),
+                ..
+            } => {
+                let host = self
+                    .record
+                    .host_ids
+                    .map_or((self.record.info.spec.user.host_uid(), self.record.info.spec.user.host_gid()), |h| {
+                        (h.uid, h.gid)
+                    });
+                crate::ownership::chown(self.init_pid, host, &path, user, group).map(|reply| Reply::File { reply })
+            }
             Request::File { op, has_data } => {
                 if self.cgroup.is_frozen() {
                     Err(paused())
@@ -573,6 +612,7 @@ impl Supervisor {
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
+        crate::volumes::unstage(&self.dd, &self.id);
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
@@ -633,6 +673,7 @@ impl Supervisor {
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
+        crate::volumes::unstage(&self.dd, &self.id);
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

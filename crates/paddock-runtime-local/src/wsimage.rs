@@ -35,6 +35,9 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), RuntimeError> {
 /// inodes whose root is owned by `uid:gid`. Only the metadata takes disk space until files are
 /// written.
 pub fn create(image: &Path, bytes: u64, inodes: u64, uid: u32, gid: u32) -> Result<(), RuntimeError> {
+    // Inode tables take 256 bytes an inode: mkfs refuses more than the blocks can hold, so a
+    // small image gets one inode per 8 KiB at most (the cap is an upper bound anyway).
+    let inodes = inodes.min((bytes / 8192).max(1024));
     let file = fs::File::create(image).map_err(|e| RuntimeError::System(format!("{}: {e}", image.display())))?;
     file.set_len(bytes).map_err(|e| RuntimeError::System(format!("sizing {}: {e}", image.display())))?;
     drop(file);
@@ -57,6 +60,11 @@ pub fn create(image: &Path, bytes: u64, inodes: u64, uid: u32, gid: u32) -> Resu
 pub fn mount_private(image: &Path, at: &Path) -> Result<(), RuntimeError> {
     paddock_sys::process::unshare_mount_namespace()
         .map_err(|e| RuntimeError::System(format!("a private mount namespace for the workspace: {e}")))?;
+    mount(image, at)
+}
+
+/// Mounts `image` at `at` (made if missing) in the caller's mount namespace.
+pub fn mount(image: &Path, at: &Path) -> Result<(), RuntimeError> {
     fs::create_dir_all(at).map_err(|e| RuntimeError::System(format!("{}: {e}", at.display())))?;
     // noinit_itable: the image was made sparse with lazy_itable_init, so its inode tables read
     // as zeros already; the kernel's background zeroing would only turn tens of MiB of holes per

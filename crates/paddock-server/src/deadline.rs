@@ -205,6 +205,12 @@ impl Runtime for Deadlined {
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         within(self.d.call, || format!("reading the egress of {id}"), self.inner.egress(id)).await
     }
+    async fn volumes(&self) -> Result<Vec<paddock_core::volume::NamedVolume>, RuntimeError> {
+        within(self.d.call, || "listing the volumes".to_owned(), self.inner.volumes()).await
+    }
+    async fn delete_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        within(self.d.call, || format!("deleting volume {name}"), self.inner.delete_volume(name)).await
+    }
     async fn set_egress(
         &self,
         id: &SandboxId,

@@ -41,6 +41,8 @@ pub fn router() -> Router<AppState> {
         .route("/workspaces/{thread}/release", post(release))
         .route("/workspaces/{thread}", delete(destroy_workspace))
         .route("/capabilities", get(capabilities))
+        .route("/volumes", get(list_volumes))
+        .route("/volumes/{name}", delete(delete_volume))
         .route("/sandboxes/{id}/snapshots", any(not_served))
         .route("/snapshots", any(not_served))
         .route("/snapshots/{id}", any(not_served))
@@ -58,6 +60,18 @@ pub fn router() -> Router<AppState> {
 /// ask instead of assuming (pause, persistent workspaces, images, network modes, metrics).
 async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core::runtime::Capabilities> {
     axum::Json(state.rt.capabilities())
+}
+
+/// `GET /v1/volumes`: the named volumes the runtime keeps (OpenSandbox's `pvc` volumes).
+async fn list_volumes(State(state): State<AppState>) -> ApiResult<axum::Json<Vec<paddock_core::volume::NamedVolume>>> {
+    Ok(axum::Json(state.rt.volumes().await?))
+}
+
+/// `DELETE /v1/volumes/{name}`: deletes a named volume and its files; 409 while mounted.
+async fn delete_volume(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    paddock_core::volume::validate_volume_name(&name).map_err(|e| ApiError::bad_request(e.message))?;
+    state.rt.delete_volume(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// OpenSandbox lifecycle routes Paddock does not implement, as the paths they are served at.
@@ -119,9 +133,92 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     secure_access: bool,
     #[serde(default)]
-    volumes: Vec<Value>,
+    volumes: Vec<ApiVolume>,
     #[serde(default)]
     extensions: BTreeMap<String, String>,
+}
+
+/// OpenSandbox's `Volume`: exactly one of `host`, `pvc`, `ossfs`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApiVolume {
+    name: String,
+    mount_path: String,
+    #[serde(default)]
+    read_only: Option<bool>,
+    sub_path: Option<String>,
+    host: Option<HostVolume>,
+    pvc: Option<PvcVolume>,
+    ossfs: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostVolume {
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PvcVolume {
+    claim_name: String,
+    create_if_not_exists: Option<bool>,
+    delete_on_sandbox_termination: Option<bool>,
+    storage_class: Option<String>,
+    storage: Option<String>,
+    access_modes: Option<Vec<String>>,
+}
+
+impl ApiVolume {
+    fn mount(self) -> ApiResult<paddock_core::volume::VolumeMount> {
+        use paddock_core::volume::{VolumeMount, VolumeSource};
+        let name = self.name;
+        let source = match (self.host, self.pvc, self.ossfs) {
+            (Some(h), None, None) => VolumeSource::Host { path: h.path },
+            (None, Some(p), None) => {
+                if p.storage_class.is_some() {
+                    return Err(ApiError::bad_request(format!(
+                        "volume {name}: storageClass is not supported: named volumes have one kind of storage here; leave it out"
+                    )));
+                }
+                if let Some(modes) = &p.access_modes
+                    && let Some(m) = modes.iter().find(|m| {
+                        !["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany", "ReadWriteOncePod"].contains(&m.as_str())
+                    })
+                {
+                    return Err(ApiError::bad_request(format!("volume {name}: {m:?} is not an access mode")));
+                }
+                let size_bytes = p
+                    .storage
+                    .as_deref()
+                    .map(|s| {
+                        parse_memory(s).ok_or_else(|| {
+                            ApiError::bad_request(format!(
+                                "volume {name}: storage {s:?} is not a size such as 1Gi or 500Mi"
+                            ))
+                        })
+                    })
+                    .transpose()?;
+                VolumeSource::Named {
+                    name: p.claim_name,
+                    create: p.create_if_not_exists.unwrap_or(true),
+                    delete_with_sandbox: p.delete_on_sandbox_termination.unwrap_or(false),
+                    size_bytes,
+                }
+            }
+            (None, None, Some(_)) => return Err(unsupported("mounting OSS buckets (ossfs volumes)")),
+            _ => {
+                return Err(ApiError::bad_request(format!("volume {name}: give exactly one of host, pvc and ossfs")));
+            }
+        };
+        Ok(VolumeMount {
+            name,
+            mount_path: self.mount_path,
+            read_only: self.read_only.unwrap_or(false),
+            sub_path: self.sub_path,
+            source,
+        })
+    }
 }
 
 /// Tells an explicit `null` (`Some(None)`) from an absent field (`None`).
@@ -269,9 +366,6 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     if req.template_id.is_some() {
         return Err(unsupported("creating from a template (templateId)"));
     }
-    if !req.volumes.is_empty() {
-        return Err(unsupported("mounting volumes; use extensions.workspace for a persistent /workspace"));
-    }
     if req.lifecycle.is_some() {
         return Err(unsupported("lifecycle hooks"));
     }
@@ -370,6 +464,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     }
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     validate_metadata(&req.metadata)?;
+    spec.volumes = req.volumes.into_iter().map(ApiVolume::mount).collect::<ApiResult<_>>()?;
     spec.labels = req.metadata;
     // Marks the sandbox as the API's, so that a reconcile never adopts it while its row is
     // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
@@ -1122,8 +1217,19 @@ fn lifecycle_schemas() -> Value {
         "NetworkPolicy": {"type": "object", "additionalProperties": false, "properties": {
             "defaultAction": {"type": ["string", "null"], "enum": ["allow", "deny", null]},
             "egress": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/NetworkRule"}, "maxItems": 4096}}},
+        "Volume": {"type": "object", "required": ["name", "mountPath"], "additionalProperties": false,
+            "description": "Exactly one of host (a directory below the server's --volume-root) and pvc (a named volume, made on first use and kept until DELETE /v1/volumes/{name}); ossfs is refused.",
+            "properties": {
+                "name": {"type": "string"}, "mountPath": {"type": "string"}, "readOnly": {"type": ["boolean", "null"]},
+                "subPath": {"type": ["string", "null"]},
+                "host": {"type": ["object", "null"], "required": ["path"], "additionalProperties": false, "properties": {"path": {"type": "string"}}},
+                "pvc": {"type": ["object", "null"], "required": ["claimName"], "additionalProperties": false, "properties": {
+                    "claimName": {"type": "string"}, "createIfNotExists": {"type": ["boolean", "null"]},
+                    "deleteOnSandboxTermination": {"type": ["boolean", "null"]}, "storageClass": {"type": ["string", "null"]},
+                    "storage": {"type": ["string", "null"]}, "accessModes": {"type": ["array", "null"], "items": {"type": "string"}}}},
+                "ossfs": {}}},
         "CreateRequest": {"type": "object",
-            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, volumes, lifecycle, secureAccess) are refused with 400; networkPolicy is enforced (no policy: the server's --default-egress).",
+            "description": "OpenSandbox's create body; fields Paddock cannot honour (snapshotId, templateId, lifecycle, secureAccess, ossfs volumes) are refused with 400; networkPolicy is enforced (no policy: the server's --default-egress).",
             "properties": {
                 "image": {"type": "object", "required": ["uri"], "properties": {"uri": {"type": "string"}, "auth": {"type": "object", "required": ["username", "password"], "properties": {"username": {"type": "string"}, "password": {"type": "string"}}}}},
                 "entrypoint": {"type": "array", "items": {"type": "string"}},
@@ -1138,7 +1244,8 @@ fn lifecycle_schemas() -> Value {
                 "platform": {"type": "object", "properties": {"os": {"type": "string"}, "arch": {"type": "string"}}},
                 "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"},
                 "snapshotId": {"type": "string"}, "templateId": {"type": "string"},
-                "secureAccess": {"type": "boolean"}, "volumes": {"type": "array"}, "lifecycle": {},
+                "secureAccess": {"type": "boolean"}, "lifecycle": {},
+                "volumes": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/Volume"}},
                 "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}}}}
     })
 }
@@ -1167,11 +1274,22 @@ fn workspace_document() -> Value {
             "/workspaces/{thread}": {"delete": {
                 "summary": "Stop the thread's sandbox and delete its workspace", "parameters": [thread],
                 "responses": {"204": {"description": "Deleted"}, "404": error_ref, "401": error_ref}}},
+            "/volumes": {"get": {
+                "summary": "The named volumes the runtime keeps, their size, use and the sandboxes that mount them",
+                "responses": {"200": {"description": "Named volumes", "content": {"application/json": {"schema": {
+                    "type": "array", "items": {"type": "object", "required": ["name", "sizeBytes", "createdUnixMs", "usedBy"],
+                        "properties": {"name": {"type": "string"}, "sizeBytes": {"type": "integer"}, "usedBytes": {"type": "integer"},
+                            "createdUnixMs": {"type": "integer"}, "usedBy": {"type": "array", "items": {"type": "string"}}}}}}}},
+                    "401": error_ref, "501": error_ref}}},
+            "/volumes/{name}": {"delete": {
+                "summary": "Delete a named volume and its files (409 while a sandbox mounts it)",
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {"204": {"description": "Deleted"}, "400": error_ref, "401": error_ref, "404": error_ref, "409": error_ref, "501": error_ref}}},
             "/capabilities": {"get": {
                 "summary": "What the runtime behind this server supports",
                 "responses": {"200": {"description": "Capabilities", "content": {"application/json": {"schema": {
                     "type": "object",
-                    "required": ["runtime", "pause", "persistent_workspaces", "run_as_other_user", "images", "network", "metrics"],
+                    "required": ["runtime", "pause", "persistent_workspaces", "run_as_other_user", "images", "network", "metrics", "volumes"],
                     "properties": {
                         "runtime": {"type": "string", "description": "local or kubernetes"},
                         "pause": {"type": "boolean"},
@@ -1179,7 +1297,8 @@ fn workspace_document() -> Value {
                         "run_as_other_user": {"type": "boolean"},
                         "images": {"type": "string", "description": "the image references accepted, in words"},
                         "network": {"type": "array", "items": {"type": "string"}},
-                        "metrics": {"type": "boolean"}}}}}},
+                        "metrics": {"type": "boolean"},
+                        "volumes": {"type": "array", "items": {"type": "string"}, "description": "host, named"}}}}}},
                     "401": error_ref}}}
         },
         "components": {

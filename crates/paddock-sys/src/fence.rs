@@ -98,6 +98,36 @@ const DENIED_SYSCALLS: &[i64] = &[
 /// switches; nothing a sandboxed program needs depends on them.
 const ALLOWED_PERSONALITIES: &[u64] = &[0, 8, 0xffff_ffff];
 
+/// Syscalls that set a file's mode, and which argument holds it. A set-uid or set-gid bit is
+/// refused (EPERM) on all of them: a file a sandbox makes in a volume or workspace lives on
+/// the host, and a set-id file there is a way for whoever can run it to act as its owner.
+/// Volumes are mounted nosuid and map no privileged owner, so this is the second wall, and
+/// the one that also covers files the sandbox hands out (tarballs of its workspace). Nothing
+/// an unprivileged program does needs these bits; `chmod g+s` on a directory is refused too.
+const MODE_SETTING: &[(i64, u8)] = &[
+    #[cfg(target_arch = "x86_64")]
+    (libc::SYS_chmod, 1),
+    (libc::SYS_fchmod, 1),
+    (libc::SYS_fchmodat, 2),
+    (SYS_FCHMODAT2, 2),
+    #[cfg(target_arch = "x86_64")]
+    (libc::SYS_open, 2),
+    #[cfg(target_arch = "x86_64")]
+    (libc::SYS_creat, 1),
+    (libc::SYS_openat, 3),
+    #[cfg(target_arch = "x86_64")]
+    (libc::SYS_mknod, 1),
+    (libc::SYS_mknodat, 2),
+];
+
+/// fchmodat2 (Linux 6.6) has the same number on every architecture Paddock builds for.
+const SYS_FCHMODAT2: i64 = 452;
+
+/// Syscalls whose arguments live in memory seccomp cannot read: they fail with ENOSYS, which
+/// makes libc fall back to the older call whose arguments the filter checks (clone3 to clone,
+/// openat2 to openat).
+const OPAQUE_ARGUMENTS: &[i64] = &[libc::SYS_clone3, libc::SYS_openat2];
+
 /// Socket families a sandbox never needs that carry a large, bug-prone kernel surface.
 const DENIED_SOCKET_FAMILIES: &[u64] =
     &[libc::AF_ALG as u64, libc::AF_KEY as u64, libc::AF_PACKET as u64, libc::AF_VSOCK as u64];
@@ -123,8 +153,7 @@ pub struct SeccompProgram {
     /// EPERM for the denied syscalls, namespace-creating clones, terminal injection and
     /// personality flags.
     deny: BpfProgram,
-    /// ENOSYS for clone3: its flags live in memory that seccomp cannot inspect, and ENOSYS makes
-    /// libc fall back to clone, whose flags the other filter checks.
+    /// ENOSYS for clone3 and openat2 (see [`OPAQUE_ARGUMENTS`]).
     clone3: BpfProgram,
     /// ENOSYS for syscall numbers of other ABIs (x32).
     abi: BpfProgram,
@@ -164,6 +193,14 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
             .collect()
     };
     rules.insert(libc::SYS_ioctl, any_of(1, DENIED_IOCTLS)?);
+    for (nr, arg) in MODE_SETTING {
+        let bit = |b: u64| {
+            SeccompCondition::new(*arg, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(b), b)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(seccomp_err)
+        };
+        rules.insert(*nr, vec![bit(libc::S_ISUID as u64)?, bit(libc::S_ISGID as u64)?]);
+    }
     rules.insert(libc::SYS_socket, any_of(0, DENIED_SOCKET_FAMILIES)?);
     // One rule whose conditions all hold (the value is none of the allowed ones). The kernel
     // takes the argument as an unsigned int, so the low 32 bits are what counts.
@@ -175,7 +212,7 @@ pub fn compile_seccomp() -> Result<SeccompProgram> {
     let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
         .map_err(seccomp_err)?;
     let clone3 = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        OPAQUE_ARGUMENTS.iter().map(|nr| (*nr, Vec::new())).collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch(),

@@ -12,11 +12,33 @@ use crate::{Result, SysError};
 ///
 /// Must be called by a process that is privileged over the parent namespace (the supervisor).
 pub fn write_id_maps(pid: u32, inside: (u32, u32), host: (u32, u32)) -> Result<()> {
+    write_maps(pid, &[(inside.0, host.0)], &[(inside.1, host.1)])
+}
+
+/// Like [`write_id_maps`], and also maps `nobody` inside (uid and gid 65534) to the host ids
+/// `nobody_host`, so files can be given to nobody (a host identity no process of the sandbox
+/// runs as, and that none can become: it holds no capability to change its ids). Skipped for
+/// a sandbox user that is 65534 itself.
+pub fn write_id_maps_with_nobody(
+    pid: u32,
+    inside: (u32, u32),
+    host: (u32, u32),
+    nobody_host: (u32, u32),
+) -> Result<()> {
+    const NOBODY: u32 = 65534;
+    if inside.0 == NOBODY || inside.1 == NOBODY {
+        return write_id_maps(pid, inside, host);
+    }
+    write_maps(pid, &[(inside.0, host.0), (NOBODY, nobody_host.0)], &[(inside.1, host.1), (NOBODY, nobody_host.1)])
+}
+
+fn write_maps(pid: u32, uids: &[(u32, u32)], gids: &[(u32, u32)]) -> Result<()> {
+    let lines = |m: &[(u32, u32)]| m.iter().map(|(i, h)| format!("{i} {h} 1\n")).collect::<String>();
     let base = format!("/proc/{pid}");
     let uid_map = format!("{base}/uid_map");
-    fs::write(&uid_map, format!("{} {} 1\n", inside.0, host.0)).map_err(|e| SysError::path("write", uid_map, e))?;
+    fs::write(&uid_map, lines(uids)).map_err(|e| SysError::path("write", uid_map, e))?;
     let gid_map = format!("{base}/gid_map");
-    fs::write(&gid_map, format!("{} {} 1\n", inside.1, host.1)).map_err(|e| SysError::path("write", gid_map, e))
+    fs::write(&gid_map, lines(gids)).map_err(|e| SysError::path("write", gid_map, e))
 }
 
 /// Becomes `uid:gid` with no supplementary groups and no capabilities in any set, with an empty

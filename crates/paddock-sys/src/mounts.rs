@@ -47,6 +47,22 @@ pub struct RootPlan {
     /// The source's top-level entries stay writable (an image root whose writes go to the
     /// sandbox's own overlay layer); otherwise everything from the source is read-only.
     pub writable_root: bool,
+    /// Volumes bound into the view, each from a mount the supervisor staged.
+    pub volumes: Vec<VolumeBind>,
+    /// Top-level names shown as a small read-only tmpfs holding only the volumes' mount
+    /// points, instead of the source's entry of that name (an empty or missing one).
+    pub shadowed: Vec<std::ffi::OsString>,
+}
+
+/// A volume in the sandbox's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeBind {
+    /// The staged mount (already nosuid, nodev, idmapped and read-only as it should be), as
+    /// a path in the supervisor's mount namespace.
+    pub staged: PathBuf,
+    /// Where it appears inside the sandbox (absolute).
+    pub target: PathBuf,
+    pub read_only: bool,
 }
 
 /// What is mounted read-write at `/workspace`.
@@ -71,6 +87,14 @@ enum Entry {
     Dir(std::ffi::OsString),
     File(std::ffi::OsString),
     Symlink(std::ffi::OsString, PathBuf),
+}
+
+impl Entry {
+    fn name(&self) -> &std::ffi::OsStr {
+        match self {
+            Entry::Dir(n) | Entry::File(n) | Entry::Symlink(n, _) => n,
+        }
+    }
 }
 
 /// The top-level entries of `source` the skeleton mirrors, sorted.
@@ -109,9 +133,18 @@ const SKELETON_LAYOUT: u32 = 1;
 /// largest part of a create and destroy (about 40 directory operations on the data directory's
 /// filesystem, journalled). A source whose top level changes gets a skeleton of its own, under
 /// another name; skeletons are never removed, since running sandboxes have mounts on them.
-pub fn shared_skeleton(store: &Path, source: &Path) -> Result<PathBuf> {
+///
+/// `extra` names top-level directories the source lacks that the sandbox needs as mount points
+/// (volumes mounted at a new top-level path).
+pub fn shared_skeleton(store: &Path, source: &Path, extra: &[std::ffi::OsString]) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
-    let entries = source_entries(source)?;
+    let mut entries = source_entries(source)?;
+    for name in extra {
+        if !entries.iter().any(|e| e.name() == name) {
+            entries.push(Entry::Dir(name.clone()));
+        }
+    }
+    entries.sort();
     // Two differently seeded 64-bit hashes: a collision would only give a sandbox the wrong
     // mount points (a create that fails, or a top-level entry left out), never more access.
     let digest = |seed: u64| {
@@ -191,7 +224,7 @@ impl RootPlan {
         for entry in entries {
             let entry = entry.map_err(|e| SysError::path("list", &self.skeleton, e))?;
             let name = entry.file_name();
-            if NEVER_BOUND.iter().any(|n| name == *n) {
+            if NEVER_BOUND.iter().any(|n| name == *n) || self.shadowed.contains(&name) {
                 continue;
             }
             let ft = entry.file_type().map_err(|e| SysError::path("stat", entry.path(), e))?;
@@ -284,6 +317,7 @@ impl RootPlan {
                 nosuid_nodev,
             )?,
         }
+        self.mount_volumes()?;
         mount_fs("proc", &sk.join("proc"), "proc", nosuid_nodev | MountFlags::NOEXEC, "")?;
         // sysfs can only be mounted when the kernel sees the host's one fully; without it the
         // sandbox simply has an empty /sys.
@@ -295,6 +329,37 @@ impl RootPlan {
         rustix::process::pivot_root(".", ".").map_err(|e| SysError::path("pivot_root", sk, e))?;
         rustix::mount::unmount(".", UnmountFlags::DETACH).map_err(|e| SysError::call("detach old root", e))?;
         rustix::process::chdir("/").map_err(|e| SysError::call("chdir /", e))?;
+        Ok(())
+    }
+}
+
+impl RootPlan {
+    /// The volumes' mount points that take writes, as paths inside the sandbox: where Landlock
+    /// must allow them.
+    pub fn writable_volumes(&self) -> Vec<PathBuf> {
+        self.volumes.iter().filter(|v| !v.read_only).map(|v| v.target.clone()).collect()
+    }
+
+    /// Makes the shadowed top-level directories and binds the staged volumes, after the
+    /// read-only pass (a read-write volume stays writable; each staged mount carries its own
+    /// flags, which a bind keeps and this user namespace cannot clear).
+    fn mount_volumes(&self) -> Result<()> {
+        let sk = &self.skeleton;
+        for name in &self.shadowed {
+            let at = sk.join(name);
+            mount_tmpfs(&at, "size=64k,nr_inodes=256,mode=0755", MountFlags::NOSUID | MountFlags::NODEV)?;
+            for v in &self.volumes {
+                let Ok(rel) = v.target.strip_prefix("/") else { continue };
+                if rel.starts_with(name) {
+                    fs::create_dir_all(sk.join(rel)).map_err(|e| SysError::path("mkdir", &v.target, e))?;
+                }
+            }
+            remount_bind(&at, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV)?;
+        }
+        for v in &self.volumes {
+            let rel = v.target.strip_prefix("/").unwrap_or(&v.target);
+            bind(&v.staged, &sk.join(rel), false)?;
+        }
         Ok(())
     }
 }
@@ -410,6 +475,8 @@ mod tests {
             tmp_bytes: 1 << 20,
             shm_bytes: 1 << 20,
             writable_root: false,
+            volumes: Vec::new(),
+            shadowed: Vec::new(),
         };
         plan.prepare_skeleton().unwrap();
         let sk = &plan.skeleton;
@@ -434,17 +501,17 @@ mod tests {
             fs::create_dir_all(root.join("usr/lib")).unwrap();
             symlink("usr/lib", root.join("lib")).unwrap();
         }
-        let first = shared_skeleton(&store, &a).unwrap();
+        let first = shared_skeleton(&store, &a, &[]).unwrap();
         assert!(first.join("usr").is_dir() && first.join("dev/pts").is_dir());
         assert_eq!(fs::read_link(first.join("lib")).unwrap(), Path::new("usr/lib"));
-        assert_eq!(shared_skeleton(&store, &b).unwrap(), first, "same top level, same skeleton");
+        assert_eq!(shared_skeleton(&store, &b, &[]).unwrap(), first, "same top level, same skeleton");
         fs::create_dir(b.join("opt")).unwrap();
-        let second = shared_skeleton(&store, &b).unwrap();
+        let second = shared_skeleton(&store, &b, &[]).unwrap();
         assert_ne!(second, first, "a changed top level gets a skeleton of its own");
         assert!(second.join("opt").is_dir() && !first.join("opt").exists());
         fs::remove_file(b.join("lib")).unwrap();
         symlink("usr", b.join("lib")).unwrap();
-        assert_ne!(shared_skeleton(&store, &b).unwrap(), second, "a symlink's target is part of the listing");
+        assert_ne!(shared_skeleton(&store, &b, &[]).unwrap(), second, "a symlink's target is part of the listing");
         assert_eq!(fs::read_dir(&store).unwrap().count(), 3, "nothing half-built is left behind");
     }
 }

@@ -17,7 +17,7 @@
 //! mount namespace, which the sandbox's init copies when it is cloned.
 
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
@@ -143,16 +143,40 @@ pub fn attach_idmapped(layer: &Path, at: &Path, userns: &OwnedFd) -> Result<()> 
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map_err(|e| SysError::path("open layer", what(), e))?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    mount_setattr(tree.as_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint, &attr)
-        .map_err(|e| SysError::path("idmap layer (mount_setattr, Linux >= 5.12)", what(), e))?;
+    attach(tree, at, Some(userns), true).map_err(|e| SysError::path("attach layer", what(), e))
+}
+
+/// A detached copy of the mount at directory `dir` (an `O_PATH` descriptor, so no path is
+/// resolved again), for [`attach_tree`]. Only that one mount is copied, none mounted below it.
+/// Made in the mount namespace `dir` was opened in; attachable in another one later.
+pub fn clone_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd> {
+    rustix::mount::open_tree(
+        dir,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
+    )
+    .map_err(|e| SysError::call("open_tree", e))
+}
+
+/// Mounts detached `tree` at `at`: nosuid and nodev, read-only when asked, with its ids
+/// mapped through `userns` when given.
+pub fn attach_tree(tree: OwnedFd, at: &Path, userns: Option<&OwnedFd>, read_only: bool) -> Result<()> {
+    attach(tree, at, userns, read_only).map_err(|e| SysError::path("attach mount", at, e))
+}
+
+fn attach(tree: OwnedFd, at: &Path, userns: Option<&OwnedFd>, read_only: bool) -> std::io::Result<()> {
+    let mut attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if read_only {
+        attr_set |= MOUNT_ATTR_RDONLY;
+    }
+    if userns.is_some() {
+        attr_set |= MOUNT_ATTR_IDMAP;
+    }
+    let attr =
+        MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64) };
+    mount_setattr(tree.as_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint, &attr)?;
     rustix::mount::move_mount(&tree, "", rustix::fs::CWD, at, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-        .map_err(|e| SysError::path("attach layer", what(), e))
+        .map_err(std::io::Error::from)
 }
 
 #[repr(C)]

@@ -131,6 +131,9 @@ pub enum Command {
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
+    /// Named volumes that sandboxes mount with `--volume NAME:/path`: ls, rm.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// OCI images for sandbox roots: pull, ls, rm, prune, import.
     Image(crate::image_cmd::ImageArgs),
     /// Kubernetes: mark workspace PVCs no Pod uses, clear the mark of used ones, and delete
@@ -170,6 +173,14 @@ pub enum WorkspaceCommand {
     Rm { thread: String },
     /// Show the on-disk name of a thread's workspace.
     Name { thread: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// List the named volumes, their size and the sandboxes that mount them.
+    Ls,
+    /// Delete a named volume and its files (refused while a sandbox mounts it).
+    Rm { name: String },
 }
 
 #[derive(Debug, Args)]
@@ -220,6 +231,56 @@ pub struct SandboxOpts {
     /// names; repeatable).
     #[arg(long = "deny-net", value_name = "TARGET")]
     deny_net: Vec<String>,
+    /// Mount a volume: `/host/dir:/path` (a host directory below a --volume-root) or
+    /// `NAME[/subdir]:/path` (a named volume, made on first use and kept until `paddock volume
+    /// rm`); add `:ro` for read-only. Repeatable.
+    #[arg(long = "volume", short = 'v', value_name = "SRC:DEST[:ro]", value_parser = parse_volume)]
+    volumes: Vec<VolumeArg>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VolumeArg {
+    source: String,
+    target: String,
+    read_only: bool,
+}
+
+fn parse_volume(s: &str) -> Result<VolumeArg, String> {
+    let mut parts = s.split(':');
+    let (Some(source), Some(target)) = (parts.next(), parts.next()) else {
+        return Err(format!("{s:?} is not SRC:DEST[:ro]"));
+    };
+    let read_only = match parts.next() {
+        None | Some("rw") => false,
+        Some("ro") => true,
+        Some(o) => return Err(format!("{o:?} is not a volume option: say ro or rw")),
+    };
+    if parts.next().is_some() || source.is_empty() || target.is_empty() {
+        return Err(format!("{s:?} is not SRC:DEST[:ro]"));
+    }
+    Ok(VolumeArg { source: source.into(), target: target.into(), read_only })
+}
+
+impl VolumeArg {
+    fn mount(&self, i: usize) -> paddock_core::volume::VolumeMount {
+        use paddock_core::volume::{VolumeMount, VolumeSource};
+        let (source, sub_path) = if self.source.starts_with('/') {
+            (VolumeSource::Host { path: self.source.clone() }, None)
+        } else {
+            let (name, sub) = match self.source.split_once('/') {
+                Some((n, s)) => (n, Some(s.to_owned())),
+                None => (self.source.as_str(), None),
+            };
+            (VolumeSource::Named { name: name.into(), create: true, delete_with_sandbox: false, size_bytes: None }, sub)
+        };
+        VolumeMount {
+            name: format!("v{i}"),
+            mount_path: self.target.clone(),
+            read_only: self.read_only,
+            sub_path,
+            source,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +354,7 @@ impl SandboxOpts {
         }
         spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
         spec.network = self.network();
+        spec.volumes = self.volumes.iter().enumerate().map(|(i, v)| v.mount(i)).collect();
         spec.validate().map_err(|e| anyhow!("--{e}"))?;
         let thread =
             self.workspace.as_deref().map(|t| ThreadId::new(t).map_err(|e| anyhow!("--workspace: {e}"))).transpose()?;
@@ -515,6 +577,15 @@ pub async fn run(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,
+        Command::Volume(VolumeCommand::Ls) => {
+            output::volumes(&rt.volumes().await?, json);
+            Ok(0)
+        }
+        Command::Volume(VolumeCommand::Rm { name }) => {
+            rt.delete_volume(&name).await?;
+            output::line(json, "deleted", &name);
+            Ok(0)
+        }
         Command::Supervise { .. } | Command::EgressEnforcer { .. } => {
             unreachable!("dispatched in main before the async runtime starts")
         }

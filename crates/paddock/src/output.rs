@@ -58,6 +58,26 @@ pub fn egress(s: &paddock_core::egress::EgressStatus, json: bool) {
     }
 }
 
+pub fn volumes(volumes: &[paddock_core::volume::NamedVolume], json: bool) {
+    if json {
+        print_json(&volumes);
+        return;
+    }
+    println!("{:<32} {:<8} {:<8} {:<14} USED BY", "NAME", "SIZE", "USED", "CREATED");
+    for v in volumes {
+        let used = v.used_bytes.map_or("-".to_owned(), paddock_core::units::format_bytes);
+        let by = v.used_by.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        println!(
+            "{:<32} {:<8} {:<8} {:<14} {}",
+            v.name,
+            paddock_core::units::format_bytes(v.size_bytes),
+            used,
+            ago(v.created_unix_ms),
+            if by.is_empty() { "-" } else { &by }
+        );
+    }
+}
+
 pub fn list(infos: &[SandboxInfo], json: bool) {
     if json {
         print_json(&infos);

@@ -37,6 +37,16 @@ pub struct RuntimeOpts {
     pub images: ImageOpts,
     #[command(flatten)]
     pub egress: EgressOpts,
+    /// Let sandboxes mount host directories below DIR (OpenSandbox's `host` volumes; local
+    /// runtime). Without one, host paths are refused. Repeatable.
+    #[arg(
+        long = "volume-root",
+        global = true,
+        value_name = "DIR",
+        env = "PADDOCK_VOLUME_ROOTS",
+        value_delimiter = ':'
+    )]
+    pub volume_roots: Vec<std::path::PathBuf>,
 }
 
 /// What no sandbox may reach, whatever its policy (local runtime).
@@ -381,7 +391,8 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
             Ok(Arc::new(
                 paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?
                     .with_images(opts.images.options())
-                    .with_egress(opts.egress.options()),
+                    .with_egress(opts.egress.options())
+                    .with_volumes(paddock_runtime_local::VolumeOptions::new(&opts.volume_roots)?),
             ))
         }
         RuntimeKind::Kubernetes => {

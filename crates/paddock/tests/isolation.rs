@@ -367,11 +367,15 @@ async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
     hog.wait().await.unwrap();
 }
 
-/// The host uid a sandbox's own uid maps to, from its `/proc/self/uid_map`.
+/// The host uid a sandbox's own uid maps to, from its `/proc/self/uid_map`: the sandbox user
+/// to its own identity and nobody to Paddock's nobody, one id each, and nothing else.
 async fn host_uid_of(env: &Env, id: &paddock_core::runtime::SandboxId) -> u32 {
     let out = sh(&env.rt, id, "cat /proc/self/uid_map").await;
     let fields: Vec<&str> = out.stdout.split_whitespace().collect();
-    assert_eq!((fields.len(), fields.first().copied()), (3, Some("1000")), "one uid is mapped: {}", out.stdout);
+    let nobody = paddock_runtime_local::identity::NOBODY.to_string();
+    assert_eq!(fields.len(), 6, "two uids are mapped: {}", out.stdout);
+    assert_eq!((fields[0], fields[2]), ("1000", "1"), "{}", out.stdout);
+    assert_eq!(&fields[3..], ["65534", nobody.as_str(), "1"], "{}", out.stdout);
     fields[1].parse().unwrap()
 }
 
@@ -420,10 +424,12 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     common::assert_confined(&env.rt, &ws.id).await;
     let scratch = env.confined(uncapped()).await;
     let first = host_uid_of(&env, &ws.id).await;
-    // Files the sandboxes make world-readable, and a set-uid copy of a shell.
+    // Files the sandboxes make world-readable, and a copy of a shell they try to make set-uid
+    // (seccomp refuses the bit, so it stays a plain executable).
     for id in [&ws.id, &scratch] {
-        let out = sh(&env.rt, id, "echo secret > /workspace/s && chmod 644 /workspace/s && chmod 755 /workspace && cp /bin/sh /workspace/suid && chmod 4755 /workspace/suid && stat -c %a /workspace/suid").await;
-        assert_eq!(out.stdout, "4755\n", "{}", out.stderr);
+        let out = sh(&env.rt, id, "echo secret > /workspace/s && chmod 644 /workspace/s && chmod 755 /workspace && cp /bin/sh /workspace/suid && chmod 755 /workspace/suid && { chmod 4755 /workspace/suid; stat -c %a /workspace/suid; }").await;
+        assert_eq!(out.stdout, "755\n", "{}", out.stderr);
+        assert!(out.stderr.contains("Operation not permitted"), "{}", out.stderr);
     }
     let name = ws.workspace.as_ref().unwrap().name.clone();
     let targets = [

@@ -178,7 +178,9 @@ async fn pause_freezes_and_resume_continues_with_memory_intact() {
     let env = Env::new();
     let id = env.confined(SandboxSpec::default()).await;
     // A counter that keeps its state in memory and reports it to a file.
-    let script = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done";
+    // Renamed into place, so a read never sees the file between truncation and write.
+    let script =
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done";
     let process = env.rt.exec(&id, ExecRequest::shell(script)).await.unwrap();
     let mut counter = process.control;
     tokio::time::sleep(Duration::from_millis(300)).await;

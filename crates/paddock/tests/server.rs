@@ -196,7 +196,21 @@ fn bad_input_gets_a_clear_4xx_never_a_5xx() {
         (r#"{"image":{"uri":"host"},"networkPolicy":{"defaultAction":"maybe"}}"#, "unknown variant"),
         (r#"{"image":{"uri":"host"},"metadata":{"bad key":"v"}}"#, "label"),
         (r#"{"image":{"uri":"host"},"env":{"1BAD":"x"}}"#, "variable name"),
-        (r#"{"image":{"uri":"host"},"volumes":[{"name":"v"}]}"#, "not supported"),
+        (r#"{"image":{"uri":"host"},"volumes":[{"name":"v"}]}"#, "mountPath"),
+        (
+            r#"{"image":{"uri":"host"},"volumes":[{"name":"v","mountPath":"/mnt/v","host":{"path":"/srv"}}]}"#,
+            "--volume-root",
+        ),
+        (
+            r#"{"image":{"uri":"host"},"volumes":[{"name":"v","mountPath":"/mnt/v","ossfs":{"bucket":"b"}}]}"#,
+            "not supported",
+        ),
+        (r#"{"image":{"uri":"host"},"volumes":[{"name":"v","mountPath":"/proc/v","pvc":{"claimName":"c"}}]}"#, "/proc"),
+        (
+            r#"{"image":{"uri":"host"},"volumes":[{"name":"v","mountPath":"/mnt/v","pvc":{"claimName":"../c"}}]}"#,
+            "volume name",
+        ),
+        (r#"{"image":{"uri":"host"},"volumes":[{"name":"v","mountPath":"/mnt/v"}]}"#, "exactly one"),
         (r#"{"image":{"uri":"host"},"extensions":{"workspace":""}}"#, "empty"),
     ];
     for (body, mention) in cases {

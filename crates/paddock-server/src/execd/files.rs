@@ -11,7 +11,7 @@ use axum::extract::multipart::{Field, MultipartRejection};
 use axum::extract::{Multipart, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileReply, FileStat, RuntimeError, SandboxId};
+use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileOwner, FileReply, FileStat, RuntimeError, SandboxId};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -120,28 +120,57 @@ async fn names(state: &AppState, sandbox: &SandboxId) -> Arc<Names> {
     names
 }
 
-/// Owner and group can only stay what they are: every file a sandbox writes belongs to its user.
-async fn check_ownership(
+/// Owners a file can be given through the API, from the names (or ids) a request gives:
+/// the sandbox's user and group, or `nobody` / `nogroup` (65534). `None` when neither is asked.
+async fn wanted_owner(
     state: &AppState,
     sandbox: &SandboxId,
     owner: Option<&str>,
     group: Option<&str>,
-) -> ApiResult<()> {
+) -> ApiResult<Option<(Option<FileOwner>, Option<FileOwner>)>> {
+    const NOBODY: u32 = 65534;
     let (owner, group) = (owner.filter(|s| !s.is_empty()), group.filter(|s| !s.is_empty()));
     if owner.is_none() && group.is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let user = state.rt.get(sandbox).await?.spec.user;
     let names = names(state, sandbox).await;
-    let is = |given: Option<&str>, id: u32, name: String| given.is_none_or(|g| g == name || g.parse() == Ok(id));
-    if is(owner, user.uid, names.user(user.uid)) && is(group, user.gid, names.group(user.gid)) {
-        return Ok(());
+    let refuse = || {
+        not_supported(format!(
+            "files can belong to the sandbox user ({}:{}) or to nobody ({}:{}) only: no other user exists in the sandbox",
+            names.user(user.uid),
+            names.group(user.gid),
+            names.user(NOBODY),
+            names.group(NOBODY)
+        ))
+    };
+    let is = |given: &str, id: u32, name: String| given == name || given.parse() == Ok(id);
+    let user_owner = match owner {
+        None => None,
+        Some(o) if is(o, user.uid, names.user(user.uid)) => Some(FileOwner::SandboxUser),
+        Some(o) if is(o, NOBODY, names.user(NOBODY)) || o == "nobody" => Some(FileOwner::Nobody),
+        Some(_) => return Err(refuse()),
+    };
+    let group_owner = match group {
+        None => None,
+        Some(g) if is(g, user.gid, names.group(user.gid)) => Some(FileOwner::SandboxUser),
+        Some(g) if is(g, NOBODY, names.group(NOBODY)) || g == "nogroup" || g == "nobody" => Some(FileOwner::Nobody),
+        Some(_) => return Err(refuse()),
+    };
+    Ok(Some((user_owner, group_owner)))
+}
+
+/// Gives `path` the owners [`wanted_owner`] found, if any.
+async fn apply_owner(
+    state: &AppState,
+    sandbox: &SandboxId,
+    path: &str,
+    wanted: Option<(Option<FileOwner>, Option<FileOwner>)>,
+) -> ApiResult<()> {
+    if let Some((user, group)) = wanted {
+        run_op(state, sandbox, FileOp::Chown { path: path.to_owned(), user, group }).await?;
     }
-    Err(not_supported(format!(
-        "changing a file's owner or group is not supported: files belong to the sandbox user ({}:{})",
-        names.user(user.uid),
-        names.group(user.gid)
-    )))
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -274,11 +303,18 @@ pub async fn chmod(State(state): State<AppState>, Path(params): Params, body: By
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 644}}"#)?;
     for (path, p) in request {
         let mode = mode_of(&p)?;
-        check_ownership(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
+        let owner = wanted_owner(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
+        // The mode is changed as the sandbox user: a file of nobody's is taken back first,
+        // then given to whom the request says.
+        if owner.is_some() && mode.is_some() {
+            let mine = Some((Some(FileOwner::SandboxUser), Some(FileOwner::SandboxUser)));
+            apply_owner(&state, &sandbox, &path, mine).await?;
+        }
         match mode {
-            Some(mode) => run_op(&state, &sandbox, FileOp::Chmod { path, mode }).await?,
+            Some(mode) => run_op(&state, &sandbox, FileOp::Chmod { path: path.clone(), mode }).await?,
             None => drop(stat(&state, &sandbox, &path).await?),
         }
+        apply_owner(&state, &sandbox, &path, owner).await?;
     }
     Ok(StatusCode::OK)
 }
@@ -289,12 +325,13 @@ pub async fn make_dirs(State(state): State<AppState>, Path(params): Params, body
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 755}}"#)?;
     for (path, p) in request {
         let mode = mode_of(&p)?;
-        check_ownership(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
+        let owner = wanted_owner(&state, &sandbox, p.owner.as_deref(), p.group.as_deref()).await?;
         match stat_opt(&state, &sandbox, &path).await? {
             Some(s) if s.kind == FileKind::Dir => {}
             Some(_) => return Err(ApiError::conflict(format!("{path} exists and is not a directory"))),
-            None => run_op(&state, &sandbox, FileOp::Mkdir { path, mode }).await?,
+            None => run_op(&state, &sandbox, FileOp::Mkdir { path: path.clone(), mode }).await?,
         }
+        apply_owner(&state, &sandbox, &path, owner).await?;
     }
     Ok(StatusCode::OK)
 }
@@ -795,9 +832,10 @@ pub async fn upload(
                     upload_error("INVALID_FILE_METADATA", "metadata path is empty: give the file's path in the sandbox")
                 })?;
                 let mode = parse_mode(meta.mode.unwrap_or(0)).map_err(|m| upload_error("INVALID_FILE_METADATA", m))?;
-                check_ownership(&state, &sandbox, meta.owner.as_deref(), meta.group.as_deref()).await?;
+                let owner = wanted_owner(&state, &sandbox, meta.owner.as_deref(), meta.group.as_deref()).await?;
                 received +=
                     store_upload(&state, &sandbox, &path, mode, &mut field, limit.saturating_sub(received)).await?;
+                apply_owner(&state, &sandbox, &path, owner).await?;
                 files += 1;
             }
             // Parts execd does not know are skipped.

@@ -1,0 +1,80 @@
+//! Giving a sandbox's files to `nobody`, and back (`FileOp::Chown`).
+//!
+//! No process in a sandbox can change a file's owner: it holds no capability. The supervisor,
+//! host root, does it for the file API, and only between the two owners that exist for that:
+//! the sandbox's own host identity and [`identity::NOBODY`], which the sandbox's user namespace
+//! shows as 65534. It reaches the file through the sandbox's own root (`/proc/<init>/root`,
+//! resolved in that root, never through a symlink out of it) and changes a file only when it
+//! already belongs to one of the two, so it can never take over a file of the host, of an
+//! image or of a host directory the sandbox merely mounts.
+
+use std::os::fd::OwnedFd;
+
+use paddock_core::runtime::{FileErrorKind, FileOwner, FileReply, RuntimeError};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+
+use crate::identity;
+
+fn file_err(kind: FileErrorKind, message: String) -> RuntimeError {
+    RuntimeError::File { kind, message }
+}
+
+/// Changes the owner and group of `path` (inside the sandbox whose init is `init_pid` and
+/// whose host identity is `host`) as asked.
+pub fn chown(
+    init_pid: u32,
+    host: (u32, u32),
+    path: &str,
+    user: Option<FileOwner>,
+    group: Option<FileOwner>,
+) -> Result<FileReply, RuntimeError> {
+    let inside = crate::fileops::resolve(path)?;
+    let shown = inside.display().to_string();
+    let root: OwnedFd = rustix::fs::open(
+        format!("/proc/{init_pid}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| RuntimeError::from_io("opening the sandbox's root", &e.into()))?;
+    let rel = inside.strip_prefix("/").unwrap_or(&inside);
+    let rel = if rel.as_os_str().is_empty() { std::path::Path::new(".") } else { rel };
+    let fd = rustix::fs::openat2(
+        &root,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => file_err(FileErrorKind::NotFound, format!("chown {shown}: no such file")),
+        rustix::io::Errno::NOTDIR => file_err(FileErrorKind::NotADirectory, format!("chown {shown}: not a directory")),
+        e => file_err(FileErrorKind::Other, format!("chown {shown}: {e}")),
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| file_err(FileErrorKind::Other, format!("chown {shown}: {e}")))?;
+    let own = |id: u32, mine: u32| id == mine || id == identity::NOBODY;
+    if !own(st.st_uid, host.0) || !own(st.st_gid, host.1) {
+        return Err(file_err(
+            FileErrorKind::PermissionDenied,
+            format!("chown {shown}: only files of the sandbox user (or already nobody's) can change owner"),
+        ));
+    }
+    let pick = |o: Option<FileOwner>, mine: u32| {
+        o.map(|o| match o {
+            FileOwner::SandboxUser => mine,
+            FileOwner::Nobody => identity::NOBODY,
+        })
+    };
+    let uid = pick(user, host.0).map(rustix::fs::Uid::from_raw);
+    let gid = pick(group, host.1).map(rustix::fs::Gid::from_raw);
+    rustix::fs::chownat(&fd, "", uid, gid, AtFlags::EMPTY_PATH).map_err(|e| match e {
+        rustix::io::Errno::ROFS => {
+            file_err(FileErrorKind::PermissionDenied, format!("chown {shown}: read-only file system"))
+        }
+        rustix::io::Errno::OVERFLOW | rustix::io::Errno::INVAL => file_err(
+            FileErrorKind::PermissionDenied,
+            format!("chown {shown}: this filesystem (a volume) keeps its own owner: nobody cannot own files here"),
+        ),
+        e => file_err(FileErrorKind::Other, format!("chown {shown}: {e}")),
+    })?;
+    Ok(FileReply::Done)
+}
