@@ -37,6 +37,7 @@ use paddock_core::runtime::{
     SandboxInfo, SandboxMetrics,
 };
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef, command_env};
+use paddock_core::volume::VolumeSource;
 use tokio::io::AsyncReadExt;
 
 use crate::objects::{Names, PodPhase, Shape};
@@ -310,10 +311,27 @@ impl KubeRuntime {
     /// Validates a spec and fills in what the runtime decides: the image.
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
-        if !spec.volumes.is_empty() {
-            return Err(RuntimeError::Unsupported(
-                "volumes are not supported on the Kubernetes runtime yet: use a thread's workspace (extensions.workspace) for files that outlive a sandbox".into(),
-            ));
+        for v in &spec.volumes {
+            match &v.source {
+                VolumeSource::Host { .. } => {
+                    return Err(RuntimeError::Unsupported(format!(
+                        "volume {}: host paths are not mounted on Kubernetes (a node's directories are not the sandbox's): use a named volume (pvc)",
+                        v.name
+                    )));
+                }
+                VolumeSource::Named { delete_with_sandbox: true, name, .. } => {
+                    return Err(RuntimeError::Unsupported(format!(
+                        "volume {}: deleteOnSandboxTermination is not supported: named volumes are kept until `paddock volume rm {name}` or DELETE /v1/volumes/{name}",
+                        v.name
+                    )));
+                }
+                VolumeSource::Named { .. } if self.config.model == SandboxModel::Claim => {
+                    return Err(RuntimeError::Unsupported(
+                        "volumes are not supported with --model claim (a warm pool's Pods come from its template): use the keeper model".into(),
+                    ));
+                }
+                VolumeSource::Named { .. } => {}
+            }
         }
         // Exhaustive on purpose: a new network mode must be handled here before it compiles.
         match &spec.network {
@@ -400,6 +418,54 @@ impl KubeRuntime {
             }
             Err(e) => Err(api_error(&format!("creating workspace PVC {name}"), e)),
         }
+    }
+
+    /// Makes the named volumes `spec` mounts that do not exist yet (where it may), and refuses
+    /// claims that are not volumes a sandbox may mount: a thread's workspace is its own.
+    async fn ensure_volumes(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        for v in &spec.volumes {
+            let VolumeSource::Named { name, create, size_bytes, .. } = &v.source else { continue };
+            match self.claims.get_opt(name).await.map_err(|e| api_error("reading a volume's PVC", e))? {
+                Some(c) => {
+                    let labels = c.metadata.labels.unwrap_or_default();
+                    if labels.contains_key(objects::THREAD_HASH_LABEL) {
+                        return Err(RuntimeError::InvalidArgument(format!(
+                            "volume {}: PVC {name} is a thread's workspace, which only that thread's sandbox mounts: name another volume",
+                            v.name
+                        )));
+                    }
+                    if c.metadata.deletion_timestamp.is_some() {
+                        return Err(RuntimeError::Conflict(format!(
+                            "volume {}: PVC {name} is being deleted: try again once it is gone",
+                            v.name
+                        )));
+                    }
+                }
+                None if !create => {
+                    return Err(RuntimeError::NotFound(format!(
+                        "volume {}: named volume {name} does not exist: create it (createIfNotExists) or see `paddock volume ls`",
+                        v.name
+                    )));
+                }
+                None => {
+                    let bytes =
+                        size_bytes.or(spec.resources.workspace_bytes).unwrap_or(self.config.workspace_default_bytes);
+                    let pvc = objects::named_volume_pvc(
+                        &self.config.namespace,
+                        name,
+                        bytes,
+                        self.config.storage_class.as_deref(),
+                    )
+                    .map_err(|e| RuntimeError::System(format!("building PVC {name}: {e}")))?;
+                    match self.claims.create(&PostParams::default(), &pvc).await {
+                        Ok(_) => {}
+                        Err(e) if is_code(&e, 409) => {}
+                        Err(e) => return Err(api_error(&format!("creating volume PVC {name}"), e)),
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn ensure_policy(&self, id: &SandboxId, names: &Names, spec: &SandboxSpec) -> Result<(), RuntimeError> {
@@ -843,6 +909,68 @@ impl Runtime for KubeRuntime {
         self.pods.list(&ListParams::default().limit(1)).await.map(drop).map_err(|e| api_error("listing Pods", e))
     }
 
+    async fn volumes(&self) -> Result<Vec<paddock_core::volume::NamedVolume>, RuntimeError> {
+        let lp = ListParams::default().labels(&format!("{}={}", objects::MANAGED_BY, objects::VOLUME_MANAGER));
+        let claims = self.claims.list(&lp).await.map_err(|e| api_error("listing volume PVCs", e))?;
+        let pods = self.pods.list(&ListParams::default()).await.map_err(|e| api_error("listing Pods", e))?;
+        let mut out = Vec::new();
+        for c in claims.items {
+            let Some(name) = c.metadata.name.clone() else { continue };
+            if c.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let size_bytes = c
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .and_then(|q| paddock_core::units::parse_bytes(&q.0).ok())
+                .unwrap_or(0);
+            let created_unix_ms =
+                c.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_millisecond().max(0) as u64);
+            let used_by = pods
+                .items
+                .iter()
+                .filter(|p| crate::reap_pvcs::mounted(std::slice::from_ref(*p)).contains(&name))
+                .filter_map(|p| {
+                    p.metadata.labels.as_ref()?.get(objects::SANDBOX_LABEL).and_then(|s| SandboxId::parse(s).ok())
+                })
+                .collect();
+            out.push(paddock_core::volume::NamedVolume {
+                name,
+                size_bytes,
+                used_bytes: None,
+                created_unix_ms,
+                used_by,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        let listed = self.volumes().await?;
+        let Some(v) = listed.iter().find(|v| v.name == name) else {
+            return Err(RuntimeError::NotFound(format!(
+                "no named volume {name}: see `paddock volume ls` (only volumes Paddock made are deleted here)"
+            )));
+        };
+        if !v.used_by.is_empty() {
+            let ids: Vec<String> = v.used_by.iter().map(|i| i.to_string()).collect();
+            return Err(RuntimeError::Conflict(format!(
+                "named volume {name} is mounted by sandbox {}: destroy {} first",
+                ids.join(", "),
+                if ids.len() == 1 { "it" } else { "them" }
+            )));
+        }
+        match self.claims.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(api_error(&format!("deleting volume PVC {name}"), e)),
+        }
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             runtime: "kubernetes".into(),
@@ -855,7 +983,7 @@ impl Runtime for KubeRuntime {
             ),
             network: ["deny", "allow-all", "ip-rules", "change"].map(String::from).to_vec(),
             metrics: true,
-            volumes: Vec::new(),
+            volumes: vec!["named".into()],
         }
     }
 
@@ -1218,6 +1346,7 @@ impl KubeRuntime {
         if let (Some(w), Some(pvc)) = (&spec.workspace, &names.pvc) {
             self.ensure_claim(&w.thread, w.naming, pvc, &spec).await?;
         }
+        self.ensure_volumes(&spec).await?;
         match self.start_pod(&id, &names, &spec).await? {
             Some(pod) => Self::info_of(&pod),
             None => Err(RuntimeError::Conflict(format!("Pod {} exists already; try again", names.pod))),
@@ -1231,6 +1360,7 @@ impl KubeRuntime {
         let names = objects::thread_names(thread, naming);
         let claim = names.pvc.clone().unwrap_or_default();
         self.ensure_claim(thread, naming, &claim, &spec).await?;
+        self.ensure_volumes(&spec).await?;
         // Dawn's state machine; every branch converges on one Pod of this deterministic name,
         // however many servers acquire at once (the loser of a create gets 409 and waits).
         for _ in 0..5 {

@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const SANDBOX_LABEL: &str = "paddock.dev/sandbox";
+/// The name of a named volume on its PVC. Such PVCs are managed by `paddock-volume`, not
+/// `paddock`, so the workspace reaper never touches them: they live until deleted.
+pub const VOLUME_LABEL: &str = "paddock.dev/volume";
+pub const VOLUME_MANAGER: &str = "paddock-volume";
 pub const THREAD_HASH_LABEL: &str = "paddock.dev/thread-hash";
 pub const DAWN_THREAD_LABEL: &str = "dawn.sh/thread";
 pub const SPEC_ANNOTATION: &str = "paddock.dev/spec";
@@ -227,19 +231,76 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             workspace_volume,
         ],
     });
-    if let (Some(image), Some(_)) = (&shape.chown_image, pvc) {
+    // One Pod volume per claim (a claim listed twice in a Pod, once read-only, never becomes
+    // ready), read-only only when every mount of it is; each mount keeps its own flag.
+    let claims = named_claims(spec);
+    for (i, (claim, read_only)) in claims.iter().enumerate() {
+        pod_spec["volumes"].as_array_mut().expect("volumes is a list").push(
+            json!({"name": format!("vol-{i}"), "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}),
+        );
+    }
+    for v in &spec.volumes {
+        // Host paths never reach a Pod (refused earlier): only named volumes, as PVCs.
+        if let paddock_core::volume::VolumeSource::Named { name, .. } = &v.source {
+            let i = claims.iter().position(|(c, _)| c == name).expect("every claim is listed");
+            let mut mount = json!({"name": format!("vol-{i}"), "mountPath": v.mount_path, "readOnly": v.read_only});
+            if let Some(sub) = &v.sub_path {
+                mount["subPath"] = json!(sub.trim_end_matches('/'));
+            }
+            pod_spec["containers"][0]["volumeMounts"].as_array_mut().expect("volumeMounts is a list").push(mount);
+        }
+    }
+    // Writable named volumes, as the init container sees them (whole, at /volumes/<i>), with
+    // the directories of their subPaths: on storage that ignores fsGroup they are root's.
+    let mut volume_dirs: Vec<String> = Vec::new();
+    let mut volume_mounts: Vec<Value> = Vec::new();
+    for v in &spec.volumes {
+        let paddock_core::volume::VolumeSource::Named { name, .. } = &v.source else { continue };
+        if v.read_only {
+            continue;
+        }
+        let i = claims.iter().position(|(c, _)| c == name).expect("every claim is listed");
+        let at = format!("/volumes/{i}");
+        if !volume_dirs.contains(&at) {
+            volume_mounts.push(json!({"name": format!("vol-{i}"), "mountPath": at}));
+            volume_dirs.push(at.clone());
+        }
+        let mut dir = at;
+        for part in v.sub_path.iter().flat_map(|s| s.split('/')).filter(|p| !p.is_empty()) {
+            dir = format!("{dir}/{part}");
+            volume_dirs.push(dir.clone());
+        }
+    }
+    if let Some(image) = &shape.chown_image
+        && (pvc.is_some() || !volume_dirs.is_empty())
+    {
         let owner = format!("{}:{}", spec.user.uid, spec.user.gid);
+        // The workspace is the sandbox user's whoever had it; a volume's directory is made if
+        // missing and taken only from root (one a sandbox made is left as it is).
+        let mut script = String::from("o=$1; shift\n");
+        let mut mounts = Vec::new();
+        if pvc.is_some() {
+            script.push_str(r#"[ "$(stat -c %u:%g /workspace)" = "$o" ] || chown "$o" /workspace || exit 1"#);
+            script.push('\n');
+            mounts.push(json!({"name": "workspace", "mountPath": "/workspace"}));
+        }
+        script.push_str(
+            r#"for d in "$@"; do [ -d "$d" ] || mkdir "$d" || exit 1; [ "$(stat -c %u:%g "$d")" != 0:0 ] || chown "$o" "$d" || exit 1; done"#,
+        );
+        mounts.extend(volume_mounts);
+        let mut command = vec![json!("sh"), json!("-c"), json!(script), json!("chown"), json!(owner)];
+        command.extend(volume_dirs.into_iter().map(Value::from));
         pod_spec["initContainers"] = json!([{
             "name": "workspace-owner",
             "image": image,
             "imagePullPolicy": shape.image_pull_policy,
-            "command": ["sh", "-c", r#"[ "$(stat -c %u:%g /workspace)" = "$1" ] || chown "$1" /workspace"#, "chown", owner],
+            "command": command,
             "resources": {
                 // No more than the sandbox container asks for, so it adds nothing to scheduling.
                 "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.min(16 << 20).to_string()},
                 "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
             },
-            // Root only for this one chown: no other capability, no escalation.
+            // Root only for these chowns: no other capability, no escalation.
             "securityContext": {
                 "runAsUser": 0,
                 "runAsGroup": 0,
@@ -248,7 +309,7 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
                 "readOnlyRootFilesystem": true,
                 "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
             },
-            "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+            "volumeMounts": mounts,
         }]);
     }
     if shape.host_users_false {
@@ -269,6 +330,21 @@ pub fn pvc(
     bytes: u64,
     storage_class: Option<&str>,
 ) -> Result<PersistentVolumeClaim, serde_json::Error> {
+    let metadata = json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": thread_labels(thread, mode),
+        "annotations": {THREAD_ANNOTATION: thread.as_str()},
+    });
+    rwo_claim(metadata, bytes, storage_class)
+}
+
+/// A ReadWriteOnce claim of `bytes`.
+fn rwo_claim(
+    metadata: Value,
+    bytes: u64,
+    storage_class: Option<&str>,
+) -> Result<PersistentVolumeClaim, serde_json::Error> {
     let mut spec = json!({
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": bytes.to_string()}},
@@ -276,17 +352,37 @@ pub fn pvc(
     if let Some(sc) = storage_class {
         spec["storageClassName"] = json!(sc);
     }
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": thread_labels(thread, mode),
-            "annotations": {THREAD_ANNOTATION: thread.as_str()},
-        },
-        "spec": spec,
-    }))
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}),
+    )
+}
+
+/// The claims of `spec`'s named volumes, each once, in order, with whether every mount of it
+/// is read-only.
+fn named_claims(spec: &SandboxSpec) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = Vec::new();
+    for v in &spec.volumes {
+        if let paddock_core::volume::VolumeSource::Named { name, .. } = &v.source {
+            match out.iter_mut().find(|(c, _)| c == name) {
+                Some((_, ro)) => *ro &= v.read_only,
+                None => out.push((name.clone(), v.read_only)),
+            }
+        }
+    }
+    out
+}
+
+/// A named volume (OpenSandbox's `pvc` with `createIfNotExists`): one claim, kept until it is
+/// deleted through Paddock.
+pub fn named_volume_pvc(
+    namespace: &str,
+    name: &str,
+    bytes: u64,
+    storage_class: Option<&str>,
+) -> Result<PersistentVolumeClaim, serde_json::Error> {
+    let metadata =
+        json!({"name": name, "namespace": namespace, "labels": {MANAGED_BY: VOLUME_MANAGER, VOLUME_LABEL: name}});
+    rwo_claim(metadata, bytes, storage_class)
 }
 
 /// Ranges a NetworkPolicy never opens, whatever a sandbox's policy: the cluster's own (Pod,
@@ -590,6 +686,56 @@ mod tests {
     }
 
     #[test]
+    fn named_volumes_become_pvc_mounts_and_their_claims_escape_the_reaper() {
+        use paddock_core::volume::{VolumeMount, VolumeSource};
+        let named = |name: &str, at: &str, sub: Option<&str>, ro| VolumeMount {
+            name: name.into(),
+            mount_path: at.into(),
+            read_only: ro,
+            sub_path: sub.map(Into::into),
+            source: VolumeSource::Named {
+                name: "data".into(),
+                create: true,
+                delete_with_sandbox: false,
+                size_bytes: None,
+            },
+        };
+        let spec = SandboxSpec {
+            volumes: vec![
+                named("a", "/mnt/data", None, false),
+                named("b", "/mnt/train", Some("datasets/train/"), true),
+            ],
+            ..Default::default()
+        };
+        let s = pod_spec(&shape(), &spec, None, true);
+        assert_eq!(
+            s["volumes"].as_array().unwrap()[2..],
+            [json!({"name": "vol-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": false}})],
+            "one Pod volume per claim"
+        );
+        assert_eq!(
+            s["containers"][0]["volumeMounts"].as_array().unwrap()[2..],
+            [
+                json!({"name": "vol-0", "mountPath": "/mnt/data", "readOnly": false}),
+                json!({"name": "vol-0", "mountPath": "/mnt/train", "readOnly": true, "subPath": "datasets/train"})
+            ]
+        );
+        let chown = Shape { chown_image: Some("trusted:1".into()), ..shape() };
+        let init = &pod_spec(&chown, &spec, None, true)["initContainers"][0];
+        assert_eq!(init["volumeMounts"], json!([{"name": "vol-0", "mountPath": "/volumes/0"}]));
+        assert_eq!(
+            init["command"].as_array().unwrap()[5..],
+            [json!("/volumes/0")],
+            "the read-only mount's subPath is not made"
+        );
+        let c = to_json(&named_volume_pvc("ns", "data", 1 << 30, Some("fast")).unwrap());
+        assert_eq!(c["metadata"]["labels"], json!({MANAGED_BY: VOLUME_MANAGER, VOLUME_LABEL: "data"}));
+        assert_eq!(c["spec"]["resources"]["requests"]["storage"], "1073741824");
+        assert_eq!(c["spec"]["storageClassName"], "fast");
+        assert_ne!(VOLUME_MANAGER, "paddock", "the workspace reaper selects managed-by=paddock");
+    }
+
+    #[test]
     fn optional_pod_settings() {
         let shape = Shape {
             runtime_class: Some("gvisor".into()),
@@ -631,6 +777,7 @@ mod tests {
         assert_eq!(init["command"][4], "1000:1000");
         assert_eq!(init["securityContext"]["capabilities"], json!({"drop": ["ALL"], "add": ["CHOWN"]}));
         assert_eq!(init["volumeMounts"], json!([{"name": "workspace", "mountPath": "/workspace"}]));
+        assert_eq!(init["command"].as_array().unwrap().len(), 5, "no volume directories");
         let no_ws = SandboxSpec::default();
         let p = to_json(&pod(&chown, &id(), &sandbox_names(&id(), &no_ws), &no_ws, 1, None).unwrap());
         assert!(p["spec"].get("initContainers").is_none(), "an emptyDir needs no chown");

@@ -30,7 +30,7 @@ pub struct PvcReport {
 }
 
 /// The PVCs a Pod in the list mounts.
-fn mounted(pods: &[Pod]) -> HashSet<String> {
+pub(crate) fn mounted(pods: &[Pod]) -> HashSet<String> {
     pods.iter()
         .filter_map(|p| p.spec.as_ref())
         .flat_map(|s| s.volumes.iter().flatten())

@@ -899,3 +899,108 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
+    use paddock_core::volume::{VolumeMount, VolumeSource};
+    if !enabled("cluster_named_volumes_are_pvcs_shared_kept_and_deleted") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let mut cfg = config(&ns);
+        cfg.storage_class = Some("standard".into());
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let mount = |at: &str, sub: Option<&str>, ro: bool, create: bool| VolumeMount {
+            name: "data".into(),
+            mount_path: at.into(),
+            read_only: ro,
+            sub_path: sub.map(Into::into),
+            source: VolumeSource::Named {
+                name: "shared-data".into(),
+                create,
+                delete_with_sandbox: false,
+                size_bytes: Some(64 << 20),
+            },
+        };
+        let with = |v: Vec<VolumeMount>| SandboxSpec { volumes: v, ..small_spec() };
+
+        let a = rt.create(with(vec![mount("/mnt/data", None, false, true)])).await.expect("create with a volume");
+        let o = sh(
+            &rt,
+            &a.id,
+            "id -u; echo one > /mnt/data/f && mkdir -p /mnt/data/sub && echo two > /mnt/data/sub/g && cat /mnt/data/f",
+        )
+        .await;
+        assert_eq!(o.stdout, "1000\none\n", "{}", o.stderr);
+        // A second sandbox at once: read-only, and a subPath of it.
+        let b = rt
+            .create(with(vec![
+                mount("/mnt/ro", None, true, false),
+                VolumeMount { name: "sub".into(), ..mount("/mnt/sub", Some("sub"), false, false) },
+            ]))
+            .await
+            .expect("create with the existing volume");
+        let o = sh(&rt, &b.id, "cat /mnt/ro/f /mnt/sub/g; ls /mnt/sub; touch /mnt/ro/x").await;
+        assert_eq!(o.stdout, "one\ntwo\ng\n", "{}", o.stderr);
+        assert!(o.stderr.contains("Read-only"), "{}", o.stderr);
+
+        let listed = rt.volumes().await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].name, "shared-data");
+        assert_eq!(listed[0].used_by.len(), 2);
+        let e = rt.delete_volume("shared-data").await.unwrap_err();
+        assert!(matches!(e, RuntimeError::Conflict(_)), "{e:?}");
+
+        // Missing and not to be made; host paths; a thread's workspace claim: refused.
+        let missing = VolumeMount {
+            source: VolumeSource::Named {
+                name: "nope".into(),
+                create: false,
+                delete_with_sandbox: false,
+                size_bytes: None,
+            },
+            ..mount("/mnt/n", None, false, false)
+        };
+        assert!(matches!(rt.create(with(vec![missing])).await.unwrap_err(), RuntimeError::NotFound(_)));
+        let host =
+            VolumeMount { source: VolumeSource::Host { path: "/etc".into() }, ..mount("/mnt/h", None, false, false) };
+        assert!(matches!(rt.create(with(vec![host])).await.unwrap_err(), RuntimeError::Unsupported(_)));
+        let thread = ThreadId::new("volume-thread").unwrap();
+        let ws = rt.acquire(&thread, small_spec()).await.unwrap();
+        let ws_claim = ws.workspace.as_ref().unwrap().name.clone();
+        let steal = VolumeMount {
+            source: VolumeSource::Named { name: ws_claim, create: false, delete_with_sandbox: false, size_bytes: None },
+            ..mount("/mnt/steal", None, false, false)
+        };
+        let e = rt.create(with(vec![steal])).await.unwrap_err();
+        assert!(e.to_string().contains("workspace"), "{e}");
+
+        // The files outlive the sandboxes, until the volume is deleted.
+        rt.destroy(&a.id).await.unwrap();
+        rt.destroy(&b.id).await.unwrap();
+        let c = rt.create(with(vec![mount("/mnt/data", None, true, false)])).await.unwrap();
+        assert_eq!(sh(&rt, &c.id, "cat /mnt/data/sub/g").await.stdout, "two\n");
+        rt.destroy(&c.id).await.unwrap();
+        for _ in 0..40 {
+            if rt.volumes().await.unwrap()[0].used_by.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        rt.delete_volume("shared-data").await.expect("delete an unused volume");
+        assert!(rt.volumes().await.unwrap().is_empty(), "a volume being deleted is no longer listed");
+        // The claim itself goes once the kubelet has let go of it.
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let mut gone = false;
+        for _ in 0..120 {
+            if claims.get_opt("shared-data").await.unwrap().is_none() {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(gone, "the volume's PVC was not deleted");
+        rt.destroy_workspace(&thread).await.unwrap();
+    })
+    .await;
+}
