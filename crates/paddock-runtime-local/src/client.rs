@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
@@ -337,7 +337,7 @@ impl LocalRuntime {
         let name = self.workspace_name(thread);
         let path = self.dd.workspace_lock(&name);
         let lock = tokio::task::spawn_blocking(move || -> std::io::Result<fs::File> {
-            let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+            let file = fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path)?;
             rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
             Ok(file)
         })
@@ -367,7 +367,8 @@ impl LocalRuntime {
         }
         let dir = self.dd.workspace(name);
         fs::create_dir_all(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
-        fs::write(dir.join("thread.json"), protocol::encode(thread)).map_err(sys_err("writing thread.json"))?;
+        crate::layout::write_private(&dir.join("thread.json"), protocol::encode(thread))
+            .map_err(sys_err("writing thread.json"))?;
         let ids = crate::identity::of_workspace(&self.dd, name, &spec.user, true)?;
         // Only root and the workspace's own group may pass: other host users never reach its
         // files, even ones a sandbox made world-readable or set-id.
@@ -411,7 +412,8 @@ impl LocalRuntime {
         blocking(move || rt.prepare_workspace(&name_owned, &thread_owned, &spec_owned)).await?;
         let info = self.spawn_supervisor(&spec).await?;
         let pointer = self.dd.workspace(name).join("sandbox");
-        fs::write(&pointer, info.id.as_str()).map_err(sys_err(format!("writing {}", pointer.display())))?;
+        crate::layout::write_private(&pointer, info.id.as_str())
+            .map_err(sys_err(format!("writing {}", pointer.display())))?;
         Ok(info)
     }
 

@@ -102,7 +102,7 @@ fn register_in(dd: &DataDir, host: &Path) {
             let _ = claim_host_wide(host, slot, &format!("{}", dd.root().display()));
         }
     }
-    let _ = fs::write(done, b"");
+    let _ = crate::layout::write_private(&done, b"");
 }
 
 fn allocate_in(dd: &DataDir, host: &Path, owner: &str) -> Result<HostIds, RuntimeError> {
@@ -168,7 +168,7 @@ fn of_workspace_in(dd: &DataDir, host: &Path, name: &str, user: &User, create: b
                 return Ok(HostIds::shared(user));
             }
             let ids = allocate_in(dd, host, &format!("workspace {name}"))?;
-            let written = fs::write(&path, serde_json::to_vec(&ids).expect("ids serialize"));
+            let written = crate::layout::write_private(&path, serde_json::to_vec(&ids).expect("ids serialize"));
             if let Err(e) = written {
                 release_in(dd, host, &ids);
                 return Err(sys(format!("writing {}", path.display()))(e));

@@ -166,3 +166,15 @@ impl DataDir {
         Ok(())
     }
 }
+
+/// Writes `bytes` to `path` (replacing it) readable by root only: every file Paddock keeps in
+/// a data directory is 0600, whatever the umask, so no host user reads a record, an identity or
+/// a workspace's thread id even where a directory above lets them pass.
+pub fn write_private(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    // An existing file keeps its mode on open: make it private too.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(bytes.as_ref())
+}

@@ -23,7 +23,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::ErrorKind;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use paddock_core::runtime::{RuntimeError, SandboxId};
@@ -137,6 +137,7 @@ fn lock(dd: &DataDir, name: &str) -> Result<fs::File, RuntimeError> {
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(sys(format!("opening {}", path.display())))?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
@@ -182,7 +183,9 @@ pub fn mount_named(
             })?,
             Err(_) => {
                 let ids = identity::allocate(dd, &format!("volume {name}"))?;
-                if let Err(e) = fs::write(&identity_path, serde_json::to_vec(&ids).expect("ids serialize")) {
+                if let Err(e) =
+                    crate::layout::write_private(&identity_path, serde_json::to_vec(&ids).expect("ids serialize"))
+                {
                     identity::release(dd, &ids);
                     return Err(sys(format!("writing {}", identity_path.display()))(e));
                 }
@@ -192,7 +195,8 @@ pub fn mount_named(
         // Made aside and renamed, so an image that exists is a whole one.
         let tmp = dir.join("files.img.new");
         crate::wsimage::create(&tmp, bytes, inodes, ids.uid, ids.gid)?;
-        fs::write(dir.join("created"), now_ms().to_string()).map_err(sys("recording the volume's creation"))?;
+        crate::layout::write_private(&dir.join("created"), now_ms().to_string())
+            .map_err(sys("recording the volume's creation"))?;
         fs::rename(&tmp, &image).map_err(sys(format!("publishing {}", image.display())))?;
     }
     let ids: HostIds =

@@ -9,6 +9,7 @@
 //! since loop-device setup and ext4 formatting are theirs to get right.
 
 use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -38,7 +39,13 @@ pub fn create(image: &Path, bytes: u64, inodes: u64, uid: u32, gid: u32) -> Resu
     // Inode tables take 256 bytes an inode: mkfs refuses more than the blocks can hold, so a
     // small image gets one inode per 8 KiB at most (the cap is an upper bound anyway).
     let inodes = inodes.min((bytes / 8192).max(1024));
-    let file = fs::File::create(image).map_err(|e| RuntimeError::System(format!("{}: {e}", image.display())))?;
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(image)
+        .map_err(|e| RuntimeError::System(format!("{}: {e}", image.display())))?;
     file.set_len(bytes).map_err(|e| RuntimeError::System(format!("sizing {}: {e}", image.display())))?;
     drop(file);
     let result = run(

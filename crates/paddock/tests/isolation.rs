@@ -730,3 +730,58 @@ async fn a_sandbox_cannot_fill_the_host_disk_or_its_inodes_through_the_workspace
     bystander_ok(&env, &bystander).await;
     assert_eq!(sh(&env.rt, &bystander, "touch /workspace/x && echo wrote").await.stdout, "wrote\n");
 }
+
+#[tokio::test]
+async fn every_file_paddock_keeps_in_its_data_directory_is_root_only() {
+    use paddock_core::naming::ThreadId;
+    use paddock_core::volume::{VolumeMount, VolumeSource};
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let env = Env::new();
+    // A capped persistent workspace (an image), a named volume, a scratch sandbox.
+    let thread = ThreadId::new("private-thread").unwrap();
+    let mut ws_spec = spec();
+    ws_spec.resources.workspace_bytes = Some(32 << 20);
+    let ws = env.rt.acquire(&thread, ws_spec).await.unwrap();
+    common::assert_confined(&env.rt, &ws.id).await;
+    let volume = VolumeMount {
+        name: "v".into(),
+        mount_path: "/mnt/v".into(),
+        read_only: false,
+        sub_path: None,
+        source: VolumeSource::Named {
+            name: "private-vol".into(),
+            create: true,
+            delete_with_sandbox: false,
+            size_bytes: Some(32 << 20),
+        },
+    };
+    let scratch = env.confined(SandboxSpec { volumes: vec![volume], ..spec() }).await;
+    let mut open = Vec::new();
+    let mut stack = vec![env.data().to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let rel = path.strip_prefix(env.data()).unwrap().to_string_lossy().into_owned();
+            // Mount points, the image store (0700) and what sandboxes themselves keep.
+            if ["skeletons", "images", "volume-mounts"].iter().any(|p| rel.starts_with(p))
+                || rel.contains("/files")
+                || rel.ends_with("/workspace")
+                || rel.ends_with("/wsmnt")
+                || rel.ends_with("/volumes")
+                || rel.ends_with("/image")
+            {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() && !meta.file_type().is_socket() && meta.permissions().mode() & 0o077 != 0 {
+                open.push(format!("{rel} {:o}", meta.permissions().mode() & 0o777));
+            }
+        }
+    }
+    assert!(open.is_empty(), "files others may read: {open:?}");
+    env.rt.destroy(&scratch).await.unwrap();
+    env.rt.destroy_workspace(&thread).await.unwrap();
+    env.rt.delete_volume("private-vol").await.unwrap();
+}
