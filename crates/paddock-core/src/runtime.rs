@@ -247,6 +247,10 @@ pub enum FileOp {
     },
 }
 
+/// The most entries one directory listing returns: a runtime stops reading a larger directory
+/// and fails the listing (`InvalidArgument`) instead of holding all of it in memory.
+pub const MAX_LISTED_ENTRIES: usize = 100_000;
+
 /// Who a file may belong to through the file API. No other owner exists inside a sandbox
 /// (root is not mapped), and giving files to nobody gives no process any power.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,12 +63,16 @@ pub fn op_argv(op: &FileOp) -> Result<Vec<String>, RuntimeError> {
 missing "$1"
 [ -d "$1" ] || {{ echo "Not a directory" >&2; exit 1; }}
 [ -r "$1" ] && [ -x "$1" ] || {{ echo "Permission denied" >&2; exit 1; }}
+n=0
 for f in "$1"/* "$1"/.*; do
   case ${{f##*/}} in .|..) continue ;; esac
   [ -e "$f" ] || [ -L "$f" ] || continue
+  n=$((n+1))
+  [ "$n" -le {max} ] || {{ echo "the directory holds more than {max} entries: list a subdirectory" >&2; exit 1; }}
   stat -c '{STAT}' -- "$f" 2>/dev/null || continue
   printf '%s\0' "$f"
-done"#
+done"#,
+                max = paddock_core::runtime::MAX_LISTED_ENTRIES
             ),
             &[&resolve(path)?],
         ),

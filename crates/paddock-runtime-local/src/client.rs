@@ -302,11 +302,26 @@ impl LocalRuntime {
         drop(fds);
         drop(data);
         let mut listed = Vec::new();
+        let too_many = || {
+            RuntimeError::InvalidArgument(format!(
+                "the directory holds more than {} entries: list a subdirectory, or search with a narrower path",
+                paddock_core::runtime::MAX_LISTED_ENTRIES
+            ))
+        };
         loop {
             match conn.recv().await? {
-                Some(Reply::Entries { entries }) => listed.extend(entries),
+                Some(Reply::Entries { entries }) => {
+                    listed.extend(entries);
+                    // Dropping the connection stops the worker; nothing more is held.
+                    if listed.len() > paddock_core::runtime::MAX_LISTED_ENTRIES {
+                        return Err(too_many());
+                    }
+                }
                 Some(Reply::File { reply: FileReply::List { entries } }) => {
                     listed.extend(entries);
+                    if listed.len() > paddock_core::runtime::MAX_LISTED_ENTRIES {
+                        return Err(too_many());
+                    }
                     return Ok(FileReply::List { entries: listed });
                 }
                 Some(Reply::File { reply }) => return Ok(reply),

@@ -30,6 +30,9 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// Request data held in memory at once, bytes: JSON bodies and files edited in place
+    /// (`budget.rs`). At least [`MIN_REQUEST_MEMORY`].
+    pub max_request_memory: u64,
     /// Size and inode caps of `/workspace` for creates that give none (`resourceLimits`).
     pub workspace_bytes: u64,
     pub workspace_inodes: u64,
@@ -40,8 +43,16 @@ pub struct ServerConfig {
     pub default_network: paddock_core::spec::NetworkPolicy,
 }
 
+/// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
+/// held before and after) must fit.
+pub const MIN_REQUEST_MEMORY: u64 = 128 << 20;
+/// The default: a few large edits, or a hundred full JSON bodies, at once.
+pub const DEFAULT_REQUEST_MEMORY: u64 = 512 << 20;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
+    #[error("--max-request-memory must be at least 128MiB (one in-place edit of a 64 MiB file holds twice that)")]
+    RequestMemory,
     #[error(
         "the default session timeout ({default}s) must be at least 60s and at most the maximum ({max}s): adjust --default-timeout or --max-timeout"
     )]
@@ -64,6 +75,9 @@ impl ServerConfig {
         }
         if self.header_timeout.is_zero() || self.max_connections == 0 {
             return Err(ConfigError::ConnectionLimits);
+        }
+        if self.max_request_memory < MIN_REQUEST_MEMORY {
+            return Err(ConfigError::RequestMemory);
         }
         let mut spec = paddock_core::spec::SandboxSpec::default();
         spec.resources.workspace_bytes = Some(self.workspace_bytes);
@@ -93,6 +107,7 @@ mod tests {
             deadlines: Default::default(),
             header_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_request_memory: DEFAULT_REQUEST_MEMORY,
             workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             default_network: Default::default(),

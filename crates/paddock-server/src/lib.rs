@@ -2,6 +2,7 @@
 //! lifecycle and execd APIs (so the `opensandbox` SDK works unchanged), plus Paddock's own
 //! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
 
+pub mod budget;
 pub mod config;
 pub mod deadline;
 mod egress;
@@ -74,6 +75,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
     let store = store::Store::open(&path)
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
+    let config_budget = config.max_request_memory;
     let state = AppState {
         rt: Arc::new(deadline::Deadlined::new(rt, config.deadlines)),
         store,
@@ -84,6 +86,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         token_key,
         tickets: Default::default(),
         pool: Default::default(),
+        budget: budget::MemoryBudget::new(config_budget),
     };
     lifecycle::reconcile(&state).await;
     Ok(state)
@@ -117,6 +120,7 @@ pub fn app(state: AppState) -> Router {
         .merge(sandbox)
         .fallback(any(|| async { ApiError::not_found("no such route: see /v1/openapi.json for the API") }))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
         .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))

@@ -28,6 +28,8 @@ pub struct AppState {
     pub(crate) pool: Arc<crate::proxy::Pool>,
     /// Single-use tickets for routes (`routes.rs`).
     pub tickets: Arc<crate::routes::Tickets>,
+    /// What requests may hold in memory at once (`budget.rs`).
+    pub budget: crate::budget::MemoryBudget,
 }
 
 impl AppState {

@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Connections served at once; further ones wait until one closes.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Request data the server holds in memory at once: JSON bodies (2 MiB each at most) and
+    /// files edited in place. Requests past it wait up to 10 s, then get a 503 to retry.
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    max_request_memory: u64,
     /// Size cap of /workspace for sandboxes created without `resourceLimits.workspace`. A
     /// scratch workspace is memory (a tmpfs charged to the sandbox), so it is also at most the
     /// sandbox's memory; a persistent one is a disk image that keeps its size for life.
@@ -173,6 +177,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         },
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        max_request_memory: args.max_request_memory,
         workspace_bytes: args.workspace_size,
         workspace_inodes: args.workspace_inodes,
         sandbox_domain: args.sandbox_domain.map(|d| d.trim_matches('.').to_ascii_lowercase()),

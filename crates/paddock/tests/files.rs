@@ -527,3 +527,25 @@ async fn reading_a_device_through_a_symlink_is_refused() {
     };
     assert_eq!(streamed, 0, "the read streamed device bytes instead of failing");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_too_large_to_list_is_refused_without_being_held() {
+    let env = Env::new();
+    let id = env.confined(SandboxSpec::default()).await;
+    let n = paddock_core::runtime::MAX_LISTED_ENTRIES + 1;
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!("mkdir /tmp/many && cd /tmp/many && python3 -c 'import os\nfor i in range({n}): os.close(os.open(str(i), os.O_CREAT))' && ls | wc -l"),
+    )
+    .await;
+    assert_eq!(out.stdout.trim(), n.to_string(), "{}", out.stderr);
+    let e = env.rt.file(&id, FileOp::List { path: "/tmp/many".into() }).await.unwrap_err();
+    assert!(matches!(e, RuntimeError::InvalidArgument(ref m) if m.contains("more than 100000 entries")), "{e:?}");
+    // One fewer is listed whole, and the sandbox is fine.
+    assert_eq!(sh(&env.rt, &id, "rm /tmp/many/0 && echo ok").await.stdout, "ok\n");
+    match env.rt.file(&id, FileOp::List { path: "/tmp/many".into() }).await.unwrap() {
+        FileReply::List { entries } => assert_eq!(entries.len(), n - 1),
+        other => panic!("{other:?}"),
+    }
+}

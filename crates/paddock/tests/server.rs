@@ -817,3 +817,53 @@ fn a_refused_request_with_a_body_closes_its_connection_and_says_so() {
         "the refusal must announce the close: {answer}"
     );
 }
+
+#[test]
+fn request_bodies_share_one_memory_budget_and_the_rest_of_the_server_keeps_working() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--max-request-memory", "128MiB", "--header-timeout", "60s"]);
+    let id = s.create();
+    // Sixty-four requests that each promise a 2 MiB body and send a byte of it: together they
+    // hold the whole budget while they wait for the rest.
+    let hold = |n: usize| -> Vec<TcpStream> {
+        (0..n)
+            .map(|_| {
+                let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+                c.write_all(
+                    format!("POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nOPEN-SANDBOX-API-KEY: {KEY}\r\ncontent-type: application/json\r\nContent-Length: {}\r\n\r\n{{", 2 << 20)
+                        .as_bytes(),
+                )
+                .unwrap();
+                c
+            })
+            .collect()
+    };
+    let held = hold(64);
+    std::thread::sleep(Duration::from_millis(500));
+    // One more body waits, then is turned away with a reason and a Retry-After.
+    let started = Instant::now();
+    let (status, body) = raw_request(
+        s.port,
+        "POST",
+        "/v1/sandboxes",
+        &[("OPEN-SANDBOX-API-KEY", KEY), ("content-type", "application/json")],
+        br#"{"image":{"uri":"host"},"entrypoint":["true"]}"#.to_vec(),
+    );
+    assert_api_error(status, &body, 503, "--max-request-memory");
+    assert!(started.elapsed() >= Duration::from_secs(5), "it waited for room first: {:?}", started.elapsed());
+    // What holds no body, and streams, still work: health, reads, a command's output.
+    assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
+    assert_eq!(s.call("GET", &format!("/v1/sandboxes/{id}"), None, &[("OPEN-SANDBOX-API-KEY", KEY)]).0, 200);
+    // Once the held requests go, their room comes back.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.run(&id, "echo room", false).0, ["room"]);
+    let (status, _) = raw_request(
+        s.port,
+        "PATCH",
+        &format!("/v1/sandboxes/{id}/metadata"),
+        &[("OPEN-SANDBOX-API-KEY", KEY), ("content-type", "application/json")],
+        br#"{"k":"v"}"#.to_vec(),
+    );
+    assert_eq!(status, 200);
+}

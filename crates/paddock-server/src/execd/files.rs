@@ -468,7 +468,16 @@ pub async fn replace(
             return Err(invalid_body("old content must not be empty"));
         }
         let s = stat(&state, &sandbox, &path).await?;
+        // The text and its edited copy are held at once: room for both, from the server's
+        // budget, before reading (and more if the file grew since its stat).
+        let expected = s.size.min(MAX_IN_MEMORY as u64);
+        let what = format!("replacing text in {path}");
+        let _held = state.budget.reserve(2 * expected, &what).await?;
         let content = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
+        let _grown = match (content.len() as u64).checked_sub(expected) {
+            Some(more) if more > 0 => Some(state.budget.reserve(2 * more, &what).await?),
+            _ => None,
+        };
         let content = String::from_utf8(content).map_err(|_| {
             ApiError::bad_request(format!("{path} is not UTF-8 text: it cannot be edited by replacement"))
         })?;
