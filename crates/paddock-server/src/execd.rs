@@ -6,6 +6,7 @@
 mod code;
 mod commands;
 mod files;
+pub mod openapi;
 mod session;
 mod text;
 

@@ -53,7 +53,11 @@ pub fn router() -> Router<AppState> {
         .route("/templates/{id}", any(not_served))
         .route("/pools", any(not_served))
         .route("/pools/{name}", any(not_served))
-        .route("/openapi.json", get(openapi))
+}
+
+/// `GET /v1/openapi.json` (and `/openapi.json`): served without the key, like `/health`.
+pub fn public_router() -> Router<AppState> {
+    Router::new().route("/openapi.json", get(openapi))
 }
 
 /// `GET /v1/capabilities`: what the runtime behind this server supports, so clients and tests
@@ -1123,6 +1127,10 @@ pub fn openapi_document() -> Value {
     if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
         schemas.extend(more);
     }
+    // And each sandbox's execd API, as the server proxies it.
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), crate::execd::openapi::paths()) {
+        paths.extend(more);
+    }
     doc
 }
 
@@ -1258,7 +1266,7 @@ fn workspace_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Paddock", "version": env!("CARGO_PKG_VERSION"),
-            "description": "Paddock's workspace API and the OpenSandbox lifecycle routes it serves; the execd API is served under /v1/sandboxes/{id}/proxy/44772. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, and execd's sessions, code interpreter, PTY, isolation) answer 501 NOT_SUPPORTED and are not listed here."},
+            "description": "Paddock's workspace and volume API, the OpenSandbox lifecycle routes it serves, and each sandbox's execd API as the server proxies it (/v1/sandboxes/{id}/proxy/44772/...). This document needs no key. OpenSandbox routes Paddock does not implement (snapshots, templates, pools, and execd's PTY and isolation routes) answer 501 NOT_SUPPORTED and are not listed here."},
         "servers": [{"url": "/v1"}],
         "security": [{"apiKey": []}],
         "paths": {
@@ -1302,7 +1310,9 @@ fn workspace_document() -> Value {
                     "401": error_ref}}}
         },
         "components": {
-            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "OPEN-SANDBOX-API-KEY"}},
+            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "OPEN-SANDBOX-API-KEY"},
+                "sandboxToken": {"type": "apiKey", "in": "header", "name": crate::SANDBOX_TOKEN_HEADER,
+                    "description": "a sandbox's own token, from its endpoint's headers: opens that sandbox's routes only"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["code", "message"],
                     "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},

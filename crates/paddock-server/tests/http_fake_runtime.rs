@@ -27,6 +27,24 @@ async fn fake_runtime_capabilities_come_from_the_runtime() {
         assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
     }
     assert!(doc["components"]["schemas"]["CreateRequest"].is_object());
+    // Each sandbox's execd routes, as the server proxies them, and the volume routes.
+    for (path, method) in [
+        ("/sandboxes/{id}/proxy/44772/command", "post"),
+        ("/sandboxes/{id}/proxy/44772/files/upload", "post"),
+        ("/sandboxes/{id}/proxy/44772/code/contexts/{context}", "delete"),
+        ("/sandboxes/{id}/proxy/44772/session/{session}/run", "post"),
+        ("/volumes/{name}", "delete"),
+    ] {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
+    }
+    // Readable without the key, at /v1 and at the root, like /health.
+    for uri in ["/v1/openapi.json", "/openapi.json"] {
+        let (status, plain) = s.with_headers("GET", uri, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert_eq!(plain, doc);
+    }
+    let (status, _) = s.with_headers("GET", "/v1/capabilities", &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "only the document is open");
 }
 
 #[tokio::test]
