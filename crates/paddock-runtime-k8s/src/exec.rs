@@ -37,11 +37,12 @@ if ! cd "$d" 2>/dev/null; then
   printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$prog" "$d" >&2; exit 127
 fi
 mkdir -p /tmp/.paddock-exec 2>/dev/null
-oom() { n= m= l=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
-  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; done <"$f"; done
+oom() { n= m= l= x=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
+  [ -r "$f" ] && while read -r k v; do [ "$k" = oom_kill ] && n=$v; [ "$k" = max ] && x=$v; done <"$f"; done
+  [ -r /sys/fs/cgroup/memory/memory.failcnt ] && read -r x </sys/fs/cgroup/memory/memory.failcnt
   for f in /sys/fs/cgroup/memory/memory.max_usage_in_bytes /sys/fs/cgroup/memory.peak; do [ -r "$f" ] && read -r m <"$f"; done
   for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max; do [ -r "$f" ] && read -r l <"$f"; done; }
-oom; o=$n op=$m
+oom; o=$n op=$m ox=$x
 exec 3<&0
 setsid env -i "$@" <&3 3<&- &
 p=$!
@@ -51,9 +52,11 @@ wait "$p"; c=$?
 rm -f "/tmp/.paddock-exec/$t"
 if [ "$c" = 137 ]; then oom
   # The kernel counts an OOM kill in the cgroup whose limit was hit, which may be the Pod's
-  # (the same limit, plus the pause container's pages): a new peak at the limit counts too.
+  # (the same limit, plus the pause container's pages): a new peak at the limit counts too,
+  # and so does the container hitting its limit while the command ran (failcnt, or the
+  # `max` events of cgroup v2) before the SIGKILL.
   full=; case "$m:$l" in *[!0-9:]*|:*|*:) ;; *) [ "$m" != "$op" ] && [ $((m + 4194304)) -ge "$l" ] && full=1;; esac
-  { [ "$n" != "$o" ] || [ -n "$full" ]; } && : >"/tmp/.paddock-exec/$t.oom"; fi
+  { [ "$n" != "$o" ] || [ -n "$full" ] || [ "$x" != "$ox" ]; } && : >"/tmp/.paddock-exec/$t.oom"; fi
 exit "$c""#;
 
 /// `sh -c OOM paddock-oom TOKEN`: prints `oom` (once) when the command was OOM-killed.

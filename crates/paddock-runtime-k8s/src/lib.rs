@@ -325,6 +325,12 @@ impl KubeRuntime {
                         v.name
                     )));
                 }
+                VolumeSource::Named { name, .. } if name.starts_with("paddock-") => {
+                    return Err(RuntimeError::InvalidArgument(format!(
+                        "volume {}: names starting with paddock- are Paddock's own claims (workspaces): choose another name",
+                        v.name
+                    )));
+                }
                 VolumeSource::Named { .. } if self.config.model == SandboxModel::Claim => {
                     return Err(RuntimeError::Unsupported(
                         "volumes are not supported with --model claim (a warm pool's Pods come from its template): use the keeper model".into(),
@@ -410,6 +416,15 @@ impl KubeRuntime {
                 // A claim being deleted would be re-bound with its old data, or vanish under
                 // the new Pod: wait for it to go, then make a fresh one.
                 let existing = self.claims.get_opt(name).await.map_err(|e| api_error("reading a workspace PVC", e))?;
+                // A named volume that took the workspace's name first is not its workspace.
+                if existing
+                    .as_ref()
+                    .is_some_and(|c| c.metadata.labels.as_ref().is_some_and(|l| l.contains_key(objects::VOLUME_LABEL)))
+                {
+                    return Err(RuntimeError::Conflict(format!(
+                        "PVC {name}, the workspace of thread {thread}, is taken by a named volume: delete that volume (paddock volume rm {name})"
+                    )));
+                }
                 if existing.is_some_and(|c| c.metadata.deletion_timestamp.is_some()) {
                     self.wait_claim_gone(name).await?;
                     return Box::pin(self.ensure_claim(thread, naming, name, spec)).await;
@@ -428,10 +443,16 @@ impl KubeRuntime {
             match self.claims.get_opt(name).await.map_err(|e| api_error("reading a volume's PVC", e))? {
                 Some(c) => {
                     let labels = c.metadata.labels.unwrap_or_default();
-                    if labels.contains_key(objects::THREAD_HASH_LABEL) {
+                    // Only claims that are volumes: Paddock's own, or ones the operator marked
+                    // as such. Any other PVC of the namespace (a thread's workspace, another
+                    // application's data) is not a sandbox's to mount.
+                    if labels.get(objects::VOLUME_LABEL) != Some(name)
+                        || labels.contains_key(objects::THREAD_HASH_LABEL)
+                    {
                         return Err(RuntimeError::InvalidArgument(format!(
-                            "volume {}: PVC {name} is a thread's workspace, which only that thread's sandbox mounts: name another volume",
-                            v.name
+                            "volume {}: PVC {name} exists but is not a volume sandboxes may mount (a thread's workspace, or another application's claim); to share a claim of your own with sandboxes, label it {}={name}",
+                            v.name,
+                            objects::VOLUME_LABEL
                         )));
                     }
                     if c.metadata.deletion_timestamp.is_some() {
@@ -459,7 +480,9 @@ impl KubeRuntime {
                     .map_err(|e| RuntimeError::System(format!("building PVC {name}: {e}")))?;
                     match self.claims.create(&PostParams::default(), &pvc).await {
                         Ok(_) => {}
-                        Err(e) if is_code(&e, 409) => {}
+                        // Made meanwhile: by another create of the same volume, or as something
+                        // else; checked as an existing claim is.
+                        Err(e) if is_code(&e, 409) => return Box::pin(self.ensure_volumes(spec)).await,
                         Err(e) => return Err(api_error(&format!("creating volume PVC {name}"), e)),
                     }
                 }

@@ -285,7 +285,7 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             mounts.push(json!({"name": "workspace", "mountPath": "/workspace"}));
         }
         script.push_str(
-            r#"for d in "$@"; do [ -d "$d" ] || mkdir "$d" || exit 1; [ "$(stat -c %u:%g "$d")" != 0:0 ] || chown "$o" "$d" || exit 1; done"#,
+            r#"for d in "$@"; do if [ -L "$d" ]; then echo "$d is a symbolic link" >&2; exit 1; fi; [ -d "$d" ] || mkdir "$d" || exit 1; [ "$(stat -c %u:%g "$d")" != 0:0 ] || chown -h "$o" "$d" || exit 1; done"#,
         );
         mounts.extend(volume_mounts);
         let mut command = vec![json!("sh"), json!("-c"), json!(script), json!("chown"), json!(owner)];

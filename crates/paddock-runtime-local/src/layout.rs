@@ -13,7 +13,8 @@
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
 //! <data>/workspaces/<name>/identity   the host uid/gid the workspace's files belong to
 //! <data>/volumes/<name>/files.img     a named volume (ext4, size-capped), and its identity
-//! <data>/volumes/<name>.lock          serialises making, mounting and removing one volume
+//! <data>/volumes/.locks/<name>        serialises making, mounting and removing one volume
+//! <data>/volumes/<name>/users/<id>    a sandbox that mounts it (made before its record exists)
 //! <data>/volume-mounts/<name>/        where a named volume is mounted on the host (0700;
 //!                                     supervisors drop these from their own mount namespaces)
 //! <data>/sandboxes/<id>/volumes/<i>   a sandbox's staged volume mounts (supervisor's namespace)
@@ -116,8 +117,9 @@ impl DataDir {
     pub fn volume_identity(&self, name: &str) -> PathBuf {
         self.volume(name).join("identity")
     }
+    /// In a directory of its own: a volume's name may end in `.lock`, never start with `.`.
     pub fn volume_lock(&self, name: &str) -> PathBuf {
-        self.volumes().join(format!("{name}.lock"))
+        self.volumes().join(".locks").join(name)
     }
     pub fn volume_mounts(&self) -> PathBuf {
         self.root.join("volume-mounts")

@@ -5,8 +5,9 @@
 //! the sandbox's own host identity and [`identity::NOBODY`], which the sandbox's user namespace
 //! shows as 65534. It reaches the file through the sandbox's own root (`/proc/<init>/root`,
 //! resolved in that root, never through a symlink out of it) and changes a file only when it
-//! already belongs to one of the two, so it can never take over a file of the host, of an
-//! image or of a host directory the sandbox merely mounts.
+//! lies on the sandbox's own `/workspace` or `/tmp` mount (nobody is one id for all sandboxes:
+//! on a shared volume another sandbox could take the file back) and already belongs to one of
+//! the two, so it can never take over a file of the host, of an image or of a volume.
 
 use std::os::fd::OwnedFd;
 
@@ -50,6 +51,31 @@ pub fn chown(
         rustix::io::Errno::NOTDIR => file_err(FileErrorKind::NotADirectory, format!("chown {shown}: not a directory")),
         e => file_err(FileErrorKind::Other, format!("chown {shown}: {e}")),
     })?;
+    // Only the sandbox's own storage: its workspace and /tmp. A volume (or anything else
+    // shared) is another place where a file given to nobody (one id for every sandbox) would
+    // be open to every other sandbox that mounts it.
+    let mount_of = |fd: &OwnedFd| {
+        rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, rustix::fs::StatxFlags::MNT_ID).map(|s| s.stx_mnt_id)
+    };
+    let file_mount = mount_of(&fd).map_err(|e| file_err(FileErrorKind::Other, format!("chown {shown}: {e}")))?;
+    let own = ["workspace", "tmp"].iter().any(|dir| {
+        rustix::fs::openat2(
+            &root,
+            *dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS,
+        )
+        .ok()
+        .and_then(|d| mount_of(&d).ok())
+            == Some(file_mount)
+    });
+    if !own {
+        return Err(file_err(
+            FileErrorKind::PermissionDenied,
+            format!("chown {shown}: only files in /workspace and /tmp can change owner"),
+        ));
+    }
     let st = rustix::fs::fstat(&fd).map_err(|e| file_err(FileErrorKind::Other, format!("chown {shown}: {e}")))?;
     let own = |id: u32, mine: u32| id == mine || id == identity::NOBODY;
     if !own(st.st_uid, host.0) || !own(st.st_gid, host.1) {

@@ -169,7 +169,7 @@ impl Supervisor {
         fs::set_permissions(&own_dir, fs::Permissions::from_mode(0o710)).map_err(|e| io(&own_dir, e))?;
         // Opened (named ones made and mounted) in the host's mount namespace, before anything
         // below leaves it.
-        let opened_volumes = crate::volumes::open_all(&dd, &spec, (ids.uid, ids.gid))?;
+        let opened_volumes = crate::volumes::open_all(&dd, &id, &spec)?;
         let mut private_mounts = false;
         let (workspace_mount, workspace) = match &spec.workspace {
             Some(w) => {
@@ -279,8 +279,12 @@ impl Supervisor {
         if private_mounts {
             crate::volumes::forget_host_mounts(&dd);
         }
-        let skeleton = paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source, &extra)
-            .map_err(sys("preparing the sandbox root"))?;
+        let skeleton = if extra.is_empty() {
+            paddock_sys::mounts::shared_skeleton(&dd.skeletons(), &source)
+        } else {
+            paddock_sys::mounts::own_skeleton(&dd.sandbox(&id).join("skeleton"), &source, &extra)
+        }
+        .map_err(sys("preparing the sandbox root"))?;
         let plan = RootPlan {
             skeleton,
             source,

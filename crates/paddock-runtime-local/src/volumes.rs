@@ -133,6 +133,9 @@ fn lock(dd: &DataDir, name: &str) -> Result<fs::File, RuntimeError> {
     fs::create_dir_all(&dir).map_err(sys(format!("creating {}", dir.display())))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(sys(format!("chmod {}", dir.display())))?;
     let path = dd.volume_lock(name);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(sys(format!("creating {}", parent.display())))?;
+    }
     let file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -161,6 +164,7 @@ fn now_ms() -> u64 {
 /// Runs in the supervisor, in the host's mount namespace, as host root.
 pub fn mount_named(
     dd: &DataDir,
+    user: &SandboxId,
     name: &str,
     create: bool,
     bytes: u64,
@@ -212,6 +216,14 @@ pub fn mount_named(
     if !is_mount_point(&at) {
         crate::wsimage::mount(&image, &at)?;
     }
+    // Marked in use under the lock, before the sandbox's record exists, so a delete never
+    // slips in between (see `users`).
+    let users = dd.volume(name).join("users");
+    fs::create_dir_all(&users).map_err(sys(format!("creating {}", users.display())))?;
+    crate::layout::write_private(&users.join(user.as_str()), b"").map_err(sys("marking the volume in use"))?;
+    // A symlink in the data directory's own path is the operator's: resolve it once here, so
+    // the no-symlink open below only guards what lies inside the volume.
+    let at = fs::canonicalize(&at).map_err(sys(format!("resolving {}", at.display())))?;
     Ok((at, ids))
 }
 
@@ -219,7 +231,8 @@ pub fn mount_named(
 /// opened without following symlinks), and the on-disk ids to show as the sandbox user.
 pub struct Opened {
     tree: OwnedFd,
-    owner: (u32, u32),
+    /// `None`: shown with the sandbox's own ids, and read-only whatever was asked.
+    owner: Option<(u32, u32)>,
 }
 
 fn open_dir(at: impl rustix::path::Arg, base: Option<&OwnedFd>, what: &str) -> Result<OwnedFd, RuntimeError> {
@@ -251,11 +264,13 @@ fn open_dir(at: impl rustix::path::Arg, base: Option<&OwnedFd>, what: &str) -> R
     })
 }
 
-/// The on-disk owner to show as the sandbox user: the directory's own uid and gid where they
-/// are an ordinary user's and group's, the sandbox's own identity otherwise.
-fn mapped_owner(uid: u32, gid: u32, host: (u32, u32)) -> (u32, u32) {
-    let ordinary = |id: u32| (1000..identity::BASE).contains(&id) && id != u32::MAX;
-    (if ordinary(uid) { uid } else { host.0 }, if ordinary(gid) { gid } else { host.1 })
+/// The on-disk owner to show as the sandbox user: the directory's own uid and gid when both
+/// are an ordinary user's and group's (1000 or above, below every id Paddock gives
+/// sandboxes). `None` otherwise: the directory is then mounted read-only, since files the
+/// sandbox made there would belong to its own identity, which a later sandbox may be given.
+fn mapped_owner(uid: u32, gid: u32) -> Option<(u32, u32)> {
+    let ordinary = |id: u32| (1000..paddock_core::spec::HOST_ID_OFFSET).contains(&id);
+    (ordinary(uid) && ordinary(gid)).then_some((uid, gid))
 }
 
 /// Makes the missing directories of `sub` below `base`, owned by `owner`, one component at a
@@ -284,27 +299,27 @@ fn make_sub_dirs(base: &OwnedFd, sub: &str, owner: (u32, u32)) -> Result<(), Run
 
 /// Opens every volume of `spec` for staging; named ones are made and mounted on the host
 /// first. Runs in the supervisor, as host root, before it leaves the host's mount namespace.
-pub fn open_all(dd: &DataDir, spec: &SandboxSpec, host: (u32, u32)) -> Result<Vec<Opened>, RuntimeError> {
+pub fn open_all(dd: &DataDir, id: &SandboxId, spec: &SandboxSpec) -> Result<Vec<Opened>, RuntimeError> {
     let mut out = Vec::new();
     for v in &spec.volumes {
         let (base, owner) = match &v.source {
             VolumeSource::Host { path } => {
                 let fd = open_dir(path.as_str(), None, &format!("volume {}: host path {path}", v.name))?;
                 let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::from_io("fstat", &e.into()))?;
-                (fd, mapped_owner(st.st_uid, st.st_gid, host))
+                (fd, mapped_owner(st.st_uid, st.st_gid))
             }
             VolumeSource::Named { name, create, size_bytes, .. } => {
                 let bytes =
                     size_bytes.or(spec.resources.workspace_bytes).unwrap_or(paddock_core::spec::DEFAULT_WORKSPACE);
-                let (at, ids) = mount_named(dd, name, *create, bytes, spec.resources.workspace_inodes)?;
+                let (at, ids) = mount_named(dd, id, name, *create, bytes, spec.resources.workspace_inodes)?;
                 let fd = open_dir(&at, None, &format!("volume {}: named volume {name}", v.name))?;
-                (fd, (ids.uid, ids.gid))
+                (fd, Some((ids.uid, ids.gid)))
             }
         };
         let dir = match v.sub_path.as_deref().map(|s| s.trim_end_matches('/')) {
             None => base,
             Some(sub) => {
-                if matches!(v.source, VolumeSource::Named { .. }) && !v.read_only {
+                if let (VolumeSource::Named { .. }, false, Some(owner)) = (&v.source, v.read_only, owner) {
                     make_sub_dirs(&base, sub, owner)?;
                 }
                 open_dir(sub, Some(&base), &format!("volume {}: subPath {sub}", v.name))?
@@ -385,21 +400,21 @@ pub fn stage(
     for (i, (v, o)) in volumes.iter().zip(opened).enumerate() {
         let at = staging.join(i.to_string());
         fs::create_dir(&at).map_err(sys(format!("creating {}", at.display())))?;
-        let userns = if o.owner == host {
-            None
-        } else {
-            Some(
-                paddock_sys::overlay::idmap_userns(o.owner, host)
+        let userns = match o.owner {
+            Some(owner) if owner != host => Some(
+                paddock_sys::overlay::idmap_userns(owner, host)
                     .map_err(|e| RuntimeError::System(format!("volume {}: {e}", v.name)))?,
-            )
+            ),
+            _ => None,
         };
-        paddock_sys::overlay::attach_tree(o.tree, &at, userns.as_ref(), v.read_only).map_err(|e| {
+        let read_only = v.read_only || o.owner.is_none();
+        paddock_sys::overlay::attach_tree(o.tree, &at, userns.as_ref(), read_only).map_err(|e| {
             RuntimeError::System(format!(
                 "volume {}: mounting it failed ({e}); its filesystem may not support idmapped mounts",
                 v.name
             ))
         })?;
-        out.push(VolumeBind { staged: at, target: PathBuf::from(&v.mount_path), read_only: v.read_only });
+        out.push(VolumeBind { staged: at, target: PathBuf::from(&v.mount_path), read_only });
     }
     Ok(out)
 }
@@ -415,8 +430,13 @@ pub fn forget_host_mounts(dd: &DataDir) {
     }
 }
 
-/// Detaches a sandbox's staged volume mounts.
+/// Detaches a sandbox's staged volume mounts and gives up its claims on named volumes.
 pub fn unstage(dd: &DataDir, id: &SandboxId) {
+    if let Ok(volumes) = fs::read_dir(dd.volumes()) {
+        for v in volumes.flatten() {
+            let _ = fs::remove_file(v.path().join("users").join(id.as_str()));
+        }
+    }
     let staging = dd.volume_staging(id);
     if let Ok(entries) = fs::read_dir(&staging) {
         for e in entries.flatten() {
@@ -434,10 +454,23 @@ fn named_in(spec: &SandboxSpec) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The sandboxes (by their records) that mount each named volume.
+/// The sandboxes that mount each named volume: by their records, and by the marks their
+/// supervisors leave while they start (a sandbox whose directory is gone no longer counts).
 fn users(dd: &DataDir) -> Vec<(SandboxId, Vec<String>)> {
-    let Ok(entries) = fs::read_dir(dd.sandboxes()) else { return Vec::new() };
-    let mut out = Vec::new();
+    let mut out: Vec<(SandboxId, Vec<String>)> = Vec::new();
+    if let Ok(volumes) = fs::read_dir(dd.volumes()) {
+        for v in volumes.flatten() {
+            let Some(name) = v.file_name().to_str().map(str::to_owned) else { continue };
+            let Ok(marks) = fs::read_dir(v.path().join("users")) else { continue };
+            for m in marks.flatten() {
+                let Some(id) = m.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
+                if dd.sandbox(&id).exists() {
+                    out.push((id, vec![name.clone()]));
+                }
+            }
+        }
+    }
+    let Ok(entries) = fs::read_dir(dd.sandboxes()) else { return out };
     for e in entries.flatten() {
         let Some(id) = e.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
         let Ok(bytes) = fs::read(dd.record(&id)) else { continue };
@@ -447,7 +480,20 @@ fn users(dd: &DataDir) -> Vec<(SandboxId, Vec<String>)> {
             out.push((id, names));
         }
     }
-    out
+    // One entry per sandbox.
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut merged: Vec<(SandboxId, Vec<String>)> = Vec::new();
+    for (id, names) in out {
+        match merged.last_mut() {
+            Some((last, all)) if *last == id => all.extend(names),
+            _ => merged.push((id, names)),
+        }
+    }
+    for (_, names) in &mut merged {
+        names.sort();
+        names.dedup();
+    }
+    merged
 }
 
 /// The named volumes of this data directory.
@@ -515,12 +561,13 @@ mod tests {
 
     #[test]
     fn only_ordinary_owners_are_mapped() {
-        let host = (identity::BASE + 7, identity::BASE + 7);
-        assert_eq!(mapped_owner(0, 0, host), host, "host root is never mapped");
-        assert_eq!(mapped_owner(1, 4, host), host, "nor system users");
-        assert_eq!(mapped_owner(1000, 1000, host), (1000, 1000));
-        assert_eq!(mapped_owner(1001, 0, host), (1001, host.1));
-        assert_eq!(mapped_owner(identity::BASE + 3, 50, host), host, "nor another sandbox's identity");
+        assert_eq!(mapped_owner(0, 0), None, "host root is never mapped");
+        assert_eq!(mapped_owner(1, 4), None, "nor system users");
+        assert_eq!(mapped_owner(1000, 1000), Some((1000, 1000)));
+        assert_eq!(mapped_owner(1001, 0), None, "nor a system group");
+        assert_eq!(mapped_owner(identity::BASE + 3, 1000), None, "nor a sandbox's identity");
+        let legacy = paddock_core::spec::HOST_ID_OFFSET + 1000;
+        assert_eq!(mapped_owner(legacy, legacy), None, "nor the identity sandboxes once shared");
     }
 
     fn vol(at: &str) -> VolumeMount {

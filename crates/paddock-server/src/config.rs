@@ -44,14 +44,16 @@ pub struct ServerConfig {
 }
 
 /// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
-/// held before and after) must fit.
-pub const MIN_REQUEST_MEMORY: u64 = 128 << 20;
+/// held before and after) and its request body must fit, with room to spare.
+pub const MIN_REQUEST_MEMORY: u64 = 160 << 20;
 /// The default: a few large edits, or a hundred full JSON bodies, at once.
 pub const DEFAULT_REQUEST_MEMORY: u64 = 512 << 20;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("--max-request-memory must be at least 128MiB (one in-place edit of a 64 MiB file holds twice that)")]
+    #[error(
+        "--max-request-memory must be at least 160MiB (one in-place edit of a 64 MiB file holds twice that, with its request)"
+    )]
     RequestMemory,
     #[error(
         "the default session timeout ({default}s) must be at least 60s and at most the maximum ({max}s): adjust --default-timeout or --max-timeout"

@@ -133,18 +133,9 @@ const SKELETON_LAYOUT: u32 = 1;
 /// largest part of a create and destroy (about 40 directory operations on the data directory's
 /// filesystem, journalled). A source whose top level changes gets a skeleton of its own, under
 /// another name; skeletons are never removed, since running sandboxes have mounts on them.
-///
-/// `extra` names top-level directories the source lacks that the sandbox needs as mount points
-/// (volumes mounted at a new top-level path).
-pub fn shared_skeleton(store: &Path, source: &Path, extra: &[std::ffi::OsString]) -> Result<PathBuf> {
+pub fn shared_skeleton(store: &Path, source: &Path) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
-    let mut entries = source_entries(source)?;
-    for name in extra {
-        if !entries.iter().any(|e| e.name() == name) {
-            entries.push(Entry::Dir(name.clone()));
-        }
-    }
-    entries.sort();
+    let entries = source_entries(source)?;
     // Two differently seeded 64-bit hashes: a collision would only give a sandbox the wrong
     // mount points (a create that fails, or a top-level entry left out), never more access.
     let digest = |seed: u64| {
@@ -174,6 +165,21 @@ pub fn shared_skeleton(store: &Path, source: &Path, extra: &[std::ffi::OsString]
         return Err(e);
     }
     Ok(at)
+}
+
+/// A skeleton for one sandbox only, at `at` (inside its own directory, gone with it): the
+/// source's top level plus `extra`, top-level directories the source lacks that the sandbox
+/// needs as mount points (volumes at a new top-level path). Never shared, so the names a
+/// caller picks cannot pile up skeletons in the data directory.
+pub fn own_skeleton(at: &Path, source: &Path, extra: &[std::ffi::OsString]) -> Result<PathBuf> {
+    let mut entries = source_entries(source)?;
+    for name in extra {
+        if !entries.iter().any(|e| e.name() == name) {
+            entries.push(Entry::Dir(name.clone()));
+        }
+    }
+    build_skeleton(at, &entries)?;
+    Ok(at.to_path_buf())
 }
 
 fn build_skeleton(sk: &Path, entries: &[Entry]) -> Result<()> {
@@ -501,17 +507,17 @@ mod tests {
             fs::create_dir_all(root.join("usr/lib")).unwrap();
             symlink("usr/lib", root.join("lib")).unwrap();
         }
-        let first = shared_skeleton(&store, &a, &[]).unwrap();
+        let first = shared_skeleton(&store, &a).unwrap();
         assert!(first.join("usr").is_dir() && first.join("dev/pts").is_dir());
         assert_eq!(fs::read_link(first.join("lib")).unwrap(), Path::new("usr/lib"));
-        assert_eq!(shared_skeleton(&store, &b, &[]).unwrap(), first, "same top level, same skeleton");
+        assert_eq!(shared_skeleton(&store, &b).unwrap(), first, "same top level, same skeleton");
         fs::create_dir(b.join("opt")).unwrap();
-        let second = shared_skeleton(&store, &b, &[]).unwrap();
+        let second = shared_skeleton(&store, &b).unwrap();
         assert_ne!(second, first, "a changed top level gets a skeleton of its own");
         assert!(second.join("opt").is_dir() && !first.join("opt").exists());
         fs::remove_file(b.join("lib")).unwrap();
         symlink("usr", b.join("lib")).unwrap();
-        assert_ne!(shared_skeleton(&store, &b, &[]).unwrap(), second, "a symlink's target is part of the listing");
+        assert_ne!(shared_skeleton(&store, &b).unwrap(), second, "a symlink's target is part of the listing");
         assert_eq!(fs::read_dir(&store).unwrap().count(), 3, "nothing half-built is left behind");
     }
 }

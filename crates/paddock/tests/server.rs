@@ -821,10 +821,10 @@ fn a_refused_request_with_a_body_closes_its_connection_and_says_so() {
 #[test]
 fn request_bodies_share_one_memory_budget_and_the_rest_of_the_server_keeps_working() {
     let dir = data_dir();
-    let s = Server::start(dir.path(), &["--max-request-memory", "128MiB", "--header-timeout", "60s"]);
+    let s = Server::start(dir.path(), &["--max-request-memory", "160MiB", "--header-timeout", "60s"]);
     let id = s.create();
-    // Sixty-four requests that each promise a 2 MiB body and send a byte of it: together they
-    // hold the whole budget while they wait for the rest.
+    // Eighty requests that each promise a 2 MiB body and send a byte of it: together they hold
+    // the whole budget while they wait for the rest.
     let hold = |n: usize| -> Vec<TcpStream> {
         (0..n)
             .map(|_| {
@@ -838,7 +838,7 @@ fn request_bodies_share_one_memory_budget_and_the_rest_of_the_server_keeps_worki
             })
             .collect()
     };
-    let held = hold(64);
+    let held = hold(80);
     std::thread::sleep(Duration::from_millis(500));
     // One more body waits, then is turned away with a reason and a Retry-After.
     let started = Instant::now();
@@ -866,4 +866,53 @@ fn request_bodies_share_one_memory_budget_and_the_rest_of_the_server_keeps_worki
         br#"{"k":"v"}"#.to_vec(),
     );
     assert_eq!(status, 200);
+}
+
+#[test]
+fn a_sandbox_that_stops_its_own_file_workers_costs_a_timeout_not_a_hung_request() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--call-timeout", "2s"]);
+    let (hung, fine) = (s.create(), s.create());
+    assert_eq!(s.run(&hung, "id -u", false).0, ["1000"], "the sandbox is the unprivileged user");
+    // A directory slow enough to list that its file worker is still there to be stopped.
+    let make = "mkdir /tmp/many && cd /tmp/many && python3 -c 'import os\nfor i in range(60000): os.close(os.open(str(i), os.O_CREAT))' && echo made";
+    assert_eq!(s.run(&hung, make, false).0, ["made"]);
+    // The sandbox stops every file worker it sees (each one is a fork of its init, which a
+    // signal from inside cannot stop).
+    // (`[_]_` so the pattern does not match the loop's own shell.)
+    s.run(&hung, "while true; do pkill -STOP -f '[_]_supervise'; done >/dev/null 2>&1", true);
+    std::thread::sleep(Duration::from_millis(300));
+    let list = |id: &str| {
+        s.call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/proxy/44772/directories/list?path=/tmp"),
+            None,
+            &[("OPEN-SANDBOX-API-KEY", KEY)],
+        )
+    };
+    let info = |id: &str| {
+        s.call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/proxy/44772/files/info?path=/workspace"),
+            None,
+            &[("OPEN-SANDBOX-API-KEY", KEY)],
+        )
+    };
+    let started = Instant::now();
+    let (status, body) = s.call(
+        "GET",
+        &format!("/v1/sandboxes/{hung}/proxy/44772/directories/list?path=/tmp/many"),
+        None,
+        &[("OPEN-SANDBOX-API-KEY", KEY)],
+    );
+    assert_api_error(status, &body, 504, "");
+    assert_eq!(body["code"], "TIMEOUT", "{body}");
+    assert!(started.elapsed() < Duration::from_secs(15), "the 2 s deadline was not applied: {:?}", started.elapsed());
+    // Another sandbox, and the server, are untouched; the hung one can still be destroyed.
+    let (status, body) = info(&fine);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(list(&fine).0, 200);
+    assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
+    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{hung}"), None, &[("OPEN-SANDBOX-API-KEY", KEY)]);
+    assert_eq!(status, 204);
 }

@@ -64,10 +64,17 @@ async fn host_volumes_map_only_ordinary_owners_and_keep_read_only_and_set_id_out
     let out = sh(&env.rt, &id, "cat /mnt/shared/marker; stat -c '%u %g' /mnt/shared /data/user").await;
     assert_eq!(out.stdout, "root's\n65534 65534\n1000 1000\n", "{}", out.stderr);
 
-    // Root's directory: readable, never writable, whatever the volume's flag says.
-    let out = sh(&env.rt, &id, "touch /mnt/shared/x").await;
-    assert_ne!(out.code(), 0);
+    // Root's directory: readable, and mounted read-only whatever the volume's flag says (a
+    // file made there would belong to this sandbox's identity, which a later one may get).
+    let out = sh(&env.rt, &id, "touch /mnt/shared/x; grep ' /mnt/shared ' /proc/self/mountinfo").await;
+    assert!(out.stderr.contains("Read-only file system"), "{}", out.stderr);
+    assert!(out.stdout.contains(" ro,"), "{}", out.stdout);
     assert!(!shared.join("x").exists());
+    // /data is new at the top level: this sandbox got a skeleton of its own for it, and the
+    // shared ones gained nothing.
+    for sk in std::fs::read_dir(env.data().join("skeletons")).into_iter().flatten().flatten() {
+        assert!(!sk.path().join("data").exists(), "a shared skeleton grew a /data: {}", sk.path().display());
+    }
     // The ordinary owner's directory: written as that owner.
     assert_eq!(sh(&env.rt, &id, "echo w > /data/user/f").await.code(), 0);
     let meta = std::fs::metadata(user.join("f")).unwrap();
@@ -140,6 +147,14 @@ async fn named_volumes_are_shared_capped_and_never_followed_out_of() {
     assert!(out.stderr.contains("Read-only"), "{}", out.stderr);
     assert_confined(&env.rt, &b).await;
 
+    // Files on a volume (shared: nobody is one id for every sandbox) are not given to nobody.
+    use paddock_core::runtime::{FileOp, FileOwner};
+    let e = env
+        .rt
+        .file(&a, FileOp::Chown { path: "/mnt/v/sub/f".into(), user: Some(FileOwner::Nobody), group: None })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("only files in /workspace and /tmp"), "{e}");
     // A subPath through the symlink the first sandbox left is refused, not followed to `/`.
     let e = env.rt.create(spec(vec![named("v", "shared-data", "/mnt/x", Some("esc/etc"), false)])).await.unwrap_err();
     assert!(e.to_string().contains("symbolic link"), "{e}");

@@ -70,16 +70,37 @@ async fn run_op(state: &AppState, sandbox: &SandboxId, op: FileOp) -> ApiResult<
 
 /// Reads a whole (small) file of the sandbox; more than `cap` bytes is an error.
 pub(super) async fn read_small(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Vec<u8>> {
+    Ok(read_held(state, sandbox, path, cap).await?.data)
+}
+
+/// Bytes read into memory, with the room they take in the server's budget (given back when
+/// this is dropped).
+pub(super) struct Held {
+    pub data: Vec<u8>,
+    _room: Vec<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Reads a whole file of at most `cap` bytes, reserving room in the server's memory budget as
+/// it grows (a file's size is only a hint: it may grow, or be a device that never ends).
+pub(super) async fn read_held(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Held> {
+    const STEP: usize = 1 << 20;
     let mut rx = state.rt.read_file(sandbox, path).await?;
     let mut out = Vec::new();
+    let mut room = Vec::new();
+    let mut reserved = 0usize;
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = rx.read(&mut buf).await.map_err(|e| ApiError::unavailable(format!("reading {path}: {e}")))?;
         if n == 0 {
-            return Ok(out);
+            return Ok(Held { data: out, _room: room });
         }
         if out.len() + n > cap {
             return Err(too_big(path, cap));
+        }
+        if out.len() + n > reserved {
+            let more = STEP.max(n);
+            room.push(state.budget.reserve(more as u64, &format!("reading {path}")).await?);
+            reserved += more;
         }
         out.extend_from_slice(&buf[..n]);
     }
@@ -468,16 +489,9 @@ pub async fn replace(
             return Err(invalid_body("old content must not be empty"));
         }
         let s = stat(&state, &sandbox, &path).await?;
-        // The text and its edited copy are held at once: room for both, from the server's
-        // budget, before reading (and more if the file grew since its stat).
-        let expected = s.size.min(MAX_IN_MEMORY as u64);
-        let what = format!("replacing text in {path}");
-        let _held = state.budget.reserve(2 * expected, &what).await?;
-        let content = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
-        let _grown = match (content.len() as u64).checked_sub(expected) {
-            Some(more) if more > 0 => Some(state.budget.reserve(2 * more, &what).await?),
-            _ => None,
-        };
+        // The text is held with room reserved as it is read; the edited copy reserves its own
+        // exact size below, before it is built.
+        let Held { data: content, _room } = read_held(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
         let content = String::from_utf8(content).map_err(|_| {
             ApiError::bad_request(format!("{path} is not UTF-8 text: it cannot be edited by replacement"))
         })?;
@@ -488,6 +502,7 @@ pub async fn replace(
         if edited_len > MAX_IN_MEMORY {
             return Err(too_big(&format!("{path} after the replacement"), MAX_IN_MEMORY));
         }
+        let _edited_room = state.budget.reserve(edited_len as u64, &format!("replacing text in {path}")).await?;
         if count > 0 {
             write_small(&state, &sandbox, &path, Some(s.mode), content.replace(&item.old, &item.new).into_bytes())
                 .await?;
@@ -722,10 +737,12 @@ pub async fn download(
             },
             (Some(h), None) => {
                 // Size unknown until read: read it (bounded), then cut.
-                let data = read_small(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
-                let size = data.len() as u64;
+                let Held { data: mut part, _room } = read_held(&state, &sandbox, &path, MAX_IN_MEMORY).await?;
+                let size = part.len() as u64;
                 let ByteRange { start, len } = parse_range(h, size).map_err(|_| unsatisfiable(h, size))?;
-                let part = data[start as usize..(start + len) as usize].to_vec();
+                // Cut in place: no second copy.
+                part.truncate((start + len) as usize);
+                part.drain(..start as usize);
                 let cr = format!("bytes {start}-{}/{size}", start + len - 1);
                 response_headers.insert(
                     header::CONTENT_RANGE,
