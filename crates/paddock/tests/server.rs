@@ -916,3 +916,47 @@ fn a_sandbox_that_stops_its_own_file_workers_costs_a_timeout_not_a_hung_request(
     let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{hung}"), None, &[("OPEN-SANDBOX-API-KEY", KEY)]);
     assert_eq!(status, 204);
 }
+
+#[test]
+fn running_commands_are_bounded_per_sandbox_and_ended_ones_give_back_their_descriptors() {
+    use paddock_server::execd::MAX_RUNNING_PER_SANDBOX;
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &[]);
+    let (greedy, other) = (s.create(), s.create());
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", s.child.id())).unwrap().count();
+    let before = fds();
+    // Commands that end at once but leave a process holding their output: the server stops
+    // reading them when they end, so their pipes do not pile up.
+    for _ in 0..20 {
+        s.run(&greedy, "sleep 30 & echo started", true);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fds() > before + 8 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(fds() <= before + 8, "pipes of ended commands are still open: {} > {before}", fds());
+    // Commands that keep running are bounded per sandbox (its entrypoint is one of them)...
+    let start = |id: &str| {
+        s.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/proxy/44772/command"),
+            Some(&json!({"command": "exec sleep 60", "background": true})),
+            &[("OPEN-SANDBOX-API-KEY", KEY)],
+        )
+    };
+    let mut started = 0;
+    let refused = loop {
+        let (status, body) = start(&greedy);
+        if status != 200 {
+            break (status, body);
+        }
+        started += 1;
+        assert!(started < MAX_RUNNING_PER_SANDBOX, "no bound on running commands");
+    };
+    assert_eq!(started, MAX_RUNNING_PER_SANDBOX - 1);
+    assert_api_error(refused.0, &refused.1, 429, "DELETE /command");
+    assert_eq!(refused.1["code"], "TOO_MANY_COMMANDS");
+    // ... and another sandbox, and the server, are not affected.
+    assert_eq!(s.run(&other, "echo fine", false).0, ["fine"]);
+    assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
+}
