@@ -331,11 +331,6 @@ impl KubeRuntime {
                         v.name
                     )));
                 }
-                VolumeSource::Named { .. } if self.config.model == SandboxModel::Claim => {
-                    return Err(RuntimeError::Unsupported(
-                        "volumes are not supported with --model claim (a warm pool's Pods come from its template): use the keeper model".into(),
-                    ));
-                }
                 VolumeSource::Named { .. } => {}
             }
         }
@@ -1358,8 +1353,11 @@ async fn detached<T: Send + 'static>(
 impl KubeRuntime {
     async fn create_now(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         let spec = self.prepare(spec)?;
+        // A warm pool's Pods come from its template: a sandbox with a workspace or volumes of
+        // its own gets a keeper Pod instead.
         if self.config.model == SandboxModel::Claim
             && spec.workspace.is_none()
+            && spec.volumes.is_empty()
             && let Some(info) = self.create_claimed(&spec).await?
         {
             return Ok(info);
