@@ -107,6 +107,14 @@ pub fn live(registry: &Path) -> Vec<PathBuf> {
     read(registry).into_iter().filter(|d| d.join(MARKER).is_file()).collect()
 }
 
+/// Every Paddock data directory on the host: the live registered ones, and `own` (resolved)
+/// even if the registry cannot be read.
+pub fn all_data_dirs(own: &Path) -> Vec<PathBuf> {
+    let mut dirs = live(Path::new(REGISTRY));
+    dirs.extend(std::fs::canonicalize(own));
+    dirs
+}
+
 /// Where each of `data_dirs` (canonical) appears inside a sandbox whose root is `source`
 /// (canonical): the paths to mask, as seen from inside.
 pub fn masks_within(source: &Path, data_dirs: &[PathBuf]) -> Vec<PathBuf> {

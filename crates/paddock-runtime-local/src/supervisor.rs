@@ -218,8 +218,7 @@ impl Supervisor {
         };
         // Every Paddock data directory on the host, this instance's included even if the
         // registry cannot be read.
-        let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
-        data_dirs.extend(fs::canonicalize(dd.root()));
+        let data_dirs = crate::registry::all_data_dirs(dd.root());
         let writable_root = image.is_some();
         let source = match (image, crate::image::resolve(spec.image.as_deref())?) {
             (Some(image), _) => {
@@ -616,7 +615,7 @@ impl Supervisor {
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
-        crate::volumes::unstage(&self.dd, &self.id);
+        crate::volumes::unstage(&self.dd, &self.id, &self.record.info.spec);
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
@@ -677,7 +676,7 @@ impl Supervisor {
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
         LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
-        crate::volumes::unstage(&self.dd, &self.id);
+        crate::volumes::unstage(&self.dd, &self.id, &self.record.info.spec);
         self.record.info.state = SandboxState::Failed;
         self.record.info.failure = Some(why);
         let _ = write_record(&self.dd, &self.record);

@@ -69,6 +69,7 @@ fn sys(context: impl std::fmt::Display) -> impl Fn(std::io::Error) -> RuntimeErr
 /// Checks what a sandbox's volumes ask for before its supervisor starts, and replaces each
 /// host path with its real path (what the supervisor opens, symlinks refused).
 pub fn resolve(dd: &DataDir, opts: &VolumeOptions, spec: &mut SandboxSpec) -> Result<(), RuntimeError> {
+    let mut data_dirs = None;
     for v in &mut spec.volumes {
         match &mut v.source {
             VolumeSource::Host { path } => {
@@ -98,8 +99,7 @@ pub fn resolve(dd: &DataDir, opts: &VolumeOptions, spec: &mut SandboxSpec) -> Re
                         opts.host_roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
                     )));
                 }
-                let mut data_dirs = crate::registry::live(Path::new(crate::registry::REGISTRY));
-                data_dirs.extend(fs::canonicalize(dd.root()));
+                let data_dirs = data_dirs.get_or_insert_with(|| crate::registry::all_data_dirs(dd.root()));
                 if let Some(d) = data_dirs.iter().find(|d| real.starts_with(d) || d.starts_with(&real)) {
                     return Err(RuntimeError::InvalidArgument(format!(
                         "volume {}: host path {path} holds or is inside Paddock's data directory {}: mount another directory",
@@ -175,7 +175,9 @@ pub fn mount_named(
     let identity_path = dd.volume_identity(name);
     if !image.is_file() {
         if !create {
-            return Err(RuntimeError::NotFound(format!("named volume {name} does not exist")));
+            return Err(RuntimeError::NotFound(format!(
+                "named volume {name} does not exist: create it (createIfNotExists) or see `paddock volume ls`"
+            )));
         }
         let dir = dd.volume(name);
         fs::create_dir_all(&dir).map_err(sys(format!("creating {}", dir.display())))?;
@@ -430,11 +432,12 @@ pub fn forget_host_mounts(dd: &DataDir) {
     }
 }
 
-/// Detaches a sandbox's staged volume mounts and gives up its claims on named volumes.
-pub fn unstage(dd: &DataDir, id: &SandboxId) {
-    if let Ok(volumes) = fs::read_dir(dd.volumes()) {
-        for v in volumes.flatten() {
-            let _ = fs::remove_file(v.path().join("users").join(id.as_str()));
+/// Detaches a sandbox's staged volume mounts and takes away its marks on the named volumes
+/// its spec mounts.
+pub fn unstage(dd: &DataDir, id: &SandboxId, spec: &SandboxSpec) {
+    for v in &spec.volumes {
+        if let VolumeSource::Named { name, .. } = &v.source {
+            let _ = fs::remove_file(dd.volume(name).join("users").join(id.as_str()));
         }
     }
     let staging = dd.volume_staging(id);
@@ -446,54 +449,22 @@ pub fn unstage(dd: &DataDir, id: &SandboxId) {
     paddock_sys::mounts::unmount_scratch(&staging);
 }
 
-/// Names of the named volumes a sandbox's spec mounts.
-fn named_in(spec: &SandboxSpec) -> impl Iterator<Item = &str> {
-    spec.volumes.iter().filter_map(|v| match &v.source {
-        VolumeSource::Named { name, .. } => Some(name.as_str()),
-        VolumeSource::Host { .. } => None,
-    })
-}
-
-/// The sandboxes that mount each named volume: by their records, and by the marks their
-/// supervisors leave while they start (a sandbox whose directory is gone no longer counts).
-fn users(dd: &DataDir) -> Vec<(SandboxId, Vec<String>)> {
-    let mut out: Vec<(SandboxId, Vec<String>)> = Vec::new();
-    if let Ok(volumes) = fs::read_dir(dd.volumes()) {
-        for v in volumes.flatten() {
-            let Some(name) = v.file_name().to_str().map(str::to_owned) else { continue };
-            let Ok(marks) = fs::read_dir(v.path().join("users")) else { continue };
-            for m in marks.flatten() {
-                let Some(id) = m.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
-                if dd.sandbox(&id).exists() {
-                    out.push((id, vec![name.clone()]));
-                }
-            }
+/// The sandboxes that mount named volume `name`: the marks their supervisors leave under the
+/// volume's lock before their records exist and take away when they end. A mark whose sandbox
+/// is gone (its start failed, or it was cleaned up after a crash) is dropped here.
+fn users_of(dd: &DataDir, name: &str) -> Vec<SandboxId> {
+    let Ok(marks) = fs::read_dir(dd.volume(name).join("users")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for m in marks.flatten() {
+        let Some(id) = m.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
+        if dd.sandbox(&id).exists() {
+            out.push(id);
+        } else {
+            let _ = fs::remove_file(m.path());
         }
     }
-    let Ok(entries) = fs::read_dir(dd.sandboxes()) else { return out };
-    for e in entries.flatten() {
-        let Some(id) = e.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
-        let Ok(bytes) = fs::read(dd.record(&id)) else { continue };
-        let Ok(record) = serde_json::from_slice::<crate::protocol::Record>(&bytes) else { continue };
-        let names: Vec<String> = named_in(&record.info.spec).map(str::to_owned).collect();
-        if !names.is_empty() {
-            out.push((id, names));
-        }
-    }
-    // One entry per sandbox.
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut merged: Vec<(SandboxId, Vec<String>)> = Vec::new();
-    for (id, names) in out {
-        match merged.last_mut() {
-            Some((last, all)) if *last == id => all.extend(names),
-            _ => merged.push((id, names)),
-        }
-    }
-    for (_, names) in &mut merged {
-        names.sort();
-        names.dedup();
-    }
-    merged
+    out.sort();
+    out
 }
 
 /// The named volumes of this data directory.
@@ -503,7 +474,6 @@ pub fn list(dd: &DataDir) -> Result<Vec<NamedVolume>, RuntimeError> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(sys("listing the volumes")(e)),
     };
-    let users = users(dd);
     let mut out = Vec::new();
     for e in entries.flatten() {
         let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
@@ -516,7 +486,7 @@ pub fn list(dd: &DataDir) -> Result<Vec<NamedVolume>, RuntimeError> {
             .map(|v| (v.f_blocks - v.f_bfree) * v.f_frsize);
         let created_unix_ms =
             fs::read_to_string(dd.volume(&name).join("created")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
-        let used_by = users.iter().filter(|(_, n)| n.contains(&name)).map(|(id, _)| id.clone()).collect();
+        let used_by = users_of(dd, &name);
         out.push(NamedVolume { name, size_bytes: meta.len(), used_bytes, created_unix_ms, used_by });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -531,8 +501,7 @@ pub fn remove(dd: &DataDir, name: &str) -> Result<(), RuntimeError> {
     if !dir.exists() {
         return Err(RuntimeError::NotFound(format!("no named volume {name}: see `paddock volume ls`")));
     }
-    let using: Vec<String> =
-        users(dd).into_iter().filter(|(_, n)| n.iter().any(|n| n == name)).map(|(id, _)| id.to_string()).collect();
+    let using: Vec<String> = users_of(dd, name).iter().map(SandboxId::to_string).collect();
     if !using.is_empty() {
         return Err(RuntimeError::Conflict(format!(
             "named volume {name} is mounted by sandbox {}: destroy {} first",

@@ -49,8 +49,9 @@ impl MemoryBudget {
         }
     }
 
-    /// KiB free now (for `/health` and tests).
-    pub fn available_kib(&self) -> usize {
+    /// KiB free now.
+    #[cfg(test)]
+    fn available_kib(&self) -> usize {
         self.permits.available_permits()
     }
 }
