@@ -101,3 +101,27 @@ impl crate::KubeRuntime {
         Ok(())
     }
 }
+
+impl crate::KubeRuntime {
+    /// Waits until commands to `pod` go through its agent; false without an agent or when it
+    /// did not come up within `within`.
+    pub async fn wait_agent(&self, pod: &str, within: Duration) -> bool {
+        if !self.transport.agents.enabled() {
+            return false;
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if self.transport.agents.sender(pod).is_some() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// The same runtime with every command over `pods/exec`: the agent's baseline.
+    pub fn without_agent(&self) -> Self {
+        let config = crate::KubeConfig { agent: None, ..self.config.clone() };
+        Self::new(self.pods.clone().into_client(), config)
+    }
+}

@@ -441,7 +441,7 @@ async fn probe_steps(
 }
 
 async fn exec_in(pods: &Api<Pod>, pod: &str, argv: Vec<String>) -> Result<(i32, Vec<u8>, Vec<u8>), String> {
-    let running = crate::exec::start(pods, pod, argv, false).await.map_err(|e| e.to_string())?;
+    let running = crate::exec::start_pods_exec(pods, pod, argv, false).await.map_err(|e| e.to_string())?;
     crate::exec::collect(running, None).await.map_err(|e| e.to_string())
 }
 

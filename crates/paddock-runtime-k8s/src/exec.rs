@@ -1,4 +1,5 @@
-//! Commands in the keeper Pod over `pods/exec` (WebSocket, channel protocol v5).
+//! Commands in the keeper Pod: through its agent (`agent`) when one is up, else over
+//! `pods/exec` (WebSocket, channel protocol v5).
 //!
 //! Every user command runs under a small `sh` wrapper that starts it in a new session (so a
 //! signal reaches everything it started) with exactly the requested environment, and records
@@ -7,6 +8,8 @@
 //! by a task that owns the connection.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -17,6 +20,7 @@ use paddock_core::runtime::{ExecOutcome, Execution, Process, RuntimeError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::oneshot;
 
+use crate::agent::{self, Agents, RunError};
 use crate::objects::CONTAINER;
 
 /// `sh -c WRAPPER paddock-exec TOKEN CWD PROGRAM [NAME=VALUE... PROGRAM ARGS...]`
@@ -154,7 +158,7 @@ pub fn outcome(code: i32, timed_out: bool) -> ExecOutcome {
     ExecOutcome { exit_code: code, signal, timed_out: false, oom_killed: false }
 }
 
-const PIPE: usize = 64 << 10;
+pub const PIPE: usize = 64 << 10;
 
 /// One exec: caller-side pipe ends and the exit code once the connection ends.
 pub struct Running {
@@ -189,8 +193,37 @@ pub fn exec_error(pod: &str, e: kube::Error) -> RuntimeError {
     }
 }
 
-/// Starts `argv` in the keeper container.
-pub async fn start(pods: &Api<Pod>, pod: &str, argv: Vec<String>, stdin: bool) -> Result<Running, RuntimeError> {
+/// How commands reach a Pod: its agent when one is up, else `pods/exec`.
+#[derive(Clone)]
+pub struct Transport {
+    pub pods: Api<Pod>,
+    pub agents: Arc<Agents>,
+}
+
+impl Transport {
+    /// Starts `argv` in the keeper container.
+    pub async fn start(&self, pod: &str, argv: Vec<String>, stdin: bool) -> Result<Running, RuntimeError> {
+        if let Some(sender) = self.agents.sender(pod) {
+            match agent::run(sender, pod, argv.clone(), stdin).await {
+                Ok(running) => return Ok(running),
+                Err(RunError::Failed(e)) => return Err(e),
+                Err(RunError::NotSent(e)) => {
+                    tracing::debug!(pod, error = %e, "the agent's connection is gone: pods/exec instead");
+                    self.agents.forget(pod);
+                }
+            }
+        }
+        start_pods_exec(&self.pods, pod, argv, stdin).await
+    }
+}
+
+/// Starts `argv` in the keeper container with one `pods/exec` call.
+pub async fn start_pods_exec(
+    pods: &Api<Pod>,
+    pod: &str,
+    argv: Vec<String>,
+    stdin: bool,
+) -> Result<Running, RuntimeError> {
     let params = AttachParams::default()
         .container(CONTAINER)
         .stdin(stdin)
@@ -282,7 +315,7 @@ async fn pump_stdin<W: AsyncWrite + Unpin>(mut from: DuplexStream, mut to: W) {
 
 /// The control of a user command.
 pub struct KubeExecution {
-    pods: Api<Pod>,
+    control: Control,
     pod: String,
     token: String,
     done: Option<oneshot::Receiver<Ended>>,
@@ -291,10 +324,10 @@ pub struct KubeExecution {
 
 /// Sends `signal` to a command's session. Returns false while the wrapper has not recorded
 /// it yet (or after the command ended).
-async fn send_signal(pods: &Api<Pod>, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
+async fn send_signal(transport: &Transport, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
     let argv =
         vec!["sh".into(), "-c".into(), SIGNAL_SCRIPT.into(), "paddock-signal".into(), token.into(), signal.to_string()];
-    let (code, _, stderr) = collect(start(pods, pod, argv, false).await?, None).await?;
+    let (code, _, stderr) = collect(transport.start(pod, argv, false).await?, None).await?;
     match code {
         0 => Ok(true),
         3 => Ok(false),
@@ -308,7 +341,7 @@ async fn send_signal(pods: &Api<Pod>, pod: &str, token: &str, signal: i32) -> Re
 /// Waits for the command, killing its whole session at `deadline`. Runs as its own task so
 /// the deadline holds whether or not anyone waits.
 async fn watch(
-    pods: Api<Pod>,
+    control: Control,
     pod: String,
     token: String,
     mut done: oneshot::Receiver<Result<i32, RuntimeError>>,
@@ -325,13 +358,13 @@ async fn watch(
     tokio::select! {
         r = &mut done => {
             let r = r.unwrap_or_else(|_| Err(vanished()));
-            let oom = matches!(r, Ok(137)) && oom_killed(&pods, &pod, &token).await;
+            let oom = matches!(r, Ok(137)) && control.oom_killed(&pod, &token).await;
             let _ = tx.send((r, false, oom));
         }
         _ = sleep => {
             // Retried: the wrapper may not have recorded the session yet.
             for _ in 0..50 {
-                match send_signal(&pods, &pod, &token, 9).await {
+                match control.signal(&pod, &token, 9).await {
                     Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
                     Ok(true) => break,
                     Err(e) => {
@@ -350,9 +383,9 @@ async fn watch(
 /// OOM-killed.
 type Ended = (Result<i32, RuntimeError>, bool, bool);
 
-async fn oom_killed(pods: &Api<Pod>, pod: &str, token: &str) -> bool {
+async fn oom_killed(transport: &Transport, pod: &str, token: &str) -> bool {
     let argv = vec!["sh".into(), "-c".into(), OOM_SCRIPT.into(), "paddock-oom".into(), token.into()];
-    match start(pods, pod, argv, false).await {
+    match transport.start(pod, argv, false).await {
         Ok(r) => matches!(collect(r, None).await, Ok((0, out, _)) if out.starts_with(b"oom")),
         Err(_) => false,
     }
@@ -379,7 +412,7 @@ impl Execution for KubeExecution {
         // The wrapper records the session right after starting it: retry briefly while it
         // has not, and stop once the command has ended (then there is nothing to signal).
         for _ in 0..50 {
-            if self.outcome.is_some() || send_signal(&self.pods, &self.pod, &self.token, signal).await? {
+            if self.outcome.is_some() || self.control.signal(&self.pod, &self.token, signal).await? {
                 return Ok(());
             }
             if let Some(done) = &mut self.done
@@ -433,26 +466,43 @@ pub async fn collect(
     Ok((code, out, err))
 }
 
-/// A user command as a `Process`.
-pub async fn process(
-    pods: Api<Pod>,
-    pod: &str,
-    argv: Vec<String>,
-    token: String,
-    stdin: bool,
-    timeout: Option<Duration>,
-) -> Result<Process, RuntimeError> {
+/// How a running user command is signalled and its OOM kill found out: through the
+/// wrapper's files in `/tmp/.paddock-exec`, or by the agent that started it.
+#[derive(Clone)]
+pub enum Control {
+    Wrapper(Box<Transport>),
+    Agent(agent::Sender, Arc<AtomicBool>),
+}
+
+impl Control {
+    async fn signal(&self, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
+        match self {
+            Control::Wrapper(t) => send_signal(t, pod, token, signal).await,
+            Control::Agent(sender, _) => agent::signal(sender.clone(), pod, token, signal).await,
+        }
+    }
+
+    async fn oom_killed(&self, pod: &str, token: &str) -> bool {
+        match self {
+            Control::Wrapper(t) => oom_killed(t, pod, token).await,
+            // The agent's exit frame said, before the command's end was passed on.
+            Control::Agent(_, oom) => oom.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A started user command as a `Process`, killed at `timeout`.
+pub fn process(running: Running, control: Control, pod: &str, token: String, timeout: Option<Duration>) -> Process {
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let running = start(&pods, pod, argv, stdin).await?;
     let (tx, done) = oneshot::channel();
-    tokio::spawn(watch(pods.clone(), pod.to_owned(), token.clone(), running.done, deadline, tx));
-    let control = KubeExecution { pods, pod: pod.to_owned(), token, done: Some(done), outcome: None };
-    Ok(Process {
+    tokio::spawn(watch(control.clone(), pod.to_owned(), token.clone(), running.done, deadline, tx));
+    let control = KubeExecution { control, pod: pod.to_owned(), token, done: Some(done), outcome: None };
+    Process {
         stdin: running.stdin.map(|s| Box::new(s) as paddock_core::runtime::ByteWriter),
         stdout: Box::new(running.stdout),
         stderr: Box::new(running.stderr),
         control: Box::new(control),
-    })
+    }
 }
 
 #[cfg(test)]

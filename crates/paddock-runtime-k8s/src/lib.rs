@@ -13,9 +13,11 @@
 //! create patch, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
+pub mod agent;
 pub mod bench;
 pub mod check;
 pub mod claim;
+pub mod client;
 pub mod exec;
 pub mod files;
 pub mod gate;
@@ -83,6 +85,9 @@ pub struct KubeConfig {
     /// Pre-started Pods kept in each warm pool (claim model only): the default profile's and
     /// those of the first few other profiles used.
     pub warm_pool: u32,
+    /// The static `paddock-agent` binary to run commands through (see `agent`); `None` runs
+    /// every command over `pods/exec`.
+    pub agent: Option<std::path::PathBuf>,
 }
 
 /// Where a created sandbox's Pod comes from.
@@ -112,6 +117,7 @@ impl Default for KubeConfig {
             chown_workspace: false,
             model: SandboxModel::Keeper,
             warm_pool: 0,
+            agent: None,
         }
     }
 }
@@ -129,6 +135,10 @@ pub struct KubeRuntime {
     sandbox_claims: Api<DynamicObject>,
     /// Profiles whose template and pool this process has made sure of.
     profiles: Arc<Mutex<HashSet<String>>>,
+    /// How commands reach Pods.
+    transport: exec::Transport,
+    /// Why the configured agent cannot be used; `preflight` reports it.
+    agent_error: Option<String>,
 }
 
 const POLL: Duration = Duration::from_millis(250);
@@ -177,8 +187,18 @@ fn is_code(e: &kube::Error, code: u16) -> bool {
 impl KubeRuntime {
     pub fn new(client: Client, config: KubeConfig) -> Self {
         let ns = config.namespace.as_str();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let (binary, agent_error) = match config.agent.as_deref().map(agent::AgentBinary::load) {
+            None => (None, None),
+            Some(Ok(b)) => (Some(b), None),
+            Some(Err(e)) => (None, Some(e)),
+        };
+        let transport =
+            exec::Transport { pods: pods.clone(), agents: Arc::new(agent::Agents::new(binary, pods.clone())) };
         Self {
-            pods: Api::namespaced(client.clone(), ns),
+            transport,
+            agent_error,
+            pods,
             claims: Api::namespaced(client.clone(), ns),
             policies: Api::namespaced(client.clone(), ns),
             events: Api::namespaced(client.clone(), ns),
@@ -192,9 +212,7 @@ impl KubeRuntime {
 
     /// Connects with the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
     pub async fn from_default_kubeconfig(config: KubeConfig) -> Result<Self, RuntimeError> {
-        let client = Client::try_default().await.map_err(|e| {
-            RuntimeError::Unavailable(format!("no Kubernetes configuration found (in-cluster or KUBECONFIG): {e}"))
-        })?;
+        let client = client::infer().await?;
         Ok(Self::new(client, config))
     }
 
@@ -202,19 +220,35 @@ impl KubeRuntime {
         &self.config
     }
 
+    fn transport_summary(&self) -> String {
+        match &self.config.agent {
+            Some(path) if self.transport.agents.enabled() => {
+                format!("commands go through the agent {} in each Pod", path.display())
+            }
+            _ => "every command is a pods/exec call (no agent: see --k8s-agent)".into(),
+        }
+    }
+
     /// Checks that the API answers and the namespace can be used; says what to fix if not.
     pub async fn preflight(&self) -> Result<String, RuntimeError> {
+        if let Some(e) = &self.agent_error {
+            return Err(RuntimeError::InvalidArgument(format!("the agent cannot be used: {e}")));
+        }
         let ns = &self.config.namespace;
         let lp = ListParams::default().labels(objects::SANDBOX_LABEL).limit(1);
         match self.pods.list(&lp).await {
             Ok(_) if self.config.model == SandboxModel::Claim => {
                 let pool = self.ensure_profile(&self.prepare(SandboxSpec::default())?).await?;
                 Ok(format!(
-                    "Kubernetes reachable in namespace {ns:?}; sandboxes are claims on warm pool {pool} ({} pre-started)",
-                    self.config.warm_pool
+                    "Kubernetes reachable in namespace {ns:?}; sandboxes are claims on warm pool {pool} ({} pre-started); {}",
+                    self.config.warm_pool,
+                    self.transport_summary()
                 ))
             }
-            Ok(_) => Ok(format!("Kubernetes reachable; sandbox Pods can be listed in namespace {ns:?}")),
+            Ok(_) => Ok(format!(
+                "Kubernetes reachable; sandbox Pods can be listed in namespace {ns:?}; {}",
+                self.transport_summary()
+            )),
             Err(e) => {
                 Err(api_error(&format!("listing Pods in namespace {ns:?} (does it exist? may this server use it?)"), e))
             }
@@ -517,6 +551,7 @@ impl KubeRuntime {
             return self.delete_claim(claim, wait).await;
         }
         let name = pod.metadata.name.clone().unwrap_or_default();
+        self.transport.agents.forget(&name);
         let dp = DeleteParams {
             grace_period_seconds: Some(1),
             preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
@@ -748,7 +783,11 @@ impl KubeRuntime {
                 )));
             };
             match objects::phase(&pod) {
-                PodPhase::Ready => return Ok(pod),
+                PodPhase::Ready => {
+                    // Its agent comes up while the caller gets ready to send the first command.
+                    let _ = self.transport.agents.sender(name);
+                    return Ok(pod);
+                }
                 PodPhase::Gone(why) => {
                     return Err(RuntimeError::Unavailable(format!(
                         "Pod {name} stopped while starting: {why}; check `kubectl describe pod {name}` and the image's `sh`"
@@ -881,7 +920,7 @@ impl KubeRuntime {
         input: Option<&mut (dyn tokio::io::AsyncRead + Send + Unpin)>,
     ) -> Result<(i32, Vec<u8>, Vec<u8>), RuntimeError> {
         let pod = self.ready_pod(id).await?;
-        let running = exec::start(&self.pods, &pod, argv, input.is_some()).await?;
+        let running = self.transport.start(&pod, argv, input.is_some()).await?;
         exec::collect(running, input).await
     }
 
@@ -1034,13 +1073,33 @@ impl Runtime for KubeRuntime {
         let cwd = exec::resolve_cwd(request.cwd.as_deref())?;
         let env = command_env(&info.spec.env, &request.env);
         let token = format!("{}", u64::from_le_bytes(random()?));
+        let timeout = request.timeout_ms.map(Duration::from_millis);
+        if let Some(sender) = self.transport.agents.sender(&name) {
+            let spec = paddock_agent::ExecSpec {
+                argv: request.argv.clone(),
+                env: env.clone(),
+                cwd: cwd.clone(),
+                token: token.clone(),
+                stdin: request.stdin,
+            };
+            match agent::exec(sender.clone(), &name, &spec).await {
+                Ok((running, oom)) => {
+                    return Ok(exec::process(running, exec::Control::Agent(sender, oom), &name, token, timeout));
+                }
+                Err(agent::RunError::Failed(e)) => return Err(e),
+                Err(agent::RunError::NotSent(e)) => {
+                    tracing::debug!(pod = name, error = %e, "the agent's connection is gone: pods/exec instead");
+                    self.transport.agents.forget(&name);
+                }
+            }
+        }
         let wrapped = exec::wrap(&token, &cwd, &env, &request.argv);
         if let Some(words) = wrapped.staged {
             let stage =
                 vec!["sh".into(), "-c".into(), exec::STAGE_SCRIPT.into(), "paddock-stage".into(), token.clone()];
             let mut input: &[u8] = words.as_bytes();
             let (code, _, err) =
-                exec::collect(exec::start(&self.pods, &name, stage, true).await?, Some(&mut input)).await?;
+                exec::collect(self.transport.start(&name, stage, true).await?, Some(&mut input)).await?;
             if code != 0 {
                 return Err(RuntimeError::Exhausted(format!(
                     "staging a large command line in sandbox {id}'s /tmp failed: {}",
@@ -1048,15 +1107,8 @@ impl Runtime for KubeRuntime {
                 )));
             }
         }
-        exec::process(
-            self.pods.clone(),
-            &name,
-            wrapped.argv,
-            token,
-            request.stdin,
-            request.timeout_ms.map(Duration::from_millis),
-        )
-        .await
+        let running = exec::start_pods_exec(&self.transport.pods, &name, wrapped.argv, request.stdin).await?;
+        Ok(exec::process(running, exec::Control::Wrapper(Box::new(self.transport.clone())), &name, token, timeout))
     }
 
     async fn file(&self, id: &SandboxId, mut op: FileOp) -> Result<FileReply, RuntimeError> {
@@ -1105,7 +1157,7 @@ impl Runtime for KubeRuntime {
         let argv = files::read_argv(path)?;
         let what = format!("read {}", files::resolve(path)?);
         let pod = self.ready_pod(id).await?;
-        let running = exec::start(&self.pods, &pod, argv, false).await?;
+        let running = self.transport.start(&pod, argv, false).await?;
         let exec::Running { mut stdout, mut stderr, done, .. } = running;
         let errors = tokio::spawn(async move {
             let mut buf = Vec::new();
@@ -1158,6 +1210,11 @@ impl Runtime for KubeRuntime {
             return Err(RuntimeError::InvalidArgument(
                 "port 0 is not a port: give the port a server listens on".into(),
             ));
+        }
+        if port == paddock_agent::PORT {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "port {port} is Paddock's agent's in a Kubernetes sandbox: serve on another port"
+            )));
         }
         let pod = self.ready_pod(id).await?;
         let mut pf = self.pods.portforward(&pod, &[port]).await.map_err(|e| exec::exec_error(&pod, e))?;

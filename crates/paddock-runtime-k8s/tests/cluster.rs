@@ -47,6 +47,8 @@ fn config(namespace: &str) -> KubeConfig {
         // The dev cluster's hostPath volumes are root-owned 0750.
         chown_workspace: true,
         ready_timeout: Duration::from_secs(90),
+        // Commands go through the agent once it is up (dev/k8s/paddock sets this).
+        agent: std::env::var_os("PADDOCK_K8S_AGENT").map(Into::into),
         ..KubeConfig::default()
     }
 }
@@ -66,7 +68,7 @@ where
     F: FnOnce(Client, String) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let client = Client::try_default().await.expect("a KUBECONFIG for the test cluster");
+    let client = paddock_runtime_k8s::client::infer().await.expect("a KUBECONFIG for the test cluster");
     let name = format!("paddock-test-{}", random_suffix());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
@@ -116,15 +118,62 @@ async fn pods_in(client: &Client, ns: &str) -> Vec<Pod> {
     pods.list(&ListParams::default()).await.unwrap().items
 }
 
+/// The static agent `dev/build-agent --release` made (dev/k8s/paddock sets it).
+fn agent_binary() -> std::path::PathBuf {
+    std::env::var_os("PADDOCK_K8S_AGENT")
+        .map(Into::into)
+        .expect("set PADDOCK_K8S_AGENT to the static agent: PADDOCK_K8S_AGENT=$(dev/build-agent --release)")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_sandbox_exec_files_and_destroy() {
     if !enabled("cluster_sandbox_exec_files_and_destroy") {
         return;
     }
     with_namespace(|client, ns| async move {
-        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        let rt = KubeRuntime::new(client.clone(), KubeConfig { agent: None, ..config(&ns) });
+        exec_files_and_destroy(client, ns, rt, false).await;
+    })
+    .await;
+}
+
+/// The same behaviour through Paddock's agent in the Pod, which is also only reachable
+/// through a port-forward, and whose death costs only speed.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_the_agent_serves_the_same_exec_and_files() {
+    if !enabled("cluster_the_agent_serves_the_same_exec_and_files") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        let rt = KubeRuntime::new(client.clone(), KubeConfig { agent: Some(agent_binary()), ..config(&ns) });
+        exec_files_and_destroy(client, ns, rt, true).await;
+    })
+    .await;
+}
+
+async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, agent: bool) {
+    {
         let info = rt.create(small_spec()).await.expect("create");
         let id = info.id.clone();
+        if agent {
+            let pod = rt.pod_name(&id).await.unwrap();
+            assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came up");
+            // It listens on the Pod's loopback only (127.0.0.1:44770 = 0100007F:AEE2).
+            let o = sh(&rt, &id, "cat /proc/net/tcp").await;
+            let listening: Vec<&str> = o
+                .stdout
+                .lines()
+                .filter(|l| l.split_whitespace().nth(3) == Some("0A"))
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .collect();
+            assert!(listening.contains(&"0100007F:AEE2"), "{listening:?}");
+            assert!(!listening.iter().any(|a| a.ends_with(":AEE2") && *a != "0100007F:AEE2"), "{listening:?}");
+            let e = rt.connect(&id, 44770).await.err().expect("the agent's port is not proxied");
+            assert!(matches!(e, RuntimeError::InvalidArgument(_)), "{e:?}");
+            // The code interpreter's readiness probe port answers.
+            let o = sh(&rt, &id, "nc -w 2 127.0.0.1 44771 </dev/null && echo open").await;
+            assert_eq!(o.stdout, "open\n", "{}", o.stderr);
+        }
         assert!(id.as_str().starts_with("sbx-") && id.as_str().len() == 16, "{id}");
         assert_eq!(rt.get(&id).await.unwrap().id, id);
         assert_eq!(rt.list().await.unwrap().len(), 1);
@@ -157,7 +206,10 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         assert_eq!((o.stdout.as_str(), o.outcome.exit_code), ("via stdin", 0));
 
         // Dropping stdin (no shutdown) is EOF too; without stdin a command reads EOF at once.
-        let mut p = rt.exec(&id, ExecRequest { argv: vec!["wc".into(), "-c".into()], stdin: true, ..Default::default() }).await.unwrap();
+        let mut p = rt
+            .exec(&id, ExecRequest { argv: vec!["wc".into(), "-c".into()], stdin: true, ..Default::default() })
+            .await
+            .unwrap();
         let mut w = p.stdin.take().unwrap();
         w.write_all(b"1234").await.unwrap();
         drop(w);
@@ -269,8 +321,27 @@ async fn cluster_sandbox_exec_files_and_destroy() {
         assert!(pods_in(&client, &ns).await.is_empty(), "no Pod is left");
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
         assert!(policies.list(&ListParams::default()).await.unwrap().items.is_empty(), "no NetworkPolicy is left");
-    })
-    .await;
+    }
+    if agent {
+        // A sandbox that kills the agent loses only speed: commands go on over pods/exec,
+        // and the agent comes back.
+        let info = rt.create(small_spec()).await.expect("create");
+        let id = info.id.clone();
+        let pod = rt.pod_name(&id).await.unwrap();
+        assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came up");
+        let kill = "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' <$p/cmdline 2>/dev/null)\" in *paddock-agent*--id*) kill -9 ${p#/proc/};; esac; done";
+        let o = sh(&rt, &id, &format!("(sleep 0.3; {kill}) </dev/null >/dev/null 2>&1 & echo started")).await;
+        assert_eq!(o.stdout, "started\n", "{}", o.stderr);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for i in 0..3 {
+            let o = sh(&rt, &id, &format!("echo again {i}")).await;
+            assert_eq!((o.stdout.clone(), o.outcome.exit_code), (format!("again {i}\n"), 0), "{}", o.stderr);
+        }
+        assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came back");
+        let o = sh(&rt, &id, "echo back").await;
+        assert_eq!(o.stdout, "back\n");
+        rt.destroy(&id).await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -332,7 +403,7 @@ async fn cluster_concurrent_acquires_make_one_pod() {
     with_namespace(|client, ns| async move {
         // Two runtimes with their own clients: as if two servers acquired at once.
         let a = Arc::new(KubeRuntime::new(client.clone(), config(&ns)));
-        let b = Arc::new(KubeRuntime::new(Client::try_default().await.unwrap(), config(&ns)));
+        let b = Arc::new(KubeRuntime::new(paddock_runtime_k8s::client::infer().await.unwrap(), config(&ns)));
         let thread = ThreadId::new("race").unwrap();
         let (x, y) = tokio::join!(a.acquire(&thread, small_spec()), b.acquire(&thread, small_spec()));
         let (x, y) = (x.expect("first acquire"), y.expect("second acquire"));
@@ -538,12 +609,20 @@ async fn cluster_oom_kill_is_reported() {
         let mut spec = small_spec();
         spec.resources.memory_bytes = 48 << 20;
         let sbx = rt.create(spec).await.unwrap();
-        let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
-        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
-        let o = sh(&rt, &sbx.id, "echo still here").await;
-        assert_eq!(o.stdout, "still here\n");
-        let o = sh(&rt, &sbx.id, "kill -9 $$").await;
-        assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
+        let pod = rt.pod_name(&sbx.id).await.unwrap();
+        // Over pods/exec (the shell wrapper's counters), then through the agent (its own).
+        for through_agent in [false, true] {
+            if through_agent && !rt.wait_agent(&pod, Duration::from_secs(30)).await {
+                assert!(std::env::var_os("PADDOCK_K8S_AGENT").is_none(), "the agent did not come up");
+                break;
+            }
+            let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
+            assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
+            let o = sh(&rt, &sbx.id, "echo still here").await;
+            assert_eq!(o.stdout, "still here\n");
+            let o = sh(&rt, &sbx.id, "kill -9 $$").await;
+            assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, false));
+        }
         rt.destroy(&sbx.id).await.unwrap();
     })
     .await;
@@ -666,9 +745,10 @@ async fn cluster_large_environments_reach_the_command() {
         req.env.insert("Q".into(), "it's \"q\"\n$(x)".into());
         let o = run(&rt, &sbx.id, req, None).await;
         assert_eq!(o.stdout, "122880 122880 122880 122880\nit's \"q\"\n$(x)", "{}", o.stderr);
-        // Only the running `ls`'s own session record is there, no staged words.
-        let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec").await;
-        assert_eq!(o.stdout.lines().count(), 1, "the staged file is gone: {}", o.stdout);
+        // No staged words are left: at most the running `ls`'s own session record (over
+        // pods/exec; the agent keeps its records in memory).
+        let o = sh(&rt, &sbx.id, "ls -A /tmp/.paddock-exec 2>/dev/null; true").await;
+        assert!(o.stdout.lines().count() <= 1, "the staged file is gone: {}", o.stdout);
         assert!(!o.stdout.contains(".args"), "{}", o.stdout);
     })
     .await;

@@ -37,8 +37,12 @@ struct Report {
     bare_pod_ready: Stats,
     /// Acquire of a thread whose sandbox runs.
     warm_reacquire: Stats,
+    /// Whether commands went through Paddock's agent in the Pod (else `pods/exec`).
+    agent: bool,
     /// `true` in a running sandbox, until its exit status is known.
     exec_round_trip: Stats,
+    /// The same over one `pods/exec` call per command (no agent).
+    exec_round_trip_pods_exec: Stats,
     /// The baseline: `kubectl exec POD -- true` as a process.
     kubectl_exec: Stats,
     /// The local runtime's exec round trip on this machine, for the 3× aim.
@@ -50,6 +54,7 @@ struct Report {
     /// `create` in the claim model on a profile whose pool is empty (the controller starts a Pod).
     claim_without_pool: Stats,
     ratio_exec_vs_kubectl_p50: f64,
+    ratio_exec_vs_pods_exec_p50: f64,
     ratio_exec_vs_local_p50: Option<f64>,
     ratio_cold_acquire_vs_bare_pod_p50: f64,
     ratio_warm_claim_vs_keeper_create_p50: f64,
@@ -112,8 +117,10 @@ pub async fn run(
     // 2. Warm re-acquire and 3. exec round trips, on one running sandbox.
     let t = thread("warm")?;
     let info = rt.acquire(&t, spec()).await.context("acquiring the bench sandbox")?;
+    // Steady state: the agent's upload would otherwise share the CPUs with the re-acquires.
+    let agent = rt.wait_agent(&rt.pod_name(&info.id).await?, Duration::from_secs(30)).await;
     let measured = async {
-        let (mut warm, mut exec, mut kubectl) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut warm, mut exec, mut kubectl, mut pods_exec) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut progress = Progress::new("[2/4] warm re-acquire", n);
         for i in 0..n {
             let t0 = Instant::now();
@@ -125,10 +132,13 @@ pub async fn run(
             progress.tick(i + 1);
         }
         let pod = rt.pod_name(&info.id).await?;
-        let mut progress = Progress::new("[3/4] exec round trip vs kubectl exec", n);
+        let mut progress = Progress::new("[3/4] exec round trip vs pods/exec vs kubectl exec", n);
         exec_true(rt.as_ref(), &info.id).await?; // warm-up
+        let no_agent = rt.without_agent();
+        exec_true(&no_agent, &info.id).await?;
         for i in 0..n {
             exec.push(exec_true(rt.as_ref(), &info.id).await?);
+            pods_exec.push(exec_true(&no_agent, &info.id).await?);
             let t0 = Instant::now();
             let status = tokio::process::Command::new(&args.kubectl)
                 .args(["-n", &namespace, "exec", &pod, "-c", "sandbox", "--", "true"])
@@ -144,11 +154,11 @@ pub async fn run(
             }
             progress.tick(i + 1);
         }
-        Ok((warm, exec, kubectl))
+        Ok((warm, exec, kubectl, pods_exec))
     }
     .await;
     let removed = rt.destroy_workspace(&t).await;
-    let (warm, exec, kubectl) = measured?;
+    let (warm, exec, kubectl, pods_exec) = measured?;
     removed.context("removing the bench workspace")?;
 
     // 4. The claim model: a warm pool's Pod vs one the controller starts vs a keeper Pod.
@@ -204,12 +214,19 @@ pub async fn run(
         None => None,
     };
 
-    let (cold, bare, warm, exec, kubectl) =
-        (Stats::of(&cold), Stats::of(&bare), Stats::of(&warm), Stats::of(&exec), Stats::of(&kubectl));
+    let (cold, bare, warm, exec, kubectl, pods_exec) = (
+        Stats::of(&cold),
+        Stats::of(&bare),
+        Stats::of(&warm),
+        Stats::of(&exec),
+        Stats::of(&kubectl),
+        Stats::of(&pods_exec),
+    );
     let report = Report {
         namespace,
         iterations: n,
         ratio_exec_vs_kubectl_p50: exec.p50_ms / kubectl.p50_ms,
+        ratio_exec_vs_pods_exec_p50: exec.p50_ms / pods_exec.p50_ms,
         ratio_exec_vs_local_p50: local_exec.as_ref().map(|l| exec.p50_ms / l.p50_ms),
         ratio_cold_acquire_vs_bare_pod_p50: cold.p50_ms / bare.p50_ms,
         ratio_warm_claim_vs_keeper_create_p50: Stats::of(&warm_claim).p50_ms / Stats::of(&keeper).p50_ms,
@@ -219,7 +236,9 @@ pub async fn run(
         cold_acquire: cold,
         bare_pod_ready: bare,
         warm_reacquire: warm,
+        agent,
         exec_round_trip: exec,
+        exec_round_trip_pods_exec: pods_exec,
         kubectl_exec: kubectl,
         local_exec_round_trip: local_exec,
     };
@@ -232,7 +251,9 @@ pub async fn run(
     row("cold acquire (PVC + Pod + policy)", &report.cold_acquire);
     row("  baseline: bare Pod create -> Ready", &report.bare_pod_ready);
     row("warm re-acquire", &report.warm_reacquire);
-    row("exec round trip (`true`)", &report.exec_round_trip);
+    let through = if report.agent { "exec round trip (`true`), agent" } else { "exec round trip (`true`), NO agent" };
+    row(through, &report.exec_round_trip);
+    row("  baseline: one pods/exec per command", &report.exec_round_trip_pods_exec);
     row("  baseline: kubectl exec -- true", &report.kubectl_exec);
     if let Some(l) = &report.local_exec_round_trip {
         row("  local runtime exec round trip", l);
@@ -241,8 +262,9 @@ pub async fn run(
     row("create, claim from a warm pool", &report.claim_from_warm_pool);
     row("create, claim on an empty pool", &report.claim_without_pool);
     println!(
-        "ratios (p50): cold acquire / bare Pod {:.2}x; exec / kubectl exec {:.2}x{}",
+        "ratios (p50): cold acquire / bare Pod {:.2}x; exec / pods/exec {:.3}x; exec / kubectl exec {:.3}x{}",
         report.ratio_cold_acquire_vs_bare_pod_p50,
+        report.ratio_exec_vs_pods_exec_p50,
         report.ratio_exec_vs_kubectl_p50,
         report.ratio_exec_vs_local_p50.map(|r| format!("; exec / local exec {r:.1}x")).unwrap_or_default()
     );

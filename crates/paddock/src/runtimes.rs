@@ -1,7 +1,7 @@
 //! Which runtime this process drives: the one place that knows the runtimes by name. Everything
 //! after it (the server, the CLI) holds an `Arc<dyn Runtime>`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,6 +184,12 @@ pub struct KubeOpts {
     /// four other profiles used keep this many.
     #[arg(long, global = true, default_value_t = 0)]
     pub warm_pool: u32,
+    /// The static `paddock-agent` that runs commands in sandbox Pods over one warm connection
+    /// each (`dev/build-agent --release` builds it), or `none` for a `pods/exec` call per
+    /// command. Default: a static `paddock-agent` beside this binary, or in its cargo target
+    /// directory's static build; else `none`.
+    #[arg(long = "k8s-agent", global = true, env = "PADDOCK_K8S_AGENT", value_name = "PATH|none")]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -211,9 +217,28 @@ impl KubeOpts {
                 ModelKind::Claim => paddock_runtime_k8s::SandboxModel::Claim,
             },
             warm_pool: self.warm_pool,
+            agent: match self.agent.as_deref() {
+                Some("none") => None,
+                Some(path) => Some(PathBuf::from(path)),
+                None => default_agent(),
+            },
             ..Default::default()
         }
     }
+}
+
+/// A static `paddock-agent` beside this binary (an install) or built by `dev/build-agent` in
+/// the cargo target directory this binary is in (a checkout).
+fn default_agent() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let mut candidates = vec![dir.join("paddock-agent")];
+    if let Some(target) = dir.parent() {
+        for profile in ["release", "debug"] {
+            candidates.push(target.join("x86_64-unknown-linux-gnu").join(profile).join("paddock-agent"));
+        }
+    }
+    candidates.into_iter().find(|p| std::fs::read(p).is_ok_and(|b| paddock_runtime_k8s::agent::is_static_elf(&b)))
 }
 
 /// `paddock check`: whether this runtime can run sandboxes here, item by item. Exit status 0
