@@ -13,13 +13,14 @@
 #     --as` the server's ServiceAccount: every verb in check.rs NEEDED is allowed; the claim verbs (rbac.claimModel off), secrets, other namespaces and cluster-scoped
 #     writes are denied; the same for the reaper's ServiceAccount;
 #  6. the backstop: a Pod labelled managed-by=paddock cannot reach the API server, the same
-#     Pod labelled as the server can;
+#     Pod labelled as the server can; `paddock gate` passes from a sandbox in that namespace;
 #  7. the CronJob, triggered twice (kubectl create job --from): an unused PVC is marked, then
 #     deleted;
 #  8. `helm uninstall` of both: nothing of the charts remains, and of Paddock's own objects only
 #     the kept workspace PVC (then the namespace is deleted by hand);
-#  9. the claim model in a second namespace (rbac.claimModel, runtime.model=claim, warmPool 1):
-#     Ready, SDK tests (PADDOCK_HELM_CLAIM_E2E, default test_lifecycle), uninstall deletes it all.
+#  9. the claim model in a second namespace that enforces Pod Security restricted (rbac.claimModel,
+#     runtime.model=claim, warmPool 1, no CAP_CHOWN init container): Ready, SDK tests
+#     (PADDOCK_HELM_CLAIM_E2E, default test_lifecycle), `paddock gate`, uninstall deletes it all.
 
 # `kubectl port-forward` to the chart's Service, restarted whenever it exits: kubectl ends the
 # whole forward when one forwarded connection is reset, which says nothing about the server.
@@ -211,6 +212,9 @@ EOF
   probe probe-server server || die "a Pod with the server's labels could not reach the API server"
   info "sandbox-labelled Pod: no connection; server-labelled Pod: connected"
 
+  step "helm: paddock gate from a sandbox in the chart's namespace (its Pod Security, quota, LimitRange and backstop apply)"
+  "$bin" $serve_args --namespace "$helm_ns" gate || die "paddock gate failed in the chart-installed namespace $helm_ns"
+
   step "helm: the PVC reaper CronJob, run twice (kubectl create job --from=cronjob/paddock-pvc-reaper)"
   K -n "$helm_ns" apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -282,21 +286,26 @@ helm_claim() {
   local image=$1 rel_bin=$2 port=18791 key
   helm_ns="paddock-helmc-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
   helm_infra="$helm_ns-infra"
-  step "helm: the claim model (rbac.claimModel, runtime.model=claim, warmPool 1; namespace $helm_ns)"
+  # Pod Security `restricted` (the chart's default): the server's, the warm pool's and every
+  # sandbox Pod must meet it. No workspace here, so no CAP_CHOWN init container (which only
+  # `baseline` admits, for provisioners like hostPath that ignore fsGroup).
+  step "helm: the claim model under Pod Security restricted (rbac.claimModel, runtime.model=claim, warmPool 1; namespace $helm_ns)"
   "$HELM" install "$helm_infra" "$REPO/charts/paddock-infra" -n default --wait --timeout 60s \
     --set namespace.name="$helm_ns" --set 'apiServer.cidrs={10.96.0.1/32,10.244.0.1/32}' \
-    --set namespace.podSecurity=baseline --set rbac.claimModel=true --set pvcReaper.enabled=false >/dev/null \
+    --set namespace.podSecurity=restricted --set rbac.claimModel=true --set pvcReaper.enabled=false >/dev/null \
     || die "helm install paddock-infra (claim) failed"
   while read -r verb res sub; do
     can "$helm_ns" paddock-server yes "$verb" "$res" $sub -n "$helm_ns"
   done < <(needs CLAIM_NEEDED)
   "$HELM" install paddock "$REPO/charts/paddock" -n "$helm_ns" --wait --timeout 120s \
     --set image.repository="${image%:*}" --set image.tag="${image##*:}" --set image.pullPolicy=Never \
-    --set runtime.sandboxImagePullPolicy=Never --set runtime.cpuRequest=0.01 --set runtime.chownWorkspace=true \
+    --set runtime.sandboxImagePullPolicy=Never --set runtime.cpuRequest=0.01 --set runtime.chownWorkspace=false \
     --set runtime.model=claim --set runtime.warmPool=1 >/dev/null || {
     K -n "$helm_ns" logs deploy/paddock --tail 30 >&2 || true
     die "helm install paddock (claim model) failed"
   }
+  [ "$(K get namespace "$helm_ns" -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" = restricted ] \
+    || die "namespace $helm_ns does not enforce Pod Security restricted"
   K -n "$helm_ns" get sandboxwarmpools.extensions.agents.x-k8s.io -o name | grep -q . \
     || die "the claim-model server made no SandboxWarmPool"
   key=$(K -n "$helm_ns" get secret paddock-api-key -o jsonpath='{.data.api-key}' | base64 -d)
@@ -305,6 +314,9 @@ helm_claim() {
   PADDOCK_BIN=$rel_bin PADDOCK_E2E_IMAGE=paddock.local/sandbox:1 PADDOCK_E2E_URL="127.0.0.1:$port" \
     PADDOCK_E2E_API_KEY="$key" "$REPO/e2e/run" -k "${PADDOCK_HELM_CLAIM_E2E:-test_lifecycle}" \
     || die "the SDK tests through the claim-model server failed"
+  step "helm: paddock gate from a sandbox under Pod Security restricted"
+  "$bin" --runtime kubernetes --image-pull-policy Never --cpu-request 0.01 --namespace "$helm_ns" gate \
+    || die "paddock gate failed in the restricted namespace $helm_ns"
   kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null || die "helm uninstall paddock (claim) failed"
   "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra (claim) failed"

@@ -35,16 +35,25 @@ type Body = BoxBody<Bytes, Infallible>;
 /// background child of the command holds it) before the exit is reported.
 const GRACE: Duration = Duration::from_millis(200);
 
+const USAGE: &str = "usage: paddock-agent --id ID [--port PORT]";
+
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let (Some(flag), Some(id), None) = (args.next(), args.next(), args.next()) else {
-        eprintln!("usage: paddock-agent --id ID");
-        return ExitCode::from(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (id, port) = match args.as_slice() {
+        [flag, id] if flag == "--id" => (id.clone(), PORT),
+        // Another port: for tests on a host, where 44770 may be taken.
+        [flag, id, p, port] if flag == "--id" && p == "--port" => match port.parse() {
+            Ok(port) => (id.clone(), port),
+            Err(_) => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
     };
-    if flag != "--id" {
-        eprintln!("usage: paddock-agent --id ID");
-        return ExitCode::from(2);
-    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -52,7 +61,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(Bytes::from(id))) {
+    match rt.block_on(serve(Bytes::from(id), port)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("paddock-agent: {e}");
@@ -61,10 +70,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(id: Bytes) -> std::io::Result<()> {
-    let listener = TcpListener::bind(("127.0.0.1", PORT))
+async fn serve(id: Bytes, port: u16) -> std::io::Result<()> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
         .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("listening on 127.0.0.1:{PORT}: {e}")))?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("listening on 127.0.0.1:{port}: {e}")))?;
     // The code-interpreter SDK's readiness probe only connects; the sandbox may hold the port.
     if let Ok(probe) = TcpListener::bind(("127.0.0.1", READINESS_PORT)).await {
         tokio::spawn(async move {

@@ -96,7 +96,8 @@ pub fn is_static_elf(elf: &[u8]) -> bool {
 
 enum State {
     Starting,
-    Ready(Sender),
+    /// Connected to the agent of the Pod with this uid (when the caller knew it).
+    Ready(Sender, Option<String>),
     Failed(Instant),
 }
 
@@ -116,31 +117,48 @@ impl Agents {
         self.binary.is_some()
     }
 
+    /// The connection to the agent of Pod `pod` with uid `uid`, only when it is up: never
+    /// starts one. A thread's Pods share a name, so the uid tells a replacement apart.
+    pub fn ready(&self, pod: &str, uid: &str) -> Option<Sender> {
+        match self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(pod) {
+            Some(State::Ready(s, Some(u))) if u == uid && !s.is_closed() => Some(s.clone()),
+            _ => None,
+        }
+    }
+
     /// A connection to `pod`'s agent when one is up; otherwise starts bringing one up (once)
-    /// and returns `None`, so this command takes `pods/exec`.
-    pub fn sender(self: &Arc<Self>, pod: &str) -> Option<Sender> {
+    /// and returns `None`, so this command takes `pods/exec`. `uid` is the Pod's, when known.
+    pub fn sender(self: &Arc<Self>, pod: &str, uid: Option<&str>) -> Option<Sender> {
         let binary = self.binary.as_ref()?;
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         match conns.get(pod) {
-            Some(State::Ready(s)) if !s.is_closed() => return Some(s.clone()),
+            Some(State::Ready(s, known)) if !s.is_closed() && (uid.is_none() || known.as_deref() == uid) => {
+                return Some(s.clone());
+            }
             Some(State::Starting) => return None,
             Some(State::Failed(at)) if at.elapsed() < RETRY_AFTER => return None,
             _ => {}
         }
         // Entries of Pods that are gone would pile up: drop dead ones while here.
         conns.retain(|_, s| match s {
-            State::Ready(s) => !s.is_closed(),
+            State::Ready(s, _) => !s.is_closed(),
             State::Failed(at) => at.elapsed() < RETRY_AFTER,
             State::Starting => true,
         });
         conns.insert(pod.to_owned(), State::Starting);
         let me = Arc::clone(self);
-        let (pod, binary) = (pod.to_owned(), binary.clone());
+        let (pod, uid, binary) = (pod.to_owned(), uid.map(str::to_owned), binary.clone());
         tokio::spawn(async move {
             let state = match bring_up(&me.pods, &pod, &binary).await {
-                Ok(s) => State::Ready(s),
+                Ok(s) => State::Ready(s, uid),
                 Err(e) => {
-                    tracing::info!(pod, error = %e, "no agent in the Pod: its commands take pods/exec");
+                    // Most failures are a short-lived sandbox deleted meanwhile: only one
+                    // whose Pod still runs says something about the image or the cluster.
+                    if matches!(me.pods.get_opt(&pod).await, Ok(Some(_))) {
+                        tracing::info!(pod, error = %e, "no agent in the Pod: its commands take pods/exec");
+                    } else {
+                        tracing::debug!(pod, error = %e, "no agent: the Pod is gone");
+                    }
                     State::Failed(Instant::now())
                 }
             };

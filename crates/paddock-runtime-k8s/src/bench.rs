@@ -88,7 +88,8 @@ impl crate::KubeRuntime {
     /// Deletes the warm pools and templates of every profile this runtime made sure of, so a
     /// benchmark leaves no Pods running.
     pub async fn drain_pools(&self) -> Result<(), RuntimeError> {
-        let names: Vec<String> = self.profiles.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        let names: Vec<String> =
+            self.profiles.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(n, _)| n).collect();
         for name in names {
             for api in [&self.pools, &self.templates] {
                 match api.delete(&name, &DeleteParams::foreground()).await {
@@ -111,7 +112,7 @@ impl crate::KubeRuntime {
         }
         let t0 = Instant::now();
         while t0.elapsed() < within {
-            if self.transport.agents.sender(pod).is_some() {
+            if self.transport.agents.sender(pod, None).is_some() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

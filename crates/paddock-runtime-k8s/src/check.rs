@@ -56,10 +56,12 @@ pub const NEEDED: &[Need] = &[
 /// Needed too with `--model claim` (agent-sandbox's objects).
 pub const CLAIM_NEEDED: &[Need] = &[
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "create"),
-    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "get"),
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "list"),
+    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "patch"),
+    need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "delete"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "create"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "patch"),
+    need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "delete"),
     need("extensions.agents.x-k8s.io", "sandboxclaims", "", "create"),
     need("extensions.agents.x-k8s.io", "sandboxclaims", "", "get"),
     need("extensions.agents.x-k8s.io", "sandboxclaims", "", "list"),

@@ -25,6 +25,9 @@ pub const VERSION: &str = "v1beta1";
 pub const CLAIM_ANNOTATION: &str = "paddock.dev/sandbox-claim";
 /// On templates and pools: the profile's hash, so a pool never serves another profile.
 pub const PROFILE_LABEL: &str = "paddock.dev/profile";
+/// When a server last claimed from a profile (ms since the epoch), on its template: the reaper
+/// deletes profiles idle for `KubeConfig::profile_idle`.
+pub const LAST_USED_ANNOTATION: &str = "paddock.dev/last-used";
 
 pub fn resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(GROUP, VERSION, kind))
@@ -49,7 +52,12 @@ fn object(value: Value) -> Result<DynamicObject, serde_json::Error> {
 
 /// A profile's template. Its NetworkPolicy is given, with no rules: agent-sandbox's default
 /// for a missing one allows the public internet, and a sandbox must reach nothing.
-pub fn template(namespace: &str, name: &str, pod_spec: &Value) -> Result<DynamicObject, serde_json::Error> {
+pub fn template(
+    namespace: &str,
+    name: &str,
+    pod_spec: &Value,
+    now_unix_ms: u64,
+) -> Result<DynamicObject, serde_json::Error> {
     object(json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "SandboxTemplate",
@@ -57,6 +65,7 @@ pub fn template(namespace: &str, name: &str, pod_spec: &Value) -> Result<Dynamic
             "name": name,
             "namespace": namespace,
             "labels": {MANAGED_BY: "paddock", PROFILE_LABEL: name},
+            "annotations": {LAST_USED_ANNOTATION: now_unix_ms.to_string()},
         },
         "spec": {
             "podTemplate": {
@@ -113,6 +122,19 @@ pub fn claim(
         },
         "spec": {"warmPoolRef": {"name": pool}, "lifecycle": lifecycle},
     }))
+}
+
+/// When a profile's template was last used: its annotation, else its creation.
+pub fn last_used(template: &DynamicObject) -> Option<u64> {
+    let annotated = template.metadata.annotations.as_ref().and_then(|a| a.get(LAST_USED_ANNOTATION));
+    annotated
+        .and_then(|v| v.parse().ok())
+        .or_else(|| template.metadata.creation_timestamp.as_ref().map(|t| t.0.as_millisecond().max(0) as u64))
+}
+
+/// The pool a claim was made on.
+pub fn pool_of(claim: &DynamicObject) -> Option<&str> {
+    claim.data.pointer("/spec/warmPoolRef/name").and_then(Value::as_str)
 }
 
 /// The claim's `Ready` condition: `Some(true)` ready, `Some(false)` with a reason that will
@@ -184,8 +206,9 @@ mod tests {
 
     #[test]
     fn template_denies_all_traffic_and_claim_deletes_in_the_foreground() {
-        let t = template("ns", "paddock-abc", &json!({"containers": []})).unwrap();
+        let t = template("ns", "paddock-abc", &json!({"containers": []}), 42).unwrap();
         assert_eq!(t.data["spec"]["networkPolicy"], json!({"ingress": [], "egress": []}));
+        assert_eq!(last_used(&t), Some(42));
         assert_eq!(t.data["spec"]["networkPolicyManagement"], "Managed");
         let id = SandboxId::parse("sbx-0123456789ab").unwrap();
         let c = claim("ns", &id, "paddock-abc", &SandboxSpec::default(), 1, Some(1_796_083_200_000)).unwrap();
@@ -193,6 +216,7 @@ mod tests {
         assert_eq!(c.data["spec"]["warmPoolRef"]["name"], "paddock-abc");
         assert_eq!(c.data["spec"]["lifecycle"]["shutdownPolicy"], "DeleteForeground");
         assert_eq!(c.data["spec"]["lifecycle"]["shutdownTime"], "2026-12-01T00:00:00Z");
+        assert_eq!(pool_of(&c), Some("paddock-abc"));
         let labels = c.metadata.labels.unwrap();
         assert_eq!(labels[SANDBOX_LABEL], "sbx-0123456789ab");
     }
@@ -200,7 +224,7 @@ mod tests {
     #[test]
     fn readiness_tells_progress_from_refusal() {
         let with = |status: &str, reason: &str| {
-            let mut o = template("ns", "x", &json!({})).unwrap();
+            let mut o = template("ns", "x", &json!({}), 0).unwrap();
             o.data["status"] =
                 json!({"conditions": [{"type": "Ready", "status": status, "reason": reason, "message": "m"}]});
             o
@@ -209,6 +233,6 @@ mod tests {
         assert_eq!(readiness(&with("False", "SandboxNotReady")).0, None);
         assert_eq!(readiness(&with("False", "InvalidMetadata")).0, Some(false));
         assert_eq!(readiness(&with("False", "WarmPoolNotFound")).0, None);
-        assert_eq!(readiness(&template("ns", "x", &json!({})).unwrap()).0, None);
+        assert_eq!(readiness(&template("ns", "x", &json!({}), 0).unwrap()).0, None);
     }
 }

@@ -203,7 +203,7 @@ pub struct Transport {
 impl Transport {
     /// Starts `argv` in the keeper container.
     pub async fn start(&self, pod: &str, argv: Vec<String>, stdin: bool) -> Result<Running, RuntimeError> {
-        if let Some(sender) = self.agents.sender(pod) {
+        if let Some(sender) = self.agents.sender(pod, None) {
             match agent::run(sender, pod, argv.clone(), stdin).await {
                 Ok(running) => return Ok(running),
                 Err(RunError::Failed(e)) => return Err(e),

@@ -9,8 +9,8 @@
 //! The server's Role in the namespace needs: `pods` create get list delete patch;
 //! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
 //! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list; with the
-//! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create get list, `sandboxwarmpools`
-//! create patch, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
+//! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create list patch delete, `sandboxwarmpools`
+//! create patch delete, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
 pub mod agent;
@@ -25,7 +25,7 @@ pub mod objects;
 pub mod reap_pvcs;
 pub mod runtime_class;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -88,6 +88,9 @@ pub struct KubeConfig {
     /// The static `paddock-agent` binary to run commands through (see `agent`); `None` runs
     /// every command over `pods/exec`.
     pub agent: Option<std::path::PathBuf>,
+    /// A claim profile (template and warm pool) other than the default one that no server
+    /// has claimed from for this long, and that no claim uses, is deleted by the reaper.
+    pub profile_idle: Duration,
 }
 
 /// Where a created sandbox's Pod comes from.
@@ -118,6 +121,7 @@ impl Default for KubeConfig {
             model: SandboxModel::Keeper,
             warm_pool: 0,
             agent: None,
+            profile_idle: Duration::from_secs(3600),
         }
     }
 }
@@ -133,13 +137,26 @@ pub struct KubeRuntime {
     templates: Api<DynamicObject>,
     pools: Api<DynamicObject>,
     sandbox_claims: Api<DynamicObject>,
-    /// Profiles whose template and pool this process has made sure of.
-    profiles: Arc<Mutex<HashSet<String>>>,
+    /// Profiles whose template and pool this process has made sure of, and when.
+    profiles: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// How commands reach Pods.
     transport: exec::Transport,
     /// Why the configured agent cannot be used; `preflight` reports it.
     agent_error: Option<String>,
+    /// Where sandboxes this server ran commands in live, for the agent's fast path.
+    located: Arc<Mutex<HashMap<SandboxId, Located>>>,
 }
+
+/// A sandbox's Pod (name and uid) and its spec's environment, which never change.
+#[derive(Debug, Clone)]
+struct Located {
+    pod: String,
+    uid: String,
+    env: BTreeMap<String, String>,
+}
+
+/// Sandboxes `located` holds before it drops those whose agent is not connected.
+const MAX_LOCATED: usize = 4096;
 
 const POLL: Duration = Duration::from_millis(250);
 /// Profiles (besides the default) whose warm pools get `warm_pool` Pods.
@@ -147,6 +164,9 @@ const MAX_WARM_PROFILES: usize = 4;
 /// Profiles (templates + pools) one namespace holds at most; sandboxes of any further shape
 /// get keeper Pods.
 const MAX_PROFILES: usize = 32;
+/// How long a server trusts that a profile it made sure of still exists (the reaper of any
+/// server may delete an idle one); after that the next claim checks and touches it again.
+const PROFILE_RECHECK: Duration = Duration::from_secs(60);
 /// How long a deleted Pod or PVC may take to disappear before we stop waiting.
 const GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -198,6 +218,7 @@ impl KubeRuntime {
         Self {
             transport,
             agent_error,
+            located: Arc::default(),
             pods,
             claims: Api::namespaced(client.clone(), ns),
             policies: Api::namespaced(client.clone(), ns),
@@ -218,6 +239,17 @@ impl KubeRuntime {
 
     pub fn config(&self) -> &KubeConfig {
         &self.config
+    }
+
+    fn remember(&self, id: &SandboxId, located: Located) {
+        let mut map = self.located.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_LOCATED {
+            let agents = &self.transport.agents;
+            map.retain(|_, l| agents.ready(&l.pod, &l.uid).is_some());
+        }
+        if map.len() < MAX_LOCATED {
+            map.insert(id.clone(), located);
+        }
     }
 
     fn transport_summary(&self) -> String {
@@ -291,6 +323,7 @@ impl KubeRuntime {
         }
         if self.config.model == SandboxModel::Claim {
             n += self.reap_orphan_claims(&pods, now).await?;
+            n += self.reap_idle_profiles(now).await?;
         }
         Ok(n)
     }
@@ -552,6 +585,7 @@ impl KubeRuntime {
         }
         let name = pod.metadata.name.clone().unwrap_or_default();
         self.transport.agents.forget(&name);
+        self.located.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, l| l.pod != name);
         let dp = DeleteParams {
             grace_period_seconds: Some(1),
             preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
@@ -603,12 +637,25 @@ impl KubeRuntime {
     async fn claim_profile(&self, spec: &SandboxSpec, always: bool) -> Result<Option<String>, RuntimeError> {
         let pod_spec = self.profile_pod_spec(spec);
         let name = claim::profile_name(&pod_spec);
-        if self.profiles.lock().unwrap_or_else(|p| p.into_inner()).contains(&name) {
+        let known = self.profiles.lock().unwrap_or_else(|p| p.into_inner()).get(&name).copied();
+        if known.is_some_and(|at| at.elapsed() < PROFILE_RECHECK) {
             return Ok(Some(name));
         }
         let ns = &self.config.namespace;
-        let exists = self.templates.get_opt(&name).await.map_err(|e| api_error("reading a SandboxTemplate", e))?;
-        if exists.is_none() && !always {
+        // Marks the profile used (the reaper spares it) and tells whether it exists.
+        let touch =
+            serde_json::json!({"metadata": {"annotations": {claim::LAST_USED_ANNOTATION: now_ms().to_string()}}});
+        let exists = match self.templates.patch(&name, &PatchParams::default(), &Patch::Merge(&touch)).await {
+            Ok(_) => true,
+            Err(e) if is_code(&e, 404) => false,
+            Err(e) => return Err(api_error("marking a SandboxTemplate used", e)),
+        };
+        if exists && known.is_some() {
+            // Its pool was made when it was first used here, and is only deleted with it.
+            self.profiles.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), std::time::Instant::now());
+            return Ok(Some(name));
+        }
+        if !exists && !always {
             let lp = ListParams::default().labels(&format!("{}=paddock", objects::MANAGED_BY));
             let made = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?;
             if made.items.len() >= MAX_PROFILES {
@@ -616,7 +663,7 @@ impl KubeRuntime {
                 return Ok(None);
             }
         }
-        let template = claim::template(ns, &name, &pod_spec)
+        let template = claim::template(ns, &name, &pod_spec, now_ms())
             .map_err(|e| RuntimeError::System(format!("building SandboxTemplate {name}: {e}")))?;
         match self.templates.create(&PostParams::default(), &template).await {
             Ok(_) => {}
@@ -649,8 +696,52 @@ impl KubeRuntime {
             }
             Err(e) => return Err(api_error(&format!("creating SandboxWarmPool {name}"), e)),
         }
-        self.profiles.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
+        self.profiles.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), std::time::Instant::now());
         Ok(Some(name))
+    }
+
+    /// Deletes the claim profiles (pool, then template) that are idle: not the default one,
+    /// not used by any server for `profile_idle`, and not named by any claim.
+    async fn reap_idle_profiles(&self, now: u64) -> Result<usize, RuntimeError> {
+        let lp = ListParams::default().labels(&format!("{}=paddock", objects::MANAGED_BY));
+        let templates = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?.items;
+        let idle_ms = self.config.profile_idle.as_millis() as u64;
+        let default = claim::profile_name(&self.profile_pod_spec(&self.prepare(SandboxSpec::default())?));
+        let idle: Vec<String> = templates
+            .iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none())
+            .filter(|t| claim::last_used(t).is_some_and(|at| at.saturating_add(idle_ms) < now))
+            .filter_map(|t| t.metadata.name.clone())
+            .filter(|n| *n != default)
+            .collect();
+        if idle.is_empty() {
+            return Ok(0);
+        }
+        let claims = self.sandbox_claims.list(&ListParams::default()).await;
+        let claims = claims.map_err(|e| api_error("listing sandbox claims", e))?.items;
+        let in_use: HashSet<&str> = claims.iter().filter_map(claim::pool_of).collect();
+        let mut n = 0;
+        for name in idle.iter().filter(|n| !in_use.contains(n.as_str())) {
+            self.profiles.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+            let deleted = async {
+                for api in [&self.pools, &self.templates] {
+                    match api.delete(name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(e) if is_code(&e, 404) => {}
+                        Err(e) => return Err(api_error(&format!("deleting idle profile {name}"), e)),
+                    }
+                }
+                Ok(())
+            };
+            match deleted.await {
+                Ok(()) => {
+                    tracing::info!(profile = name, "idle sandbox profile deleted");
+                    n += 1;
+                }
+                Err(e) => tracing::warn!(profile = name, error = %e, "deleting an idle sandbox profile"),
+            }
+        }
+        Ok(n)
     }
 
     /// The Pod spec a profile's pool starts: the spec's environment is left out (a warm Pod
@@ -785,7 +876,7 @@ impl KubeRuntime {
             match objects::phase(&pod) {
                 PodPhase::Ready => {
                     // Its agent comes up while the caller gets ready to send the first command.
-                    let _ = self.transport.agents.sender(name);
+                    let _ = self.transport.agents.sender(name, pod.metadata.uid.as_deref());
                     return Ok(pod);
                 }
                 PodPhase::Gone(why) => {
@@ -1067,14 +1158,40 @@ impl Runtime for KubeRuntime {
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError> {
         request.validate()?;
+        let cwd = exec::resolve_cwd(request.cwd.as_deref())?;
+        let token = format!("{}", u64::from_le_bytes(random()?));
+        let timeout = request.timeout_ms.map(Duration::from_millis);
+        // A sandbox this server found before, whose Pod's agent is connected: no lookup. The
+        // connection ends with the Pod, and the uid tells a thread's next Pod of the same
+        // name apart, so this never reaches another sandbox.
+        let located = self.located.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        if let Some(l) = located
+            && let Some(sender) = self.transport.agents.ready(&l.pod, &l.uid)
+        {
+            let env = command_env(&l.env, &request.env);
+            let spec = paddock_agent::ExecSpec {
+                argv: request.argv.clone(),
+                env,
+                cwd: cwd.clone(),
+                token: token.clone(),
+                stdin: request.stdin,
+            };
+            match agent::exec(sender.clone(), &l.pod, &spec).await {
+                Ok((running, oom)) => {
+                    return Ok(exec::process(running, exec::Control::Agent(sender, oom), &l.pod, token, timeout));
+                }
+                Err(agent::RunError::Failed(e)) => return Err(e),
+                Err(agent::RunError::NotSent(_)) => self.transport.agents.forget(&l.pod),
+            }
+        }
         let pod = self.find(id).await?;
         let info = Self::info_of(&pod)?;
         let name = self.ready_pod_of(id, &pod)?;
-        let cwd = exec::resolve_cwd(request.cwd.as_deref())?;
         let env = command_env(&info.spec.env, &request.env);
-        let token = format!("{}", u64::from_le_bytes(random()?));
-        let timeout = request.timeout_ms.map(Duration::from_millis);
-        if let Some(sender) = self.transport.agents.sender(&name) {
+        if let Some(uid) = &pod.metadata.uid {
+            self.remember(id, Located { pod: name.clone(), uid: uid.clone(), env: info.spec.env.clone() });
+        }
+        if let Some(sender) = self.transport.agents.sender(&name, pod.metadata.uid.as_deref()) {
             let spec = paddock_agent::ExecSpec {
                 argv: request.argv.clone(),
                 env: env.clone(),

@@ -352,27 +352,46 @@ async fn cluster_acquire_release_and_destroy_workspace() {
     with_namespace(|client, ns| async move {
         let mut cfg = config(&ns);
         cfg.storage_class = Some("standard".into());
-        let rt = KubeRuntime::new(client.clone(), cfg);
+        let rt = KubeRuntime::new(client.clone(), cfg.clone());
         let thread = ThreadId::new("Thread/ü 42").unwrap();
         let first = rt.acquire(&thread, small_spec()).await.expect("acquire");
         assert_eq!(first.workspace.as_ref().unwrap().thread, thread);
         rt.write_file(&first.id, "notes.txt", None, Box::new(std::io::Cursor::new(b"kept".to_vec()))).await.unwrap();
         let again = rt.acquire(&thread, small_spec()).await.unwrap();
         assert_eq!(again.id, first.id, "a running sandbox is reattached");
+        // A command through the agent: this server now knows where `first` runs.
+        if cfg.agent.is_some() {
+            assert!(rt.wait_agent(&rt.pod_name(&first.id).await.unwrap(), Duration::from_secs(30)).await);
+        }
+        assert_eq!(sh(&rt, &first.id, "echo hi").await.stdout, "hi\n");
 
-        rt.release(&thread).await.unwrap();
+        // Another server releases the thread and acquires it again.
+        let other = KubeRuntime::new(client.clone(), cfg);
+        other.release(&thread).await.unwrap();
         assert!(pods_in(&client, &ns).await.is_empty());
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
         assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1, "the workspace is kept");
 
-        let second = rt.acquire(&thread, small_spec()).await.unwrap();
+        let second = other.acquire(&thread, small_spec()).await.unwrap();
         assert_ne!(second.id, first.id);
+        // The thread's new Pod has the old one's name: the released sandbox's commands must
+        // not reach it.
+        match rt.exec(&first.id, ExecRequest::shell("touch /workspace/wrong")).await {
+            Err(RuntimeError::NotFound(_)) => {}
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("a command for the released sandbox was started"),
+        }
+        assert_eq!(sh(&rt, &second.id, "ls /workspace/wrong 2>/dev/null; echo end").await.stdout, "end\n");
         assert_eq!(read_all(&rt, &second.id, "notes.txt").await.unwrap(), b"kept");
         let o = sh(&rt, &second.id, "stat -c '%u %g' /workspace/notes.txt").await;
         assert_eq!(o.stdout, "1000 1000\n");
 
         // A keeper that ended (its Pod Succeeded) is replaced by the next acquire.
-        sh(&rt, &second.id, "kill 1").await;
+        // Whether this command's own end is reported depends on the path: the agent dies
+        // with the keeper.
+        if let Ok(mut p) = rt.exec(&second.id, ExecRequest::shell("kill 1")).await {
+            let _ = p.control.wait().await;
+        }
         for _ in 0..40 {
             if rt.get(&second.id).await.unwrap().state == paddock_core::runtime::SandboxState::Failed {
                 break;
@@ -1081,6 +1100,89 @@ async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
         }
         assert!(gone, "the volume's PVC was not deleted");
         rt.destroy_workspace(&thread).await.unwrap();
+    })
+    .await;
+}
+
+/// Claim profiles do not pile up: one no server used for `profile_idle` and no claim names is
+/// deleted (pool and template), one a claim still uses is kept, and with `MAX_PROFILES` (32)
+/// profiles in the namespace a further shape gets a keeper Pod instead of a new profile.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper_pods() {
+    if !enabled("cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper_pods") {
+        return;
+    }
+    with_namespace(|client, ns| async move {
+        use kube::api::DynamicObject;
+        use paddock_runtime_k8s::claim;
+        let idle = Duration::from_secs(3);
+        let cfg = KubeConfig { model: SandboxModel::Claim, warm_pool: 0, profile_idle: idle, ..config(&ns) };
+        let rt = KubeRuntime::new(client.clone(), cfg);
+        let templates: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &ns, &claim::resource("SandboxTemplate"));
+        let pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &claim::resource("SandboxWarmPool"));
+        let names = |api: Api<DynamicObject>| async move {
+            let mut n: Vec<String> = api
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
+            n.sort();
+            n
+        };
+        let claimed = |client: Client, ns: String, id: SandboxId| async move {
+            let pods = pods_in(&client, &ns).await;
+            let pod = pods
+                .iter()
+                .find(|p| {
+                    p.metadata.labels.as_ref().and_then(|l| l.get("paddock.dev/sandbox")) == Some(&id.to_string())
+                })
+                .expect("the sandbox's Pod");
+            pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(claim::CLAIM_ANNOTATION))
+        };
+        let shaped = |mib: u64| {
+            let mut s = small_spec();
+            s.resources.memory_bytes = mib << 20;
+            s
+        };
+
+        let a = rt.create(shaped(96)).await.expect("a claim on a new profile");
+        assert!(claimed(client.clone(), ns.clone(), a.id.clone()).await);
+        let profile = names(templates.clone()).await;
+        assert_eq!(profile.len(), 1, "{profile:?}");
+        assert_eq!(names(pools.clone()).await, profile);
+        // Idle, but a claim uses it: kept.
+        tokio::time::sleep(idle + Duration::from_secs(1)).await;
+        rt.reap_expired().await.unwrap();
+        assert_eq!(names(templates.clone()).await, profile, "a profile in use is kept");
+        rt.destroy(&a.id).await.unwrap();
+        rt.reap_expired().await.unwrap();
+        assert!(names(templates.clone()).await.is_empty(), "an idle, unused profile is deleted");
+        assert!(names(pools.clone()).await.is_empty(), "and its pool");
+
+        // 32 profiles (made by other servers, say): the next new shape gets a keeper Pod.
+        let pod_spec = serde_json::json!({"containers": [{"name": "sandbox", "image": IMAGE}]});
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        for i in 0..32 {
+            let t = claim::template(&ns, &format!("paddock-other-{i}"), &pod_spec, now).unwrap();
+            templates.create(&PostParams::default(), &t).await.unwrap();
+        }
+        let b = rt.create(shaped(80)).await.expect("a keeper Pod");
+        assert!(!claimed(client.clone(), ns.clone(), b.id.clone()).await, "no 33rd profile");
+        assert_eq!(names(templates.clone()).await.len(), 32);
+        let o = sh(&rt, &b.id, "echo keeper").await;
+        assert_eq!(o.stdout, "keeper\n");
+        rt.destroy(&b.id).await.unwrap();
+        // Once they are idle the reaper frees the room, and the shape gets a profile again.
+        tokio::time::sleep(idle + Duration::from_secs(1)).await;
+        rt.reap_expired().await.unwrap();
+        assert!(names(templates.clone()).await.is_empty());
+        let c = rt.create(shaped(80)).await.expect("a claim");
+        assert!(claimed(client.clone(), ns.clone(), c.id.clone()).await);
+        rt.destroy(&c.id).await.unwrap();
     })
     .await;
 }

@@ -294,8 +294,9 @@ pub struct ExecOpts {
     /// Environment variable for this command only, NAME=VALUE (repeatable).
     #[arg(long = "cmd-env", value_parser = parse_env)]
     cmd_env: Vec<(String, String)>,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments, after `--`. `run` without one runs the image's
+    /// Entrypoint and Cmd.
+    #[arg(last = true, value_name = "CMD")]
     argv: Vec<String>,
 }
 
@@ -491,8 +492,10 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Run { sandbox, timeout, exec } => {
             let (spec, thread) = sandbox.spec(None)?;
             prepull(&spec).await?;
-            let request = exec.request(timeout);
-            request.validate()?;
+            let mut request = exec.request(timeout);
+            if !request.argv.is_empty() {
+                request.validate()?;
+            }
             let before = now_ms();
             let info = match &thread {
                 Some(t) => rt.acquire(t, spec).await?,
@@ -500,7 +503,16 @@ pub async fn run(cli: Cli) -> Result<u8> {
             };
             // A live sandbox of the thread that acquire handed back belongs to whoever made it.
             let ours = info.created_unix_ms >= before;
-            let result = run_to_exit(rt, &info.id, request).await;
+            if request.argv.is_empty() {
+                request.argv = info.spec.image_command.clone();
+            }
+            let result = if request.argv.is_empty() {
+                Err(anyhow::anyhow!(
+                    "no command: the image names none (no Entrypoint or Cmd); give one after --, e.g. `paddock run --image IMAGE -- sh -c 'echo hi'`"
+                ))
+            } else {
+                run_to_exit(rt, &info.id, request).await
+            };
             // A sandbox we made goes either way; a workspace stays.
             let removed = if ours { rt.destroy(&info.id).await } else { Ok(()) };
             let outcome = result?;
@@ -528,6 +540,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Exec { id, timeout, exec } => {
             let request = exec.request(timeout);
+            if request.argv.is_empty() {
+                bail!("no command: give it after --, e.g. `paddock exec {id} -- ls -l`");
+            }
             let outcome = run_to_exit(rt, &sandbox_id(&id)?, request).await?;
             Ok(report_outcome(&outcome, timeout))
         }

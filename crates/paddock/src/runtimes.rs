@@ -184,6 +184,10 @@ pub struct KubeOpts {
     /// four other profiles used keep this many.
     #[arg(long, global = true, default_value_t = 0)]
     pub warm_pool: u32,
+    /// With --model claim: a profile (template and warm pool) other than the default that no
+    /// server has claimed from for this long, and that no claim uses, is deleted.
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    pub profile_idle: Duration,
     /// The static `paddock-agent` that runs commands in sandbox Pods over one warm connection
     /// each (`dev/build-agent --release` builds it), or `none` for a `pods/exec` call per
     /// command. Default: a static `paddock-agent` beside this binary, or in its cargo target
@@ -217,6 +221,7 @@ impl KubeOpts {
                 ModelKind::Claim => paddock_runtime_k8s::SandboxModel::Claim,
             },
             warm_pool: self.warm_pool,
+            profile_idle: self.profile_idle,
             agent: match self.agent.as_deref() {
                 Some("none") => None,
                 Some(path) => Some(PathBuf::from(path)),

@@ -147,3 +147,37 @@ print("mknod", call("mknod", b"/usr/local/dev-null", 0o20666, os.makedev(1, 3)))
     let out = sh(&env.rt, &bystander, "echo alive").await;
     assert_eq!(out.stdout, "alive\n");
 }
+
+/// `paddock run --image` without a command runs the image's Entrypoint and Cmd (this image's
+/// is `python3`, which reads its program from stdin); `exec` without one is refused.
+#[test]
+fn the_cli_runs_the_images_command_when_given_none() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let exe = env!("CARGO_BIN_EXE_paddock");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let archive = archive();
+    let out = Command::new(exe)
+        .args(["--data-dir", data, "image", "import", archive.to_str().unwrap(), "--tag", NAME])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut child = Command::new(exe)
+        .args(["--data-dir", data, "run", "--image", NAME])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"import os\nprint(6 * 7, os.getcwd())\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42 /srv\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    let out = Command::new(exe).args(["--data-dir", data, "exec", "sbx-0000000000000000"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no command: give it after --"));
+    let out = Command::new(exe).args(["--data-dir", data, "ls", "--json"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]", "the run's sandbox is gone");
+}
