@@ -5,9 +5,11 @@
 //! commands share one warm connection. `POST /run` starts a command: the request body is a
 //! [`SPEC`] frame and then [`STDIN`] frames (the body's end is the command's EOF); the response
 //! body is [`STDOUT`]/[`STDERR`] frames and one [`EXIT`] (a big-endian `i32`, a shell's
-//! `128 + n` for death by signal `n`) or [`ERROR`] frame. `GET /id` answers the id the agent
-//! was started with (a hash of its binary), so a server replaces an agent of another build.
-//! `POST /exit` ends it.
+//! `128 + n` for death by signal `n`) or [`ERROR`] frame. `POST /exec` starts a user command
+//! ([`ExecSpec`]) the same way; `POST /signal?token=T&signal=N` (no body) signals one.
+//! `GET /id` answers `ID PROTOCOL`: the id the agent was started with (a hash of its binary)
+//! and [`PROTOCOL`], so a server replaces only an agent it cannot speak to. `POST /exit` ends
+//! it.
 //!
 //! A frame is one kind byte, a big-endian `u32` length and that many bytes. The agent runs
 //! with the sandbox's own uid, so the sandbox can replace it: the server treats every byte it
@@ -28,9 +30,18 @@ pub const STDERR: u8 = 2;
 pub const EXIT: u8 = 3;
 pub const ERROR: u8 = 4;
 
+/// The protocol this build speaks; agents of other builds that speak it are used as they are.
+pub const PROTOCOL: &str = "1";
+
 /// Largest frame the server accepts from an agent (output comes in 32 KiB frames; an agent
 /// the sandbox replaced may send anything).
-pub const MAX_FRAME: usize = 1 << 20;
+pub const MAX_FRAME: usize = 64 << 10;
+
+/// Each side's HTTP/2 windows: per stream, and per connection, which holds every stream's so
+/// that streams nobody reads never stall the others (signals, new commands).
+pub const STREAM_WINDOW: u32 = 256 << 10;
+pub const MAX_STREAMS: u32 = 256;
+pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS;
 /// Largest spec the agent accepts: a command line of up to 1 MiB, JSON-escaped.
 pub const MAX_SPEC: usize = 8 << 20;
 const HEADER: usize = 5;
@@ -46,14 +57,6 @@ pub struct ExecSpec {
     pub cwd: String,
     pub token: String,
     pub stdin: bool,
-}
-
-/// `POST /signal`: a signal for the process group of the command started with `token`.
-/// Answers 200 when sent, 404 when no such command runs (any more).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SignalSpec {
-    pub token: String,
-    pub signal: i32,
 }
 
 /// What `POST /run` starts.

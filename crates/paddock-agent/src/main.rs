@@ -22,18 +22,22 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use paddock_agent::{
-    Decoder, ERROR, EXIT, ExecSpec, MAX_SPEC, PORT, READINESS_PORT, RunSpec, SPEC, STDERR, STDIN, STDOUT, SignalSpec,
-    encode,
+    CONNECTION_WINDOW, Decoder, ERROR, EXIT, ExecSpec, MAX_SPEC, MAX_STREAMS, PORT, PROTOCOL, READINESS_PORT, RunSpec,
+    SPEC, STDERR, STDIN, STDOUT, STREAM_WINDOW, encode,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 type Body = BoxBody<Bytes, Infallible>;
 
 /// How long output is still read after a command exits while its pipe stays open (a
-/// background child of the command holds it) before the exit is reported.
-const GRACE: Duration = Duration::from_millis(200);
+/// background child of the command holds it) before the exit is reported. Output the command
+/// wrote before it exited is at most a pipe's worth and is read well within it.
+const GRACE: Duration = Duration::from_secs(1);
+/// The most a Linux pipe holds (`/proc/sys/fs/pipe-max-size`'s default).
+const PIPE_MAX: usize = 1 << 20;
 
 const USAGE: &str = "usage: paddock-agent --id ID [--port PORT]";
 
@@ -74,6 +78,14 @@ async fn serve(id: Bytes, port: u16) -> std::io::Result<()> {
     let listener = TcpListener::bind(("127.0.0.1", port))
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("listening on 127.0.0.1:{port}: {e}")))?;
+    // Started as a background job of a shell, the agent finds SIGINT and SIGQUIT ignored, and
+    // an ignored signal stays ignored across exec: commands could not be interrupted. A
+    // handled one is reset to the default in every child.
+    for kind in [SignalKind::interrupt(), SignalKind::quit()] {
+        if let Ok(mut s) = signal(kind) {
+            tokio::spawn(async move { while s.recv().await.is_some() {} });
+        }
+    }
     // The code-interpreter SDK's readiness probe only connects; the sandbox may hold the port.
     if let Ok(probe) = TcpListener::bind(("127.0.0.1", READINESS_PORT)).await {
         tokio::spawn(async move {
@@ -84,13 +96,23 @@ async fn serve(id: Bytes, port: u16) -> std::io::Result<()> {
     }
     let running = Running::default();
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors, or a connection aborted before it was taken: not fatal.
+                eprintln!("paddock-agent: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let (id, running) = (id.clone(), running.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| handle(req, id.clone(), running.clone()));
             let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .max_concurrent_streams(1024)
+                .max_concurrent_streams(MAX_STREAMS)
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -105,7 +127,7 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 
 async fn handle(req: Request<Incoming>, id: Bytes, running: Running) -> Result<Response<Body>, Infallible> {
     Ok(match (req.method(), req.uri().path()) {
-        (&Method::GET, "/id") => full(StatusCode::OK, id),
+        (&Method::GET, "/id") => full(StatusCode::OK, format!("{} {PROTOCOL}", String::from_utf8_lossy(&id))),
         (&Method::POST, "/exit") => {
             tokio::spawn(async {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -115,7 +137,7 @@ async fn handle(req: Request<Incoming>, id: Bytes, running: Running) -> Result<R
         }
         (&Method::POST, "/run") => run(req.into_body(), None).await,
         (&Method::POST, "/exec") => run(req.into_body(), Some(running)).await,
-        (&Method::POST, "/signal") => signal(req.into_body(), &running).await,
+        (&Method::POST, "/signal") => send_signal(req.uri().query().unwrap_or_default(), &running),
         _ => {
             full(StatusCode::NOT_FOUND, "no such route: the agent serves GET /id, POST /run, /exec, /signal and /exit")
         }
@@ -153,15 +175,25 @@ async fn read_spec<T: serde::de::DeserializeOwned>(
     }
 }
 
-async fn signal(mut body: Incoming, running: &Running) -> Response<Body> {
-    let spec: SignalSpec = match read_spec(&mut body, &mut Decoder::with_limit(MAX_SPEC)).await {
-        Ok(s) => s,
-        Err(r) => return r,
+/// `POST /signal?token=T&signal=N`: everything is in the query, so the request is HEADERS
+/// alone, which flow control never holds back.
+fn send_signal(query: &str, running: &Running) -> Response<Body> {
+    let mut token = None;
+    let mut number = None;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "token" => token = Some(v.into_owned()),
+            "signal" => number = v.parse::<i32>().ok(),
+            _ => {}
+        }
+    }
+    let (Some(token), Some(number)) = (token, number) else {
+        return full(StatusCode::BAD_REQUEST, "give token=T&signal=N");
     };
-    let pgid = running.lock().unwrap_or_else(|p| p.into_inner()).get(&spec.token).copied();
-    let Some(sig) = signal_of(spec.signal) else {
-        return full(StatusCode::BAD_REQUEST, format!("signal {} has no name the agent can send", spec.signal));
+    let Some(sig) = signal_of(number) else {
+        return full(StatusCode::BAD_REQUEST, format!("signal {number} has no name the agent can send"));
     };
+    let pgid = running.lock().unwrap_or_else(|p| p.into_inner()).get(&token).copied();
     let Some(pgid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
         return full(StatusCode::NOT_FOUND, "no such command runs");
     };
@@ -252,26 +284,27 @@ async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
     let out = child.stdout.take().map(|p| tokio::spawn(forward(p, STDOUT, tx.clone(), exited.clone())));
     let err = child.stderr.take().map(|p| tokio::spawn(forward(p, STDERR, tx.clone(), exited)));
     tokio::spawn(async move {
+        use std::os::unix::process::ExitStatusExt;
         let status = child.wait().await;
-        if let Some((token, running)) = registered {
-            running.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
-        }
+        // Read at once: later, another command's OOM kill could be taken for this one's.
+        // A SIGKILL while the container's memory counters moved: the limit.
+        let oom = match (&status, before) {
+            (Ok(s), Some(before)) => s.signal() == Some(9) && before.oom_since(),
+            _ => false,
+        };
         let _ = exited_tx.send(true);
         for task in [out, err].into_iter().flatten() {
             let _ = task.await;
         }
+        // Signals reach the group while its output still flows (a background child of the
+        // command may hold the pipes).
+        if let Some((token, running)) = registered {
+            running.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
+        }
         let frame = match status {
             Ok(s) => {
-                use std::os::unix::process::ExitStatusExt;
                 let code = paddock_agent::exit_code(s.code(), s.signal());
-                match before {
-                    // A SIGKILL while the container's memory counters moved: the limit.
-                    Some(before) => {
-                        let oom = s.signal() == Some(9) && before.oom_since();
-                        encode(EXIT, &exit_frame(code, oom))
-                    }
-                    None => encode(EXIT, &code.to_be_bytes()),
-                }
+                if before.is_some() { encode(EXIT, &exit_frame(code, oom)) } else { encode(EXIT, &code.to_be_bytes()) }
             }
             Err(e) => encode(ERROR, format!("waiting for the command: {e}").as_bytes()),
         };
@@ -312,9 +345,10 @@ async fn feed(mut decoder: Decoder, mut body: Incoming, mut stdin: tokio::proces
     let _ = stdin.shutdown().await;
 }
 
-/// Sends a pipe's output as frames until its end, or until it stays silent for [`GRACE`]
-/// after the command exited. Once the server stops listening, output is still read (and
-/// dropped) so the command never blocks on a full pipe.
+/// Sends a pipe's output as frames until its end, or until [`GRACE`] after the command
+/// exited (a background child of the command may hold the pipe open for ever). Once the
+/// server stops listening, output is still read (and dropped) so the command never blocks on
+/// a full pipe.
 async fn forward<R: AsyncRead + Unpin>(
     mut pipe: R,
     kind: u8,
@@ -323,17 +357,31 @@ async fn forward<R: AsyncRead + Unpin>(
 ) {
     let mut buf = vec![0u8; 32 << 10];
     let mut open = true;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    // Past the deadline, what is already in the pipe is still read (a slow reader may have
+    // held this loop up), but no more than a pipe can hold.
+    let mut late = 0usize;
     loop {
-        let n = if *exited.borrow() {
-            match tokio::time::timeout(GRACE, pipe.read(&mut buf)).await {
+        if deadline.is_none() && *exited.borrow() {
+            deadline = Some(tokio::time::Instant::now() + GRACE);
+        }
+        let n = match deadline {
+            // A timeout polls its future first: data already there is read even when late.
+            Some(d) => match tokio::time::timeout_at(d, pipe.read(&mut buf)).await {
+                Ok(Ok(n)) if tokio::time::Instant::now() >= d => {
+                    late += n;
+                    if late > PIPE_MAX {
+                        return;
+                    }
+                    Ok(n)
+                }
                 Ok(r) => r,
                 Err(_) => return,
-            }
-        } else {
-            tokio::select! {
+            },
+            None => tokio::select! {
                 r = pipe.read(&mut buf) => r,
                 _ = exited.changed() => continue,
-            }
+            },
         };
         match n {
             Ok(0) | Err(_) => return,

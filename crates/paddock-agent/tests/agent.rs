@@ -13,35 +13,42 @@ use paddock_agent::{Decoder, ERROR, EXIT, SPEC, STDERR, STDIN, STDOUT, encode};
 use serde_json::json;
 
 struct Agent {
-    child: std::process::Child,
+    /// The agent's pid (the shell that started it is gone).
+    pid: String,
     sender: SendRequest<Full<Bytes>>,
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = std::process::Command::new("kill").arg(&self.pid).status();
     }
 }
 
 async fn start() -> Agent {
     // A free port: the agent's own (44770) may be taken on a test host.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_paddock-agent"))
-        .args(["--id", "test-id", "--port", &port.to_string()])
-        .spawn()
+    // Started as the runtime starts it: a background job of a shell, which begins with
+    // SIGINT and SIGQUIT ignored.
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "\"$0\" --id test-id --port \"$1\" </dev/null >/dev/null 2>&1 & echo $!",
+            env!("CARGO_BIN_EXE_paddock-agent"),
+        ])
+        .arg(port.to_string())
+        .output()
         .unwrap();
+    let pid = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     for _ in 0..100 {
         if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             let (sender, conn) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s)).await.unwrap();
             tokio::spawn(conn);
-            return Agent { child, sender };
+            return Agent { pid, sender };
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = std::process::Command::new("kill").arg(&pid).status();
     panic!("the agent did not listen on port {port}");
 }
 
@@ -60,13 +67,20 @@ async fn call(agent: &Agent, path: &str, spec: serde_json::Value, stdin: &[u8]) 
     let mut d = Decoder::default();
     d.push(&bytes);
     let mut frames = Vec::new();
-    // Only commands answer in frames; `/signal` answers a line of text.
-    if status == StatusCode::OK && path != "/signal" {
+    if status == StatusCode::OK {
         while let Some(f) = d.next_frame().unwrap() {
             frames.push(f);
         }
     }
     (status, frames)
+}
+
+/// `POST /signal?QUERY`, bodyless: its status.
+async fn signal(agent: &Agent, query: &str) -> StatusCode {
+    let req = hyper::Request::post(format!("http://agent/signal?{query}")).body(Full::new(Bytes::new())).unwrap();
+    let mut sender = agent.sender.clone();
+    sender.ready().await.unwrap();
+    sender.send_request(req).await.unwrap().status()
 }
 
 /// Standard output, standard error and the exit frame's bytes.
@@ -93,7 +107,7 @@ async fn commands_get_exactly_what_was_asked_and_report_as_a_shell_would() {
         .send_request(hyper::Request::get("http://agent/id").body(Full::new(Bytes::new())).unwrap())
         .await
         .unwrap();
-    assert_eq!(id.into_body().collect().await.unwrap().to_bytes(), "test-id");
+    assert_eq!(id.into_body().collect().await.unwrap().to_bytes(), format!("test-id {}", paddock_agent::PROTOCOL));
 
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path().to_str().unwrap();
@@ -132,8 +146,8 @@ async fn commands_get_exactly_what_was_asked_and_report_as_a_shell_would() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _) = call(&agent, "/nope", json!({}), b"").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = call(&agent, "/signal", json!({"token": "never-started", "signal": 15}), b"").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(signal(&agent, "token=never-started&signal=15").await, StatusCode::NOT_FOUND);
+    assert_eq!(signal(&agent, "token=x").await, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
@@ -146,11 +160,11 @@ async fn one_signal_ends_the_commands_whole_process_group() {
     let spec =
         exec(&["sh", "-c", &script], json!({"PATH": "/usr/bin:/bin"}), dir.path().to_str().unwrap(), "sig", false);
     let running = call(&agent, "/exec", spec, b"");
-    let signal = async {
+    let signalled = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        call(&agent, "/signal", json!({"token": "sig", "signal": 15}), b"").await.0
+        signal(&agent, "token=sig&signal=15").await
     };
-    let ((_, frames), status) = tokio::join!(running, signal);
+    let ((_, frames), status) = tokio::join!(running, signalled);
     assert_eq!(status, StatusCode::OK);
     let (out, _, end) = split(&frames);
     assert_eq!((out.as_str(), exit_of(&end)), ("", (143, 0)));
@@ -164,6 +178,19 @@ async fn one_signal_ends_the_commands_whole_process_group() {
         .collect();
     assert!(left.is_empty(), "the background sleep outlived the signal: {left:?}");
     // Once it ended, its token is gone.
-    let (status, _) = call(&agent, "/signal", json!({"token": "sig", "signal": 15}), b"").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(signal(&agent, "token=sig&signal=15").await, StatusCode::NOT_FOUND);
+
+    // SIGINT interrupts: a command does not inherit the ignored disposition the agent
+    // started with.
+    let spec = exec(&["sleep", "30"], json!({"PATH": "/usr/bin:/bin"}), dir.path().to_str().unwrap(), "int", false);
+    let running = call(&agent, "/exec", spec, b"");
+    let interrupted = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        signal(&agent, "token=int&signal=2").await
+    };
+    let started = std::time::Instant::now();
+    let ((_, frames), status) = tokio::join!(running, interrupted);
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(exit_of(&split(&frames).2), (130, 0));
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
 }

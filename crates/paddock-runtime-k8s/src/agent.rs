@@ -23,7 +23,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use paddock_agent::{Decoder, ERROR, EXIT, ExecSpec, PORT, RunSpec, SPEC, STDERR, STDIN, STDOUT, SignalSpec, encode};
+use paddock_agent::{Decoder, ERROR, EXIT, ExecSpec, PORT, RunSpec, SPEC, STDERR, STDIN, STDOUT, encode};
 use paddock_core::runtime::RuntimeError;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -35,18 +35,26 @@ use crate::port::PortStream;
 type Body = BoxBody<Bytes, Infallible>;
 pub type Sender = SendRequest<Body>;
 
-/// How long after a failed bring-up a Pod is left on `pods/exec` before the next try.
+/// Least time between two bring-ups of one Pod's agent (each may upload the binary): a
+/// sandbox that keeps killing its agent, or an image it cannot run in, costs the API server
+/// one upload per Pod this often at most, doubling with every failure in a row.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
-/// How long a started agent may take to answer.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(900);
+/// How long a started agent may take to answer, and any request to it that is not a command.
 const START_TIMEOUT: Duration = Duration::from_secs(5);
+/// A bring-up still `Starting` after this long is taken for lost.
+const STARTING_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `sh -c INSTALL paddock-agent-install ID`: stores the binary read from stdin as
-/// `/tmp/.paddock-agent/agent-ID` and starts it detached (its output to a log beside it).
-/// `cat` is not the last command: see `exec::STAGE_SCRIPT`.
-const INSTALL_SCRIPT: &str = r#"d=/tmp/.paddock-agent; f="$d/agent-$1"
+/// `/tmp/.paddock-agent/agent-ID` (removing other builds' binaries, which count against the
+/// Pod's `/tmp`) and starts it detached, its output in `agent-ID.log`. A temporary name of its
+/// own per install, so two servers installing at once do not clash. `cat` is not the last
+/// command: see `exec::STAGE_SCRIPT`.
+const INSTALL_SCRIPT: &str = r#"d=/tmp/.paddock-agent; f="$d/agent-$1"; t="$f.new.$$"
 mkdir -p "$d" && chmod 700 "$d" || exit 1
-cat >"$f.new" && chmod 700 "$f.new" && mv -f "$f.new" "$f" || exit 1
-"$f" --id "$1" </dev/null >"$d/log" 2>&1 &
+for o in "$d"/agent-*; do case "$o" in "$f"|"$f.log"|"$f".new.*) ;; *) rm -f "$o";; esac; done
+cat >"$t" && chmod 700 "$t" && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
+"$f" --id "$1" </dev/null >"$f.log" 2>&1 &
 exit 0"#;
 
 /// The agent binary the runtime uploads, and its id (a hash of its bytes).
@@ -95,22 +103,37 @@ pub fn is_static_elf(elf: &[u8]) -> bool {
 }
 
 enum State {
-    Starting,
-    /// Connected to the agent of the Pod with this uid (when the caller knew it).
-    Ready(Sender, Option<String>),
-    Failed(Instant),
+    /// A bring-up runs; its generation, so only it writes its result back.
+    Starting(u64, Instant),
+    /// Connected to the agent of the Pod with this uid, checked before and after connecting.
+    Ready(Sender, String),
+    Failed,
+}
+
+struct Entry {
+    state: State,
+    /// When the last bring-up started, and how many failed in a row since one succeeded.
+    started: Instant,
+    failures: u32,
+}
+
+impl Entry {
+    fn backoff(&self) -> Duration {
+        RETRY_AFTER.saturating_mul(1 << self.failures.min(5)).min(MAX_RETRY_AFTER)
+    }
 }
 
 /// The agents of every Pod this server uses.
 pub struct Agents {
     binary: Option<AgentBinary>,
     pods: Api<Pod>,
-    conns: Mutex<HashMap<String, State>>,
+    conns: Mutex<HashMap<String, Entry>>,
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Agents {
     pub fn new(binary: Option<AgentBinary>, pods: Api<Pod>) -> Self {
-        Self { binary, pods, conns: Mutex::default() }
+        Self { binary, pods, conns: Mutex::default(), generation: Default::default() }
     }
 
     pub fn enabled(&self) -> bool {
@@ -120,49 +143,68 @@ impl Agents {
     /// The connection to the agent of Pod `pod` with uid `uid`, only when it is up: never
     /// starts one. A thread's Pods share a name, so the uid tells a replacement apart.
     pub fn ready(&self, pod: &str, uid: &str) -> Option<Sender> {
-        match self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(pod) {
-            Some(State::Ready(s, Some(u))) if u == uid && !s.is_closed() => Some(s.clone()),
+        match self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(pod).map(|e| &e.state) {
+            Some(State::Ready(s, u)) if u == uid && !s.is_closed() => Some(s.clone()),
             _ => None,
         }
     }
 
-    /// A connection to `pod`'s agent when one is up; otherwise starts bringing one up (once)
-    /// and returns `None`, so this command takes `pods/exec`. `uid` is the Pod's, when known.
+    /// A connection to `pod`'s agent when one is up (for the Pod with uid `uid`, when the
+    /// caller knows it); otherwise starts bringing one up, at most once per backoff, and
+    /// returns `None`, so this command takes `pods/exec`.
     pub fn sender(self: &Arc<Self>, pod: &str, uid: Option<&str>) -> Option<Sender> {
         let binary = self.binary.as_ref()?;
         let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        match conns.get(pod) {
-            Some(State::Ready(s, known)) if !s.is_closed() && (uid.is_none() || known.as_deref() == uid) => {
-                return Some(s.clone());
+        if let Some(e) = conns.get(pod) {
+            match &e.state {
+                State::Ready(s, u) if !s.is_closed() && uid.is_none_or(|uid| uid == u) => return Some(s.clone()),
+                State::Starting(_, at) if at.elapsed() < STARTING_TIMEOUT => return None,
+                _ if e.started.elapsed() < e.backoff() => return None,
+                _ => {}
             }
-            Some(State::Starting) => return None,
-            Some(State::Failed(at)) if at.elapsed() < RETRY_AFTER => return None,
-            _ => {}
         }
         // Entries of Pods that are gone would pile up: drop dead ones while here.
-        conns.retain(|_, s| match s {
-            State::Ready(s, _) => !s.is_closed(),
-            State::Failed(at) => at.elapsed() < RETRY_AFTER,
-            State::Starting => true,
+        conns.retain(|_, e| match &e.state {
+            State::Ready(s, _) => !s.is_closed() || e.started.elapsed() < e.backoff(),
+            State::Failed => e.started.elapsed() < e.backoff(),
+            State::Starting(_, at) => at.elapsed() < STARTING_TIMEOUT,
         });
-        conns.insert(pod.to_owned(), State::Starting);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let failures = conns.get(pod).map_or(0, |e| e.failures);
+        let now = Instant::now();
+        conns.insert(pod.to_owned(), Entry { state: State::Starting(generation, now), started: now, failures });
         let me = Arc::clone(self);
         let (pod, uid, binary) = (pod.to_owned(), uid.map(str::to_owned), binary.clone());
         tokio::spawn(async move {
-            let state = match bring_up(&me.pods, &pod, &binary).await {
-                Ok(s) => State::Ready(s, uid),
-                Err(e) => {
-                    // Most failures are a short-lived sandbox deleted meanwhile: only one
-                    // whose Pod still runs says something about the image or the cluster.
-                    if matches!(me.pods.get_opt(&pod).await, Ok(Some(_))) {
-                        tracing::info!(pod, error = %e, "no agent in the Pod: its commands take pods/exec");
-                    } else {
-                        tracing::debug!(pod, error = %e, "no agent: the Pod is gone");
-                    }
-                    State::Failed(Instant::now())
-                }
+            let result = bring_up(&me.pods, &pod, uid.as_deref(), &binary).await;
+            let quiet = match &result {
+                // Most failures are a short-lived sandbox deleted meanwhile: only one whose
+                // Pod still runs says something about the image or the cluster.
+                Err(_) => !matches!(me.pods.get_opt(&pod).await, Ok(Some(_))),
+                Ok(_) => true,
             };
-            me.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(pod, state);
+            let mut conns = me.conns.lock().unwrap_or_else(|p| p.into_inner());
+            // Only this bring-up's own entry: a newer one, or a `forget`, wins.
+            let Some(entry) =
+                conns.get_mut(&pod).filter(|e| matches!(e.state, State::Starting(g, _) if g == generation))
+            else {
+                return;
+            };
+            match result {
+                Ok((sender, uid)) => {
+                    entry.state = State::Ready(sender, uid);
+                    entry.failures = 0;
+                }
+                Err(e) => {
+                    if quiet {
+                        tracing::debug!(pod, error = %e, "no agent: the Pod is gone");
+                    } else {
+                        tracing::info!(pod, error = %e, "no agent in the Pod: its commands take pods/exec");
+                    }
+                    entry.state = State::Failed;
+                    entry.failures = entry.failures.saturating_add(1);
+                }
+            }
         });
         None
     }
@@ -171,14 +213,48 @@ impl Agents {
     pub fn forget(&self, pod: &str) {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(pod);
     }
+
+    /// Forgets `pod`'s connection if it is closed (a request found it so), leaving a newer
+    /// bring-up or a live connection alone.
+    pub fn forget_closed(&self, pod: &str) {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(conns.get(pod).map(|e| &e.state), Some(State::Ready(s, _)) if s.is_closed()) {
+            conns.remove(pod);
+        }
+    }
 }
 
-/// Connects to the Pod's agent, replacing or starting it as needed.
-async fn bring_up(pods: &Api<Pod>, pod: &str, binary: &AgentBinary) -> Result<Sender, String> {
+/// The uid of the Pod named `pod` now.
+async fn pod_uid(pods: &Api<Pod>, pod: &str) -> Result<String, String> {
+    match pods.get_opt(pod).await {
+        Ok(Some(p)) => p.metadata.uid.ok_or_else(|| format!("Pod {pod} has no uid")),
+        Ok(None) => Err(format!("Pod {pod} is gone")),
+        Err(e) => Err(format!("reading Pod {pod}: {e}")),
+    }
+}
+
+/// Connects to the Pod's agent, replacing (another protocol) or starting it as needed. The
+/// Pod is reached by name: its uid read before and after the connection is made must be the
+/// same (and the expected one), so the connection is known to lead into that very Pod.
+async fn bring_up(
+    pods: &Api<Pod>,
+    pod: &str,
+    expected: Option<&str>,
+    binary: &AgentBinary,
+) -> Result<(Sender, String), String> {
+    let uid = pod_uid(pods, pod).await?;
+    if expected.is_some_and(|e| e != uid) {
+        return Err(format!("Pod {pod} was replaced"));
+    }
+    let verified = async |sender: Sender| match pod_uid(pods, pod).await {
+        Ok(now) if now == uid => Ok((sender, uid.clone())),
+        Ok(_) => Err(format!("Pod {pod} was replaced while its agent was reached")),
+        Err(e) => Err(e),
+    };
     match connect(pods, pod).await {
-        Ok((sender, id)) if id == binary.id => return Ok(sender),
+        Ok((sender, answer)) if compatible(&answer) => return verified(sender).await,
         Ok((sender, _)) => {
-            // Another build's agent: it ends, ours starts (its file name differs).
+            // An agent speaking another protocol: it ends, ours starts (its file differs).
             let _ = request(sender, "/exit").await;
         }
         Err(_) => {}
@@ -186,16 +262,22 @@ async fn bring_up(pods: &Api<Pod>, pod: &str, binary: &AgentBinary) -> Result<Se
     install(pods, pod, binary).await?;
     let started = Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         match connect(pods, pod).await {
-            Ok((sender, id)) if id == binary.id => return Ok(sender),
-            Ok((_, id)) => return Err(format!("the agent on port {PORT} is another one (id {id})")),
-            Err(e) if started.elapsed() > START_TIMEOUT => {
-                return Err(format!("the started agent never answered: {e}"));
-            }
-            Err(_) => {}
+            Ok((sender, answer)) if compatible(&answer) => return verified(sender).await,
+            // The agent told to exit may still be there for a moment.
+            Ok(_) | Err(_) if started.elapsed() < START_TIMEOUT => {}
+            Ok((_, answer)) => return Err(format!("the agent on port {PORT} speaks another protocol ({answer})")),
+            Err(e) => return Err(format!("the started agent never answered: {e}")),
         }
     }
+}
+
+/// Whether an agent's `/id` answer (`ID PROTOCOL`) speaks this server's protocol: agents of
+/// other builds that do are used as they are, so two server versions never take turns
+/// replacing each other's agents.
+fn compatible(answer: &str) -> bool {
+    answer.split_whitespace().nth(1) == Some(paddock_agent::PROTOCOL)
 }
 
 async fn install(pods: &Api<Pod>, pod: &str, binary: &AgentBinary) -> Result<(), String> {
@@ -222,8 +304,10 @@ async fn connect(pods: &Api<Pod>, pod: &str) -> Result<(Sender, String), String>
         .keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true)
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(4 << 20)
+        // The connection's window holds every stream's: a command whose output nobody reads
+        // fills only its own stream's window, never the Pod's whole connection.
+        .initial_stream_window_size(paddock_agent::STREAM_WINDOW)
+        .initial_connection_window_size(paddock_agent::CONNECTION_WINDOW)
         .handshake(io)
         .await
         .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
@@ -243,15 +327,15 @@ async fn request(mut sender: Sender, path: &str) -> Result<String, String> {
         .uri(format!("http://agent{path}"))
         .body(http_body_util::Empty::new().boxed())
         .map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(START_TIMEOUT, sender.send_request(req))
-        .await
-        .map_err(|_| "the agent did not answer in time".to_owned())?
-        .map_err(|e| format!("the agent's answer: {e}"))?;
-    let body = http_body_util::Limited::new(resp.into_body(), 4096)
-        .collect()
-        .await
-        .map_err(|e| format!("the agent's answer: {e}"))?;
-    Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+    let answer = async {
+        let resp = sender.send_request(req).await.map_err(|e| format!("the agent's answer: {e}"))?;
+        let body = http_body_util::Limited::new(resp.into_body(), 4096)
+            .collect()
+            .await
+            .map_err(|e| format!("the agent's answer: {e}"))?;
+        Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+    };
+    tokio::time::timeout(START_TIMEOUT, answer).await.map_err(|_| "the agent did not answer in time".to_owned())?
 }
 
 /// Why a command could not go to the agent.
@@ -276,27 +360,36 @@ pub async fn exec(sender: Sender, pod: &str, spec: &ExecSpec) -> Result<(Running
 }
 
 /// Signals the process group of the command started with `token`; false when it no longer
-/// runs.
+/// runs. The request has no body (HEADERS only, which HTTP/2 flow control never holds back),
+/// so a signal gets through even while other streams of the Pod are stalled.
 pub async fn signal(mut sender: Sender, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
     let lost = |e: &dyn std::fmt::Display| {
         RuntimeError::Unavailable(format!("signalling a command in Pod {pod}: the agent's connection: {e}"))
     };
-    sender.ready().await.map_err(|e| lost(&e))?;
-    let spec = serde_json::to_vec(&SignalSpec { token: token.to_owned(), signal })
-        .map_err(|e| RuntimeError::System(e.to_string()))?;
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("token", token)
+        .append_pair("signal", &signal.to_string())
+        .finish();
     let req = hyper::Request::builder()
         .method(hyper::Method::POST)
-        .uri("http://agent/signal")
-        .body(http_body_util::Full::new(encode(SPEC, &spec)).boxed())
+        .uri(format!("http://agent/signal?{query}"))
+        .body(http_body_util::Empty::new().boxed())
         .map_err(|e| RuntimeError::System(e.to_string()))?;
-    let resp = sender.send_request(req).await.map_err(|e| lost(&e))?;
-    let status = resp.status();
-    let body = http_body_util::Limited::new(resp.into_body(), 4096).collect().await.map_err(|e| lost(&e))?;
+    let answer = async {
+        sender.ready().await.map_err(|e| lost(&e))?;
+        let resp = sender.send_request(req).await.map_err(|e| lost(&e))?;
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), 4096).collect().await.map_err(|e| lost(&e))?;
+        Ok::<_, RuntimeError>((status, body.to_bytes()))
+    };
+    let (status, body) = tokio::time::timeout(START_TIMEOUT, answer)
+        .await
+        .map_err(|_| RuntimeError::Timeout(format!("the agent in Pod {pod} did not answer a signal in time")))??;
     match status {
         hyper::StatusCode::OK => Ok(true),
         hyper::StatusCode::NOT_FOUND => Ok(false),
         hyper::StatusCode::BAD_REQUEST => {
-            Err(RuntimeError::InvalidArgument(String::from_utf8_lossy(&body.to_bytes()).into_owned()))
+            Err(RuntimeError::InvalidArgument(String::from_utf8_lossy(&body).into_owned()))
         }
         other => Err(RuntimeError::System(format!("the agent in Pod {pod} answered a signal with {other}"))),
     }
@@ -394,10 +487,8 @@ async fn relay(
                     });
                 }
                 Ok(Some((ERROR, data))) => {
-                    break 'body Err(RuntimeError::System(format!(
-                        "the agent in Pod {pod}: {}",
-                        String::from_utf8_lossy(&data)
-                    )));
+                    let text = String::from_utf8_lossy(&data[..data.len().min(4096)]).into_owned();
+                    break 'body Err(RuntimeError::System(format!("the agent in Pod {pod}: {text}")));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => break,

@@ -59,6 +59,7 @@ pub const CLAIM_NEEDED: &[Need] = &[
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "list"),
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "patch"),
     need("extensions.agents.x-k8s.io", "sandboxtemplates", "", "delete"),
+    need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "list"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "create"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "patch"),
     need("extensions.agents.x-k8s.io", "sandboxwarmpools", "", "delete"),

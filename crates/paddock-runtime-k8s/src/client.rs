@@ -8,8 +8,10 @@
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kube::client::ConfigExt;
+use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
 use paddock_core::runtime::RuntimeError;
+use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
 
 /// A client from the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
@@ -33,8 +35,12 @@ pub fn from_config(config: Config) -> Result<Client, RuntimeError> {
     http.set_nodelay(true);
     http.set_connect_timeout(config.connect_timeout);
     let https = config.rustls_https_connector_with_connector(http).map_err(bad)?;
+    // kube's own order: retries of 429/503/504 (honouring Retry-After) outside the
+    // credentials, so a retried request is signed afresh.
+    let retry = config.default_retry.then(|| RetryLayer::new(RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .option_layer(retry)
         .option_layer(config.auth_layer().map_err(bad)?)
         .layer(config.extra_headers_layer().map_err(bad)?)
         .map_err(BoxError::from)

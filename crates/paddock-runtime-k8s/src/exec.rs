@@ -209,7 +209,7 @@ impl Transport {
                 Err(RunError::Failed(e)) => return Err(e),
                 Err(RunError::NotSent(e)) => {
                     tracing::debug!(pod, error = %e, "the agent's connection is gone: pods/exec instead");
-                    self.agents.forget(pod);
+                    self.agents.forget_closed(pod);
                 }
             }
         }
@@ -383,6 +383,9 @@ async fn watch(
 /// OOM-killed.
 type Ended = (Result<i32, RuntimeError>, bool, bool);
 
+/// How long the runtime's own helper calls (a signal, the OOM verdict) may take.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn oom_killed(transport: &Transport, pod: &str, token: &str) -> bool {
     let argv = vec!["sh".into(), "-c".into(), OOM_SCRIPT.into(), "paddock-oom".into(), token.into()];
     match transport.start(pod, argv, false).await {
@@ -440,12 +443,21 @@ impl Execution for KubeExecution {
     }
 }
 
-/// Runs an exec to the end, feeding it `input` and collecting both outputs.
+/// Most of a script's standard output `collect` keeps: a listing of `MAX_LISTED_ENTRIES`
+/// long paths fits. A script's output comes from inside the sandbox (its agent can be
+/// replaced), so it is bounded like any other untrusted input.
+pub const MAX_SCRIPT_OUTPUT: u64 = 256 << 20;
+/// Most of a script's standard error `collect` keeps (it only ever carries messages).
+pub const MAX_SCRIPT_ERRORS: u64 = 64 << 10;
+
+/// Runs an exec to the end, feeding it `input` and collecting both outputs, each up to its
+/// bound; more is an error, never kept.
 pub async fn collect(
     running: Running,
     input: Option<&mut (dyn AsyncRead + Send + Unpin)>,
 ) -> Result<(i32, Vec<u8>, Vec<u8>), RuntimeError> {
-    let Running { stdin, mut stdout, mut stderr, done } = running;
+    let Running { stdin, stdout, stderr, done } = running;
+    let (mut stdout, mut stderr) = (stdout.take(MAX_SCRIPT_OUTPUT + 1), stderr.take(MAX_SCRIPT_ERRORS));
     let feed = async {
         if let (Some(mut w), Some(r)) = (stdin, input) {
             let copied = tokio::io::copy(r, &mut w).await;
@@ -458,6 +470,14 @@ pub async fn collect(
     let mut out = Vec::new();
     let mut err = Vec::new();
     let (fed, _, _) = tokio::join!(feed, stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+    if out.len() as u64 > MAX_SCRIPT_OUTPUT {
+        return Err(RuntimeError::Exhausted(format!(
+            "a script in the sandbox wrote more than {} MiB; nothing of it was kept",
+            MAX_SCRIPT_OUTPUT >> 20
+        )));
+    }
+    // The rest of the outputs is not wanted: the pumps drop what the closed pipes refuse.
+    drop((stdout, stderr));
     let code = done.await.map_err(|_| RuntimeError::System("an exec vanished".into()))??;
     // A command that failed early stops reading its input: its own error says more.
     if code == 0 {
@@ -477,14 +497,18 @@ pub enum Control {
 impl Control {
     async fn signal(&self, pod: &str, token: &str, signal: i32) -> Result<bool, RuntimeError> {
         match self {
-            Control::Wrapper(t) => send_signal(t, pod, token, signal).await,
+            Control::Wrapper(t) => tokio::time::timeout(HELPER_TIMEOUT, send_signal(t, pod, token, signal))
+                .await
+                .map_err(|_| RuntimeError::Timeout(format!("signalling a command in Pod {pod} took too long")))?,
             Control::Agent(sender, _) => agent::signal(sender.clone(), pod, token, signal).await,
         }
     }
 
     async fn oom_killed(&self, pod: &str, token: &str) -> bool {
         match self {
-            Control::Wrapper(t) => oom_killed(t, pod, token).await,
+            Control::Wrapper(t) => {
+                tokio::time::timeout(HELPER_TIMEOUT, oom_killed(t, pod, token)).await.unwrap_or(false)
+            }
             // The agent's exit frame said, before the command's end was passed on.
             Control::Agent(_, oom) => oom.load(Ordering::Relaxed),
         }

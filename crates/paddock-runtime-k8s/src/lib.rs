@@ -10,7 +10,7 @@
 //! `pods/exec` and `pods/portforward` create get; `persistentvolumeclaims` create get list
 //! delete; `networking.k8s.io` `networkpolicies` create get delete; `events` list; with the
 //! claim model also `extensions.agents.x-k8s.io` `sandboxtemplates` create list patch delete, `sandboxwarmpools`
-//! create patch delete, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
+//! list create patch delete, `sandboxclaims` create get list patch delete (`check::CLAIM_NEEDED`). Sandbox
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
 pub mod agent;
@@ -144,7 +144,7 @@ pub struct KubeRuntime {
     /// Why the configured agent cannot be used; `preflight` reports it.
     agent_error: Option<String>,
     /// Where sandboxes this server ran commands in live, for the agent's fast path.
-    located: Arc<Mutex<HashMap<SandboxId, Located>>>,
+    located: Arc<Mutex<HashMap<SandboxId, Arc<Located>>>>,
 }
 
 /// A sandbox's Pod (name and uid) and its spec's environment, which never change.
@@ -157,6 +157,9 @@ struct Located {
 
 /// Sandboxes `located` holds before it drops those whose agent is not connected.
 const MAX_LOCATED: usize = 4096;
+/// A sandbox whose environment is larger than this is looked up on every command instead
+/// (4096 of the largest environments a spec may carry would hold a lot of memory).
+const MAX_LOCATED_ENV: usize = 16 << 10;
 
 const POLL: Duration = Duration::from_millis(250);
 /// Profiles (besides the default) whose warm pools get `warm_pool` Pods.
@@ -242,13 +245,16 @@ impl KubeRuntime {
     }
 
     fn remember(&self, id: &SandboxId, located: Located) {
+        if located.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_LOCATED_ENV {
+            return;
+        }
         let mut map = self.located.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= MAX_LOCATED {
             let agents = &self.transport.agents;
             map.retain(|_, l| agents.ready(&l.pod, &l.uid).is_some());
         }
         if map.len() < MAX_LOCATED {
-            map.insert(id.clone(), located);
+            map.insert(id.clone(), Arc::new(located));
         }
     }
 
@@ -579,13 +585,13 @@ impl KubeRuntime {
     /// Deletes a Pod (only this very Pod: its uid is a precondition) and its NetworkPolicy,
     /// then waits until the Pod is gone when asked. A thread's PVC is kept.
     async fn delete_sandbox_pod(&self, pod: &Pod, wait: bool) -> Result<(), RuntimeError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.transport.agents.forget(&name);
+        self.located.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, l| l.pod != name);
         if let Some(claim) = pod.metadata.annotations.as_ref().and_then(|a| a.get(claim::CLAIM_ANNOTATION)) {
             // The controller owns a claimed Pod: deleting it would only make it start another.
             return self.delete_claim(claim, wait).await;
         }
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        self.transport.agents.forget(&name);
-        self.located.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, l| l.pod != name);
         let dp = DeleteParams {
             grace_period_seconds: Some(1),
             preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
@@ -700,45 +706,76 @@ impl KubeRuntime {
         Ok(Some(name))
     }
 
-    /// Deletes the claim profiles (pool, then template) that are idle: not the default one,
-    /// not used by any server for `profile_idle`, and not named by any claim.
+    /// Deletes the claim profiles that are idle: not the default one, not used by any server
+    /// for `profile_idle`, and not named by any claim. The template goes first, on the
+    /// condition that nobody touched it since it was listed (a server that claims from a
+    /// profile touches its template first), then its pool. Pools left without a template
+    /// (a delete cut short) go too. A template without a last-used mark (made by an older
+    /// server) is marked now and judged later.
     async fn reap_idle_profiles(&self, now: u64) -> Result<usize, RuntimeError> {
         let lp = ListParams::default().labels(&format!("{}=paddock", objects::MANAGED_BY));
         let templates = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?.items;
+        let pools = self.pools.list(&lp).await.map_err(|e| api_error("listing SandboxWarmPools", e))?.items;
         let idle_ms = self.config.profile_idle.as_millis() as u64;
         let default = claim::profile_name(&self.profile_pod_spec(&self.prepare(SandboxSpec::default())?));
-        let idle: Vec<String> = templates
+        let mut idle = Vec::new();
+        for t in templates.iter().filter(|t| t.metadata.deletion_timestamp.is_none()) {
+            let Some(name) = t.metadata.name.clone().filter(|n| *n != default) else { continue };
+            let marked = t.metadata.annotations.as_ref().and_then(|a| a.get(claim::LAST_USED_ANNOTATION));
+            match marked.and_then(|v| v.parse::<u64>().ok()) {
+                Some(at) if at.saturating_add(idle_ms) < now => idle.push((name, t.metadata.resource_version.clone())),
+                Some(_) => {}
+                None => {
+                    let touch = serde_json::json!({"metadata": {"annotations": {claim::LAST_USED_ANNOTATION: now.to_string()}}});
+                    let _ = self.templates.patch(&name, &PatchParams::default(), &Patch::Merge(&touch)).await;
+                }
+            }
+        }
+        let live: HashSet<&str> = templates.iter().filter_map(|t| t.metadata.name.as_deref()).collect();
+        let orphans: Vec<String> = pools
             .iter()
-            .filter(|t| t.metadata.deletion_timestamp.is_none())
-            .filter(|t| claim::last_used(t).is_some_and(|at| at.saturating_add(idle_ms) < now))
-            .filter_map(|t| t.metadata.name.clone())
-            .filter(|n| *n != default)
+            .filter_map(|p| p.metadata.name.clone())
+            .filter(|n| !live.contains(n.as_str()) && *n != default)
             .collect();
-        if idle.is_empty() {
+        if idle.is_empty() && orphans.is_empty() {
             return Ok(0);
         }
         let claims = self.sandbox_claims.list(&ListParams::default()).await;
         let claims = claims.map_err(|e| api_error("listing sandbox claims", e))?.items;
         let in_use: HashSet<&str> = claims.iter().filter_map(claim::pool_of).collect();
         let mut n = 0;
-        for name in idle.iter().filter(|n| !in_use.contains(n.as_str())) {
-            self.profiles.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
-            let deleted = async {
-                for api in [&self.pools, &self.templates] {
-                    match api.delete(name, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(e) if is_code(&e, 404) => {}
-                        Err(e) => return Err(api_error(&format!("deleting idle profile {name}"), e)),
-                    }
-                }
-                Ok(())
+        for (name, version) in idle.into_iter().filter(|(n, _)| !in_use.contains(n.as_str())) {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions { uid: None, resource_version: version }),
+                ..DeleteParams::default()
             };
-            match deleted.await {
-                Ok(()) => {
-                    tracing::info!(profile = name, "idle sandbox profile deleted");
-                    n += 1;
+            match self.templates.delete(&name, &dp).await {
+                Ok(_) => {}
+                // Touched (used) since it was listed, or gone already.
+                Err(e) if is_code(&e, 409) || is_code(&e, 404) => continue,
+                Err(e) => {
+                    tracing::warn!(profile = name, error = %api_error("deleting an idle profile", e), "reaping profiles");
+                    continue;
                 }
-                Err(e) => tracing::warn!(profile = name, error = %e, "deleting an idle sandbox profile"),
+            }
+            self.profiles.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+            match self.pools.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_code(&e, 404) => {}
+                Err(e) => {
+                    tracing::warn!(profile = name, error = %api_error("deleting an idle profile's pool", e), "reaping profiles")
+                }
+            }
+            tracing::info!(profile = name, "idle sandbox profile deleted");
+            n += 1;
+        }
+        for name in orphans.into_iter().filter(|n| !in_use.contains(n.as_str())) {
+            match self.pools.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => n += 1,
+                Err(e) if is_code(&e, 404) => {}
+                Err(e) => {
+                    tracing::warn!(pool = name, error = %api_error("deleting a pool without a template", e), "reaping profiles")
+                }
             }
         }
         Ok(n)
@@ -1181,7 +1218,7 @@ impl Runtime for KubeRuntime {
                     return Ok(exec::process(running, exec::Control::Agent(sender, oom), &l.pod, token, timeout));
                 }
                 Err(agent::RunError::Failed(e)) => return Err(e),
-                Err(agent::RunError::NotSent(_)) => self.transport.agents.forget(&l.pod),
+                Err(agent::RunError::NotSent(_)) => self.transport.agents.forget_closed(&l.pod),
             }
         }
         let pod = self.find(id).await?;
@@ -1206,7 +1243,7 @@ impl Runtime for KubeRuntime {
                 Err(agent::RunError::Failed(e)) => return Err(e),
                 Err(agent::RunError::NotSent(e)) => {
                     tracing::debug!(pod = name, error = %e, "the agent's connection is gone: pods/exec instead");
-                    self.transport.agents.forget(&name);
+                    self.transport.agents.forget_closed(&name);
                 }
             }
         }

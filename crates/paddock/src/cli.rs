@@ -490,9 +490,13 @@ pub async fn run(cli: Cli) -> Result<u8> {
     };
     match cli.command {
         Command::Run { sandbox, timeout, exec } => {
+            let mut request = exec.request(timeout);
+            // Without a command only an image can say what to run.
+            if request.argv.is_empty() && sandbox.image.is_none() {
+                missing_command("run");
+            }
             let (spec, thread) = sandbox.spec(None)?;
             prepull(&spec).await?;
-            let mut request = exec.request(timeout);
             if !request.argv.is_empty() {
                 request.validate()?;
             }
@@ -541,7 +545,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Exec { id, timeout, exec } => {
             let request = exec.request(timeout);
             if request.argv.is_empty() {
-                bail!("no command: give it after --, e.g. `paddock exec {id} -- ls -l`");
+                missing_command("exec");
             }
             let outcome = run_to_exit(rt, &sandbox_id(&id)?, request).await?;
             Ok(report_outcome(&outcome, timeout))
@@ -710,6 +714,21 @@ async fn workspace(rt: &dyn Runtime, naming: NamingMode, cmd: WorkspaceCommand, 
 
 /// Runs a command to its end, relaying its standard streams and forwarding SIGINT, SIGTERM
 /// and SIGHUP to it.
+/// A usage error as clap reports a missing argument (exit 2): `run` without a command needs
+/// an `--image` whose Entrypoint or Cmd says what to run, `exec` always needs one.
+fn missing_command(subcommand: &str) -> ! {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    // Names the subcommands `paddock run`, `paddock exec` in the usage line.
+    cli.build();
+    let message = "the following required arguments were not provided:\n  -- <CMD>...";
+    let err = match cli.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(clap::error::ErrorKind::MissingRequiredArgument, message),
+        None => cli.error(clap::error::ErrorKind::MissingRequiredArgument, message),
+    };
+    err.exit()
+}
+
 async fn run_to_exit(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest) -> Result<ExecOutcome> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

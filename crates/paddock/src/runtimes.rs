@@ -185,8 +185,9 @@ pub struct KubeOpts {
     #[arg(long, global = true, default_value_t = 0)]
     pub warm_pool: u32,
     /// With --model claim: a profile (template and warm pool) other than the default that no
-    /// server has claimed from for this long, and that no claim uses, is deleted.
-    #[arg(long, global = true, default_value = "1h", value_parser = parse_duration)]
+    /// server has claimed from for this long, and that no claim uses, is deleted. At least
+    /// 10m: servers mark a profile they use about once a minute.
+    #[arg(long, global = true, default_value = "1h", value_parser = parse_profile_idle)]
     pub profile_idle: Duration,
     /// The static `paddock-agent` that runs commands in sandbox Pods over one warm connection
     /// each (`dev/build-agent --release` builds it), or `none` for a `pods/exec` call per
@@ -230,6 +231,14 @@ impl KubeOpts {
             ..Default::default()
         }
     }
+}
+
+fn parse_profile_idle(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(600) {
+        return Err(format!("{s} is too short: a profile in use is marked about once a minute; give at least 10m"));
+    }
+    Ok(d)
 }
 
 /// A static `paddock-agent` beside this binary (an install) or built by `dev/build-agent` in
