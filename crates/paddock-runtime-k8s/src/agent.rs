@@ -2,7 +2,7 @@
 //! `pods/portforward` instead of a `pods/exec` call (a `runc exec` plus a WebSocket set up and
 //! torn down) per command. The wire format is `paddock_agent`'s.
 //!
-//! The agent is brought up in the background the first time a Pod is used: connect, and if
+//! The agent is brought up in the background when a Pod's first command arrives: connect, and if
 //! nothing answers (or an agent of another build does), upload the static binary into the
 //! Pod's `/tmp` over one `pods/exec` and start it there. Meanwhile, and whenever the agent is
 //! gone, commands take `pods/exec`, so the agent only ever makes commands faster: a sandbox

@@ -911,11 +911,9 @@ impl KubeRuntime {
                 )));
             };
             match objects::phase(&pod) {
-                PodPhase::Ready => {
-                    // Its agent comes up while the caller gets ready to send the first command.
-                    let _ = self.transport.agents.sender(name, pod.metadata.uid.as_deref());
-                    return Ok(pod);
-                }
+                // Its agent is brought up by its first command, not here: many sandboxes end
+                // without one, and each bring-up uploads the agent through the API server.
+                PodPhase::Ready => return Ok(pod),
                 PodPhase::Gone(why) => {
                     return Err(RuntimeError::Unavailable(format!(
                         "Pod {name} stopped while starting: {why}; check `kubectl describe pod {name}` and the image's `sh`"
