@@ -211,31 +211,26 @@ fn signal_of(n: i32) -> Option<rustix::process::Signal> {
 /// output.
 async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
     let mut decoder = Decoder::with_limit(MAX_SPEC);
-    let (mut command, exec, stdin, program) = if running.is_none() {
-        let spec: RunSpec = match read_spec(&mut body, &mut decoder).await {
-            Ok(s) => s,
+    let (argv, stdin, exec) = if running.is_none() {
+        match read_spec::<RunSpec>(&mut body, &mut decoder).await {
+            Ok(spec) => (spec.argv, spec.stdin, None),
             Err(r) => return r,
-        };
-        let Some((program, args)) = spec.argv.split_first() else {
-            return full(StatusCode::BAD_REQUEST, "an empty command line");
-        };
-        let mut command = tokio::process::Command::new(program);
-        command.args(args);
-        (command, None, spec.stdin, program.clone())
+        }
     } else {
-        let spec: ExecSpec = match read_spec(&mut body, &mut decoder).await {
-            Ok(s) => s,
+        match read_spec::<ExecSpec>(&mut body, &mut decoder).await {
+            Ok(spec) => (spec.argv.clone(), spec.stdin, Some(spec)),
             Err(r) => return r,
-        };
-        let Some((program, args)) = spec.argv.split_first() else {
-            return full(StatusCode::BAD_REQUEST, "an empty command line");
-        };
-        let mut command = tokio::process::Command::new(program);
-        command.args(args).env_clear().envs(&spec.env).current_dir(&spec.cwd);
-        let program = program.clone();
-        (command, Some(spec), false, program)
+        }
     };
-    let stdin = stdin || exec.as_ref().is_some_and(|e| e.stdin);
+    let Some((program, args)) = argv.split_first() else {
+        return full(StatusCode::BAD_REQUEST, "an empty command line");
+    };
+    let program = program.clone();
+    let mut command = tokio::process::Command::new(&program);
+    command.args(args);
+    if let Some(spec) = &exec {
+        command.env_clear().envs(&spec.env).current_dir(&spec.cwd);
+    }
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
     let response = Response::new(BodyExt::boxed(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx))));
     if let Some(spec) = &exec

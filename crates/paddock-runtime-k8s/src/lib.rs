@@ -244,6 +244,28 @@ impl KubeRuntime {
         &self.config
     }
 
+    /// A user command started by the Pod's agent; `None` when the request was never sent
+    /// (the connection was gone), so the caller may use `pods/exec`.
+    async fn exec_through_agent(
+        &self,
+        sender: agent::Sender,
+        pod: String,
+        spec: paddock_agent::ExecSpec,
+        timeout: Option<Duration>,
+    ) -> Option<Result<Process, RuntimeError>> {
+        match agent::exec(sender.clone(), &pod, &spec).await {
+            Ok((running, oom)) => {
+                Some(Ok(exec::process(running, exec::Control::Agent(sender, oom), &pod, spec.token, timeout)))
+            }
+            Err(agent::RunError::Failed(e)) => Some(Err(e)),
+            Err(agent::RunError::NotSent(e)) => {
+                tracing::debug!(pod, error = %e, "the agent's connection is gone: pods/exec instead");
+                self.transport.agents.forget_closed(&pod);
+                None
+            }
+        }
+    }
+
     fn remember(&self, id: &SandboxId, located: Located) {
         if located.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_LOCATED_ENV {
             return;
@@ -1199,11 +1221,7 @@ impl Runtime for KubeRuntime {
         // A sandbox this server found before, whose Pod's agent is connected: no lookup. The
         // connection ends with the Pod, and the uid tells a thread's next Pod of the same
         // name apart, so this never reaches another sandbox.
-        let located = self.located.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        if let Some(l) = located
-            && let Some(sender) = self.transport.agents.ready(&l.pod, &l.uid)
-        {
-            let env = command_env(&l.env, &request.env);
+        let through_agent = |sender: agent::Sender, pod: String, env: BTreeMap<String, String>| {
             let spec = paddock_agent::ExecSpec {
                 argv: request.argv.clone(),
                 env,
@@ -1211,13 +1229,14 @@ impl Runtime for KubeRuntime {
                 token: token.clone(),
                 stdin: request.stdin,
             };
-            match agent::exec(sender.clone(), &l.pod, &spec).await {
-                Ok((running, oom)) => {
-                    return Ok(exec::process(running, exec::Control::Agent(sender, oom), &l.pod, token, timeout));
-                }
-                Err(agent::RunError::Failed(e)) => return Err(e),
-                Err(agent::RunError::NotSent(_)) => self.transport.agents.forget_closed(&l.pod),
-            }
+            self.exec_through_agent(sender, pod, spec, timeout)
+        };
+        let located = self.located.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        if let Some(l) = located
+            && let Some(sender) = self.transport.agents.ready(&l.pod, &l.uid)
+            && let Some(started) = through_agent(sender, l.pod.clone(), command_env(&l.env, &request.env)).await
+        {
+            return started;
         }
         let pod = self.find(id).await?;
         let info = Self::info_of(&pod)?;
@@ -1226,24 +1245,10 @@ impl Runtime for KubeRuntime {
         if let Some(uid) = &pod.metadata.uid {
             self.remember(id, Located { pod: name.clone(), uid: uid.clone(), env: info.spec.env.clone() });
         }
-        if let Some(sender) = self.transport.agents.sender(&name, pod.metadata.uid.as_deref()) {
-            let spec = paddock_agent::ExecSpec {
-                argv: request.argv.clone(),
-                env: env.clone(),
-                cwd: cwd.clone(),
-                token: token.clone(),
-                stdin: request.stdin,
-            };
-            match agent::exec(sender.clone(), &name, &spec).await {
-                Ok((running, oom)) => {
-                    return Ok(exec::process(running, exec::Control::Agent(sender, oom), &name, token, timeout));
-                }
-                Err(agent::RunError::Failed(e)) => return Err(e),
-                Err(agent::RunError::NotSent(e)) => {
-                    tracing::debug!(pod = name, error = %e, "the agent's connection is gone: pods/exec instead");
-                    self.transport.agents.forget_closed(&name);
-                }
-            }
+        if let Some(sender) = self.transport.agents.sender(&name, pod.metadata.uid.as_deref())
+            && let Some(started) = through_agent(sender, name.clone(), env.clone()).await
+        {
+            return started;
         }
         let wrapped = exec::wrap(&token, &cwd, &env, &request.argv);
         if let Some(words) = wrapped.staged {
