@@ -13,7 +13,7 @@ mod unpack;
 mod user;
 
 pub use error::ImageError;
-pub use pull::{Credentials, Progress, PullOptions, RegistryConfig, layer_downloads};
+pub use pull::{Credentials, Progress, PullOptions, RegistryCa, RegistryConfig, layer_downloads};
 pub use reference::normalize;
 pub use store::{Image, ImageConfig, ImageInfo, PruneReport, Store};
 #[cfg(test)]

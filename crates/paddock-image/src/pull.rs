@@ -33,8 +33,70 @@ impl std::fmt::Debug for Credentials {
 pub struct RegistryConfig {
     /// (registry host, mirror host[:port]): pulls from the registry try its mirrors first.
     pub mirrors: Vec<(String, String)>,
-    /// Hosts (host or host:port) spoken to over plain HTTP. Loopback registries always are.
+    /// Hosts (host or host:port) spoken to over plain HTTP. Loopback registries always are,
+    /// unless they have a CA here.
     pub insecure: Vec<String>,
+    /// Certificate authorities trusted for one registry each, beside the system's roots.
+    pub cas: Vec<RegistryCa>,
+}
+
+/// A certificate authority trusted for one registry (Docker's `certs.d/HOST/ca.crt`): a CA that
+/// signed a private registry's certificate can vouch for that registry and no other.
+#[derive(Clone)]
+pub struct RegistryCa {
+    /// `host` or `host:port`, matched as `--insecure-registry` is.
+    pub host: String,
+    /// The CA certificates (DER), checked to be usable as trust anchors.
+    certs: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RegistryCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCa").field("host", &self.host).field("certs", &self.certs.len()).finish()
+    }
+}
+
+impl RegistryCa {
+    /// The CA for `host` from PEM text (one or more `CERTIFICATE` blocks; `what` names their
+    /// source in errors).
+    pub fn from_pem(host: &str, pem: &[u8], what: &str) -> Result<RegistryCa> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let host = host.trim();
+        if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
+            return Err(ImageError::InvalidReference(format!(
+                "{host:?} is not a registry host: give host or host:port, as in registry.lan:5000=ca.pem"
+            )));
+        }
+        let mut certs = Vec::new();
+        let mut anchors = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(|e| {
+                ImageError::Config(format!("{what} is not PEM certificates ({e}); give the CA's certificate in PEM"))
+            })?;
+            anchors.add(cert.clone()).map_err(|e| {
+                ImageError::Config(format!("{what} holds a certificate that cannot be a trust anchor: {e}"))
+            })?;
+            certs.push(cert.to_vec());
+        }
+        if certs.is_empty() {
+            return Err(ImageError::Config(format!(
+                "{what} holds no PEM certificate (no -----BEGIN CERTIFICATE----- block); give the CA's certificate"
+            )));
+        }
+        Ok(RegistryCa { host: host.to_string(), certs })
+    }
+
+    /// Reads [`RegistryCa::from_pem`] from a file.
+    pub fn load(host: &str, path: &std::path::Path) -> Result<RegistryCa> {
+        let pem = std::fs::read(path)
+            .map_err(|e| ImageError::io(format!("reading the CA certificate {}", path.display()), e))?;
+        RegistryCa::from_pem(host, &pem, &path.display().to_string())
+    }
+
+    fn matches(&self, host: &str) -> bool {
+        self.host == host || self.host == host_part(host)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -75,12 +137,13 @@ fn host_part(host: &str) -> &str {
     host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
 
-/// Docker's rule: a loopback registry speaks plain HTTP without being listed.
-fn plain_http(host: &str, insecure: &[String]) -> bool {
+/// Docker's rule: a loopback registry speaks plain HTTP without being listed, unless the
+/// operator gave a CA for it (which says that it speaks TLS).
+fn plain_http(host: &str, registries: &RegistryConfig) -> bool {
     let h = host_part(host);
-    h == "localhost"
-        || h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-        || insecure.iter().any(|i| i == host || i == h)
+    let loopback = h == "localhost" || h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    registries.insecure.iter().any(|i| i == host || i == h)
+        || (loopback && !registries.cas.iter().any(|ca| ca.matches(host)))
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -131,16 +194,29 @@ fn map_oci(host: &str, what: &str, e: OciDistributionError) -> ImageError {
         OciDistributionError::ServerError { code, url, message } => match code {
             401 | 403 => unauthorized(),
             404 => ImageError::NotFound(format!("{what} is not in registry {host} ({url}); check the name and tag")),
+            400 if message.contains("HTTPS server") => ImageError::Registry(format!(
+                "{host} speaks HTTPS, but was spoken to in plain HTTP for {what} (a registry on a loopback address \
+                 is, unless it has a CA): give its CA with --registry-ca {host}=CA.pem"
+            )),
             _ => ImageError::Registry(format!("{host} answered HTTP {code} for {what}: {}", message.trim())),
         },
         OciDistributionError::DigestError(d) => ImageError::Corrupt(format!(
             "{what} from {host} does not match its digest ({d}); the registry's copy is damaged"
         )),
-        OciDistributionError::RequestError(r) => ImageError::Registry(format!(
-            "cannot reach registry {host} for {what}: {}; check the network, or point at a reachable mirror \
-             with --registry-mirror (--insecure-registry for a plain-HTTP one)",
-            chain(&r)
-        )),
+        OciDistributionError::RequestError(r) => {
+            let why = chain(&r);
+            if why.contains("certificate") {
+                ImageError::Registry(format!(
+                    "registry {host} presented a certificate this host does not trust, for {what}: {why}; \
+                     if it is a private registry, trust its CA with --registry-ca {host}=CA.pem"
+                ))
+            } else {
+                ImageError::Registry(format!(
+                    "cannot reach registry {host} for {what}: {why}; check the network, or point at a reachable \
+                     mirror with --registry-mirror (--insecure-registry for a plain-HTTP one)"
+                ))
+            }
+        }
         OciDistributionError::IoError(io) => ImageError::io(format!("fetching {what} from {host}"), io),
         other => ImageError::Registry(format!("{host}, {what}: {}", chain(&other))),
     }
@@ -205,19 +281,30 @@ impl Store {
         progress(&Progress::Resolving { reference: name.clone(), registry: host.to_string() });
         // Crypto for HTTPS without aws-lc's C build: ring, once per process.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let protocol = if plain_http(host, &opts.registries.insecure) {
+        let protocol = if plain_http(host, &opts.registries) {
             oci_client::client::ClientProtocol::Http
         } else {
             oci_client::client::ClientProtocol::Https
         };
-        let client = Client::new(oci_client::client::ClientConfig {
+        let extra_root_certificates = (opts.registries.cas.iter())
+            .filter(|ca| ca.matches(host))
+            .flat_map(|ca| &ca.certs)
+            .map(|der| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Der,
+                data: der.clone(),
+            })
+            .collect();
+        // `Client::new` would fall back to a default client (plain trust, HTTPS) on an error.
+        let client = Client::try_from(oci_client::client::ClientConfig {
             protocol,
+            extra_root_certificates,
             // Indexes are resolved here, to choose the variant and check digests ourselves.
             platform_resolver: None,
             connect_timeout: Some(std::time::Duration::from_secs(30)),
             read_timeout: Some(std::time::Duration::from_secs(120)),
             ..Default::default()
-        });
+        })
+        .map_err(|e| ImageError::Registry(format!("cannot set up a client for registry {host}: {}", chain(&e))))?;
         // Credentials are the image registry's: a mirror (someone else's server) never sees them.
         let auth = match &opts.auth {
             Some(c) if host == r.registry => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
@@ -450,14 +537,42 @@ mod tests {
 
     #[test]
     fn loopback_and_insecure_hosts_use_http() {
-        assert!(plain_http("127.0.0.1:5000", &[]));
-        assert!(plain_http("127.8.0.1", &[]));
-        assert!(plain_http("localhost:5000", &[]));
-        assert!(plain_http("[::1]:5000", &[]));
-        assert!(!plain_http("registry.example.com", &[]));
-        assert!(plain_http("registry.lan:5000", &["registry.lan".into()]));
-        assert!(plain_http("registry.lan:5000", &["registry.lan:5000".into()]));
-        assert!(!plain_http("registry.lan:5001", &["registry.lan:5000".into()]));
+        let insecure = |hosts: &[&str]| RegistryConfig {
+            insecure: hosts.iter().map(|h| h.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(plain_http("127.0.0.1:5000", &insecure(&[])));
+        assert!(plain_http("127.8.0.1", &insecure(&[])));
+        assert!(plain_http("localhost:5000", &insecure(&[])));
+        assert!(plain_http("[::1]:5000", &insecure(&[])));
+        assert!(!plain_http("registry.example.com", &insecure(&[])));
+        assert!(plain_http("registry.lan:5000", &insecure(&["registry.lan"])));
+        assert!(plain_http("registry.lan:5000", &insecure(&["registry.lan:5000"])));
+        assert!(!plain_http("registry.lan:5001", &insecure(&["registry.lan:5000"])));
+    }
+
+    #[test]
+    fn a_ca_for_a_loopback_registry_makes_it_speak_tls() {
+        let ca = |host: &str| RegistryCa { host: host.into(), certs: vec![] };
+        let with = |cas: Vec<RegistryCa>| RegistryConfig { cas, ..Default::default() };
+        assert!(!plain_http("127.0.0.1:5000", &with(vec![ca("127.0.0.1:5000")])));
+        assert!(!plain_http("127.0.0.1:5000", &with(vec![ca("127.0.0.1")])));
+        assert!(plain_http("127.0.0.1:5001", &with(vec![ca("127.0.0.1:5000")])));
+        assert!(plain_http("localhost:5000", &with(vec![ca("127.0.0.1")])));
+    }
+
+    #[test]
+    fn a_ca_file_must_hold_certificates() {
+        let empty = RegistryCa::from_pem("r.lan", b"", "ca.pem").unwrap_err().to_string();
+        assert!(empty.contains("no PEM certificate"), "{empty}");
+        let key_only = b"-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n";
+        let key = RegistryCa::from_pem("r.lan", key_only, "ca.pem").unwrap_err().to_string();
+        assert!(key.contains("no PEM certificate"), "{key}");
+        let garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let bad = RegistryCa::from_pem("r.lan", garbage, "ca.pem").unwrap_err().to_string();
+        assert!(bad.contains("trust anchor"), "{bad}");
+        let host = RegistryCa::from_pem("https://r.lan/", b"", "ca.pem").unwrap_err().to_string();
+        assert!(host.contains("not a registry host"), "{host}");
     }
 
     #[test]

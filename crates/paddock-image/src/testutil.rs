@@ -197,6 +197,83 @@ fn find(bin: &str, package: &str) -> std::path::PathBuf {
     );
 }
 
+/// A private certificate authority and a server certificate it signed for 127.0.0.1 (made
+/// with the `openssl` command, in a directory the caller owns).
+#[derive(Clone)]
+pub struct TestCa {
+    /// The CA's certificate (PEM): what a client is told to trust.
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl TestCa {
+    pub fn make(dir: &std::path::Path, name: &str) -> TestCa {
+        let openssl = find("openssl", "openssl");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(&openssl).args(args).current_dir(dir).output().unwrap();
+            assert!(out.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let f = |suffix: &str| format!("{name}-{suffix}");
+        let (ca_key, ca, key, csr, cert, ext) =
+            (f("ca.key"), f("ca.pem"), f("server.key"), f("server.csr"), f("server.pem"), f("server.ext"));
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+            "-subj",
+            &format!("/CN={name} test CA"),
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(
+            dir.join(&ext),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &cert,
+        ]);
+        TestCa { ca: dir.join(ca), cert: dir.join(cert), key: dir.join(key) }
+    }
+}
+
 /// A real registry (Debian's `docker-registry`) on 127.0.0.1 with its storage in a directory
 /// the caller owns; the process is killed (by its pid) on drop.
 pub struct Registry {
@@ -204,12 +281,18 @@ pub struct Registry {
     dir: std::path::PathBuf,
     pub host: String,
     auth: bool,
+    tls: Option<TestCa>,
 }
 
 impl Registry {
     /// Starts one with its storage, config and log in `dir`; `auth` requires
     /// [`REGISTRY_USER`] / [`REGISTRY_PASSWORD`] (htpasswd, bcrypt).
     pub fn start(dir: &std::path::Path, auth: bool) -> Registry {
+        Registry::start_with(dir, auth, None)
+    }
+
+    /// [`Registry::start`], speaking HTTPS with `tls`'s server certificate when given.
+    pub fn start_with(dir: &std::path::Path, auth: bool, tls: Option<&TestCa>) -> Registry {
         use std::process::{Command, Stdio};
         let bin = find("docker-registry", "docker-registry");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -217,6 +300,9 @@ impl Registry {
             "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  secret: test-secret\n",
             dir.join("data").display()
         );
+        if let Some(t) = tls {
+            yml.push_str(&format!("  tls:\n    certificate: {}\n    key: {}\n", t.cert.display(), t.key.display()));
+        }
         if auth {
             let htpasswd = find("htpasswd", "apache2-utils");
             let out = Command::new(htpasswd).args(["-Bbn", REGISTRY_USER, REGISTRY_PASSWORD]).output().unwrap();
@@ -237,7 +323,8 @@ impl Registry {
             .stderr(log)
             .spawn()
             .unwrap();
-        let reg = Registry { child, dir: dir.to_path_buf(), host: format!("127.0.0.1:{port}"), auth };
+        let reg =
+            Registry { child, dir: dir.to_path_buf(), host: format!("127.0.0.1:{port}"), auth, tls: tls.cloned() };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::net::TcpStream::connect(&reg.host).is_err() {
             assert!(std::time::Instant::now() < deadline, "the registry did not start; its log:\n{}", reg.log());
@@ -280,10 +367,22 @@ impl Registry {
 
     pub fn client(&self) -> oci_client::Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        oci_client::Client::new(oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::Http,
+        let (protocol, extra_root_certificates) = match &self.tls {
+            None => (oci_client::client::ClientProtocol::Http, vec![]),
+            Some(t) => (
+                oci_client::client::ClientProtocol::Https,
+                vec![oci_client::client::Certificate {
+                    encoding: oci_client::client::CertificateEncoding::Pem,
+                    data: std::fs::read(&t.ca).unwrap(),
+                }],
+            ),
+        };
+        oci_client::Client::try_from(oci_client::client::ClientConfig {
+            protocol,
+            extra_root_certificates,
             ..Default::default()
         })
+        .unwrap()
     }
 
     /// Pushes an image of these layer tarballs (gzip-compressed); returns its manifest digest.

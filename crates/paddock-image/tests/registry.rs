@@ -15,7 +15,7 @@ use oci_client::secrets::RegistryAuth;
 use paddock_image::testutil::{
     self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256,
 };
-use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryConfig, Store};
+use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryCa, RegistryConfig, Store};
 
 /// A registry in a temporary directory: the process is killed before its directory goes.
 struct Registry {
@@ -364,7 +364,7 @@ async fn mirrors_and_multi_arch_indexes() {
                 ("registry.example.invalid".into(), "127.0.0.1:1".into()),
                 ("registry.example.invalid".into(), reg.host.clone()),
             ],
-            insecure: Vec::new(),
+            ..Default::default()
         },
     };
     let img = store.pull("registry.example.invalid/multi/app:all", &o, &no_progress).await.unwrap();
@@ -376,4 +376,39 @@ async fn mirrors_and_multi_arch_indexes() {
     let err = store.pull("registry.example.invalid/multi/app:all", &opts(), &no_progress).await.unwrap_err();
     assert!(matches!(err, ImageError::Registry(_)), "{err}");
     assert!(err.to_string().contains("cannot reach"), "{err}");
+}
+
+#[tokio::test]
+async fn a_private_registry_is_trusted_through_its_own_ca_and_for_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = testutil::TestCa::make(dir.path(), "private");
+    let other = testutil::TestCa::make(dir.path(), "other");
+    let reg_dir = dir.path().join("registry");
+    fs::create_dir(&reg_dir).unwrap();
+    let reg = testutil::Registry::start_with(&reg_dir, false, Some(&ca));
+    let digest = reg.push("team/app:1.0", &three_layers(), None).await;
+    let name = format!("{}/team/app:1.0", reg.host);
+    let trusting = |host: &str, ca: &Path| PullOptions {
+        auth: None,
+        registries: RegistryConfig { cas: vec![RegistryCa::load(host, ca).unwrap()], ..Default::default() },
+    };
+
+    // Its own CA, given for it: pulled over HTTPS.
+    let (_t, trusted) = store();
+    let img = trusted.pull(&name, &trusting(&reg.host, &ca.ca), &no_progress).await.unwrap();
+    assert_eq!(img.digest, digest);
+    assert_eq!(fs::read(img.layers[0].join("etc/motd")).unwrap(), b"hello");
+
+    // Another CA for it: its certificate is not trusted, and the error names the flag.
+    let (_t2, other_store) = store();
+    let err = other_store.pull(&name, &trusting(&reg.host, &other.ca), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Registry(_)), "{err}");
+    assert!(err.to_string().contains(&format!("--registry-ca {}=CA.pem", reg.host)), "{err}");
+
+    // Its CA given for another registry vouches for nothing here (a loopback registry without
+    // a CA of its own is spoken to in plain HTTP, which this one refuses).
+    let err = other_store.pull(&name, &trusting("127.0.0.1:1", &ca.ca), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Registry(_)), "{err}");
+    assert!(err.to_string().contains("speaks HTTPS"), "{err}");
+    assert!(other_store.lookup(&name).unwrap().is_none(), "a refused pull stored the image");
 }

@@ -95,6 +95,11 @@ pub struct ImageOpts {
     /// always do. Repeatable.
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
     pub insecure: Vec<String>,
+    /// Trust the CA certificates in FILE (PEM) for registry HOST (`host[:port]`), beside the
+    /// system's roots: for a private registry with its own CA. A loopback registry given one
+    /// is spoken to over HTTPS. Repeatable.
+    #[arg(long = "registry-ca", global = true, value_name = "HOST=FILE", value_parser = parse_registry_ca)]
+    pub cas: Vec<paddock_image::RegistryCa>,
     /// Run REF whenever a sandbox asks for NAME (`python:3.11=registry.local/py:3.11`, or an
     /// unpacked root directory); repeatable.
     #[arg(long = "image-alias", global = true, value_name = "NAME=REF", value_parser = parse_pair)]
@@ -117,11 +122,18 @@ impl ImageOpts {
             registries: paddock_image::RegistryConfig {
                 mirrors: self.mirrors.clone(),
                 insecure: self.insecure.clone(),
+                cas: self.cas.clone(),
             },
             aliases: self.aliases.iter().cloned().collect(),
             offline: self.pull == PullPolicy::Never,
         }
     }
+}
+
+fn parse_registry_ca(s: &str) -> Result<paddock_image::RegistryCa, String> {
+    let (host, file) =
+        parse_pair(s).map_err(|_| format!("{s:?} is not HOST=FILE (registry.lan:5000=/etc/paddock/ca.pem)"))?;
+    paddock_image::RegistryCa::load(&host, std::path::Path::new(&file)).map_err(|e| e.to_string())
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {

@@ -202,3 +202,32 @@ fn with_pulling_off_a_missing_image_is_refused_with_what_to_do_and_nothing_is_fe
     }
     assert!(!out.stderr.contains("cannot reach registry"), "a pull was attempted: {}", out.stderr);
 }
+
+#[test]
+fn a_private_registry_is_pulled_from_with_its_ca() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = testutil::TestCa::make(dir.path(), "private");
+    let reg = testutil::Registry::start_with(&dir.path().join("registry").tap_mkdir(), false, Some(&ca));
+    let tars = vec![Layer::new().file("a", b"one").tar()];
+    let digest = runtime().block_on(reg.push("cli/tls:1", &tars, None));
+    let data = dir.path().join("data");
+    let name = format!("{}/cli/tls:1", reg.host);
+
+    let without = paddock(&data, &["image", "pull", &name], None);
+    assert_ne!(without.code, 0);
+    assert!(without.stderr.contains(&format!("--registry-ca {}=CA.pem", reg.host)), "{}", without.stderr);
+
+    let flag = format!("{}={}", reg.host, ca.ca.display());
+    let out = ok(paddock(&data, &["image", "pull", "--registry-ca", &flag, &name], None));
+    assert_eq!(out.stdout.trim(), format!("{name} {digest}"));
+
+    // A file that is not a certificate is a usage error before anything runs.
+    let bad = format!("{}={}", reg.host, ca.key.display());
+    let refused = paddock(&data, &["image", "pull", "--registry-ca", &bad, &name], None);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("no PEM certificate"), "{}", refused.stderr);
+    let missing = paddock(&data, &["image", "pull", "--registry-ca", "127.0.0.1:1=/nonexistent/ca.pem", &name], None);
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(missing.stderr.contains("/nonexistent/ca.pem"), "{}", missing.stderr);
+}
