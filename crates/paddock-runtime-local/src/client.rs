@@ -35,8 +35,11 @@ use paddock_egress::control::Request as ControlRequest;
 #[derive(Debug, Clone)]
 pub struct LocalRuntime {
     dd: DataDir,
-    /// The `paddock` binary, re-executed as each sandbox's supervisor.
+    /// The `paddock` binary, re-executed as each sandbox's supervisor when there is no
+    /// launcher.
     exe: PathBuf,
+    /// Forks supervisors without an exec (see [`crate::launcher`]).
+    launcher: Option<std::sync::Arc<crate::launcher::Launcher>>,
     naming: NamingMode,
     images: crate::image::ImageOptions,
     egress: crate::egress::EgressOptions,
@@ -89,11 +92,20 @@ impl LocalRuntime {
         Ok(Self {
             dd,
             exe: exe.into(),
+            launcher: None,
             naming,
             images: Default::default(),
             egress: Default::default(),
             volumes: Default::default(),
         })
+    }
+
+    /// Forks supervisors from `launcher` rather than exec'ing `exe` for each (see
+    /// [`crate::launcher`]); exec stays the way whenever it cannot. For a process that creates
+    /// many sandboxes (a server): one create alone is quicker exec'd than launched.
+    pub fn with_launcher(mut self, launcher: crate::launcher::Launcher) -> Self {
+        self.launcher = Some(std::sync::Arc::new(launcher));
+        self
     }
 
     /// Registries to pull from and image aliases (`paddock serve --registry-mirror`,
@@ -191,6 +203,22 @@ impl LocalRuntime {
         spec: &SandboxSpec,
         image: Option<crate::protocol::ImageRoot>,
     ) -> Result<SandboxInfo, RuntimeError> {
+        let start = protocol::Start { spec: spec.clone(), image };
+        if let Some(launcher) = &self.launcher {
+            let (spec_in, spec_out) = pipe_fds()?;
+            let (ready_in, ready_out) = pipe_fds()?;
+            match launcher.launch(id, spec_in.as_fd(), ready_out.as_fd()).await {
+                Some(Ok(())) => {
+                    // Only the supervisor holds these ends now, so its exit is an end of file.
+                    drop((spec_in, ready_out));
+                    return self.handshake(id, &start, pipe_writer(spec_out)?, pipe_reader(ready_in)?, None).await;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "the supervisor launcher failed; sandbox supervisors are exec'd from now on")
+                }
+                None => {}
+            }
+        }
         let mut command = tokio::process::Command::new(&self.exe);
         paddock_sys::process::inherit_only_stdio(command.as_std_mut());
         let mut child = command
@@ -205,26 +233,41 @@ impl LocalRuntime {
             .env_clear()
             .spawn()
             .map_err(sys_err(format!("starting the sandbox supervisor {}", self.exe.display())))?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let start = protocol::Start { spec: spec.clone(), image };
-        stdin.write_all(&protocol::encode(&start)).await.map_err(sys_err("sending the spec to the supervisor"))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        self.handshake(id, &start, stdin, stdout, Some(child)).await
+    }
+
+    /// Sends a supervisor its spec and waits for its readiness line. `child` is the exec'd
+    /// supervisor (a launched one is nobody's child here).
+    async fn handshake(
+        &self,
+        id: &SandboxId,
+        start: &protocol::Start,
+        mut stdin: impl tokio::io::AsyncWrite + Unpin,
+        stdout: impl AsyncRead + Unpin,
+        mut child: Option<tokio::process::Child>,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        stdin.write_all(&protocol::encode(start)).await.map_err(sys_err("sending the spec to the supervisor"))?;
         drop(stdin);
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut line)
-            .await
-            .map_err(sys_err("reading the supervisor's readiness"))?;
+        BufReader::new(stdout).read_line(&mut line).await.map_err(sys_err("reading the supervisor's readiness"))?;
         if line.is_empty() {
-            let status = child.wait().await.ok();
+            let status = match &mut child {
+                Some(c) => c.wait().await.ok().map(|s| format!(" ({s})")).unwrap_or_default(),
+                None => String::new(),
+            };
             return Err(RuntimeError::System(format!(
-                "the sandbox supervisor exited before it was ready ({status:?}); see {}",
+                "the sandbox supervisor exited before it was ready{status}; see {}",
                 self.dd.log(id).display()
             )));
         }
         match protocol::decode::<Ready>(line.as_bytes())? {
             Ready::Ready { record } => Ok(record.info),
             Ready::Failed { error } => {
-                let _ = child.wait().await;
+                if let Some(c) = &mut child {
+                    let _ = c.wait().await;
+                }
                 Err(error.into())
             }
         }

@@ -11,6 +11,7 @@ mod fileops;
 pub mod identity;
 pub mod image;
 mod init;
+pub mod launcher;
 pub mod layout;
 mod ownership;
 mod protocol;

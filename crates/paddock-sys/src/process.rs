@@ -225,6 +225,20 @@ pub fn signal_fd(signals: &[i32]) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Unblocks every signal for this thread: what a child forked from a process that blocked
+/// some (for a [`signal_fd`]) starts from, as an exec'd one would.
+pub fn unblock_all_signals() -> Result<()> {
+    // SAFETY: sigset_t is plain data; all-zero is a valid (empty) value before sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; sigemptyset only writes into it.
+    unsafe { libc::sigemptyset(&mut set) };
+    // SAFETY: `set` is initialised; the old mask is not requested (null).
+    if unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) } != 0 {
+        return Err(SysError::call("unblock signals", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Drains pending notifications from a [`signal_fd`] so it stops polling readable.
 pub fn drain_signalfd(fd: &OwnedFd) {
     let mut buf = [0u8; 128 * 8];

@@ -21,6 +21,9 @@ fn main() -> ExitCode {
     if let Some((data_dir, id)) = supervise_args(std::env::args_os().skip(1)) {
         return supervise(&data_dir, &id);
     }
+    if let Some(data_dir) = launcher_args(std::env::args_os().skip(1)) {
+        return ExitCode::from(paddock_runtime_local::launcher::main(&data_dir) as u8);
+    }
     let args = cli::Cli::parse();
     if let cli::Command::Supervise { data_dir, id } = &args.command {
         return supervise(data_dir, id);
@@ -77,6 +80,15 @@ fn supervise_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<
     args.next().is_none().then(|| (data_dir.into(), id))
 }
 
+/// `__launcher --data-dir DIR`, exactly as the local runtime passes it.
+fn launcher_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<std::path::PathBuf> {
+    if args.next()? != "__launcher" || args.next()? != "--data-dir" {
+        return None;
+    }
+    let data_dir = args.next()?;
+    args.next().is_none().then(|| data_dir.into())
+}
+
 fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
     let id = match paddock_core::runtime::SandboxId::parse(id) {
         Ok(id) => id,
@@ -91,12 +103,16 @@ fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_the_runtimes_own_supervise_line_skips_the_parser() {
+    fn only_the_runtimes_own_supervise_and_launcher_lines_skip_the_parser() {
         let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter();
         let ok = super::supervise_args(args(&["__supervise", "--data-dir", "/d", "--id", "sbx-1"]));
         assert_eq!(ok, Some(("/d".into(), "sbx-1".to_owned())));
         assert_eq!(super::supervise_args(args(&["__supervise", "--id", "x", "--data-dir", "/d"])), None);
         assert_eq!(super::supervise_args(args(&["__supervise", "--data-dir", "/d", "--id", "x", "y"])), None);
         assert_eq!(super::supervise_args(args(&["run", "--", "echo"])), None);
+        assert_eq!(super::launcher_args(args(&["__launcher", "--data-dir", "/d"])), Some("/d".into()));
+        assert_eq!(super::launcher_args(args(&["__launcher", "--data-dir", "/d", "x"])), None);
+        assert_eq!(super::launcher_args(args(&["__launcher"])), None);
+        assert_eq!(super::launcher_args(args(&["run", "__launcher"])), None);
     }
 }

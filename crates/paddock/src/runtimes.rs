@@ -377,7 +377,11 @@ pub async fn bench(
     let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
     match opts.kind {
         RuntimeKind::Local => {
-            let rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
+            let launcher = launcher(&exe, data_dir);
+            let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
+            if let Some(l) = launcher {
+                rt = rt.with_launcher(l);
+            }
             crate::bench::run(&rt, args.local, json).await
         }
         RuntimeKind::Kubernetes => {
@@ -433,15 +437,29 @@ pub async fn prepull(opts: &RuntimeOpts, data_dir: &Path, image: Option<&str>) -
     Ok(())
 }
 
+/// The local runtime's supervisor launcher; without one (it could not start, which is said),
+/// supervisors are exec'd.
+fn launcher(exe: &Path, data_dir: &Path) -> Option<paddock_runtime_local::launcher::Launcher> {
+    paddock_runtime_local::launcher::Launcher::spawn(exe, data_dir)
+        .map_err(|e| eprintln!("paddock: warning: cannot start the supervisor launcher ({e}); supervisors are exec'd"))
+        .ok()
+}
+
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
-/// work, such as reaping expired sandboxes on Kubernetes.
+/// work: reaping expired sandboxes on Kubernetes, the supervisor launcher of the local one.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {
     match opts.kind {
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
+            // Not for a CLI command: its one create would pay the launcher's exec and a fork
+            // instead of one exec (measured slower, `dev/bench/cli-ab`).
+            let launcher = serving.then(|| launcher(&exe, data_dir)).flatten();
+            let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
+            if let Some(l) = launcher {
+                rt = rt.with_launcher(l);
+            }
             Ok(Arc::new(
-                paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?
-                    .with_images(opts.images.options())
+                rt.with_images(opts.images.options())
                     .with_egress(opts.egress.options())
                     .with_volumes(paddock_runtime_local::VolumeOptions::new(&opts.volume_roots)?),
             ))

@@ -86,11 +86,11 @@ impl Cli {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             // Other tests create sandboxes concurrently: a new cgroup is ours unless its
-            // supervisor belongs to another data directory. Ours must be gone by now; allow
+            // sandbox belongs to another data directory. Ours must be gone by now; allow
             // others' short-lived ones to finish.
             let suspects: Vec<String> = paddock_cgroups()
                 .difference(before)
-                .filter(|id| supervisor_data_dir(id).is_none_or(|d| d == self.data()))
+                .filter(|id| supervisor_data_dir(id).is_none_or(|d| Some(d) == self.data().canonicalize().ok()))
                 .cloned()
                 .collect();
             if suspects.is_empty() {
@@ -184,21 +184,12 @@ fn paddock_cgroups() -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// The data directory of the running supervisor of sandbox `id`, if there is one.
+/// The data directory holding sandbox `id`, if one does: any registered with this host.
+/// (Supervisors forked by a launcher do not carry `--id` on their command line, so the
+/// registry, not the process list, tells whose a sandbox is.)
 fn supervisor_data_dir(id: &str) -> Option<PathBuf> {
-    for entry in std::fs::read_dir("/proc").ok()? {
-        let Ok(entry) = entry else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if !args.contains(&&b"__supervise"[..]) {
-            continue;
-        }
-        let after = |flag: &[u8]| args.iter().position(|a| *a == flag).and_then(|i| args.get(i + 1)).copied();
-        if after(b"--id") == Some(id.as_bytes()) {
-            return after(b"--data-dir").map(|d| PathBuf::from(String::from_utf8_lossy(d).into_owned()));
-        }
-    }
-    None
+    let registry = std::path::Path::new(paddock_runtime_local::registry::REGISTRY);
+    paddock_runtime_local::registry::read(registry).into_iter().find(|d| d.join("sandboxes").join(id).is_dir())
 }
 
 fn long_thread(len: usize) -> String {

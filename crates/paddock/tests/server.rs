@@ -879,8 +879,9 @@ fn a_sandbox_that_stops_its_own_file_workers_costs_a_timeout_not_a_hung_request(
     assert_eq!(s.run(&hung, make, false).0, ["made"]);
     // The sandbox stops every file worker it sees (each one is a fork of its init, which a
     // signal from inside cannot stop).
-    // (`[_]_` so the pattern does not match the loop's own shell.)
-    s.run(&hung, "while true; do pkill -STOP -f '[_]_supervise'; done >/dev/null 2>&1", true);
+    // (`[_]_` so the pattern does not match the loop's own shell; a supervisor forked by the
+    // launcher, and so its init, reads as the launcher.)
+    s.run(&hung, "while true; do pkill -STOP -f '[_]_(supervise|launcher)'; done >/dev/null 2>&1", true);
     std::thread::sleep(Duration::from_millis(300));
     let list = |id: &str| {
         s.call(
@@ -959,4 +960,66 @@ fn running_commands_are_bounded_per_sandbox_and_ended_ones_give_back_their_descr
     // ... and another sandbox, and the server, are not affected.
     assert_eq!(s.run(&other, "echo fine", false).0, ["fine"]);
     assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
+}
+
+/// The parent pid of process `pid`, from `/proc/PID/stat`.
+fn ppid(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn supervisor_pid(data: &std::path::Path, id: &str) -> u32 {
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id).join("record.json")).unwrap()).unwrap();
+    record["supervisor_pid"].as_u64().unwrap() as u32
+}
+
+#[test]
+fn supervisors_are_forked_by_a_clean_launcher_and_execd_once_it_is_gone() {
+    let dir = data_dir();
+    let secret = "PADDOCK_TEST_SERVER_SECRET=never-in-a-sandbox";
+    let s = Server::launch(dir.path(), &["--api-key", KEY], &[secret.split_once('=').unwrap()]);
+    let server = s.child.id();
+    // The launcher: the server's child, exec'd with an empty environment.
+    let launcher = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__launcher"))
+                && ppid(pid) == server
+        })
+        .expect("the server started no supervisor launcher");
+    assert_eq!(std::fs::read(format!("/proc/{launcher}/environ")).unwrap(), b"", "the launcher got an environment");
+
+    // A supervisor forked by it: the launcher's child, with nothing of the server's.
+    let forked = s.create();
+    let supervisor = supervisor_pid(dir.path(), &forked);
+    assert_eq!(ppid(supervisor), launcher, "the supervisor was not forked by the launcher");
+    let environ = std::fs::read(format!("/proc/{supervisor}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("PADDOCK_TEST_SERVER_SECRET"),
+        "the server's environment reached a supervisor"
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{supervisor}/comm")).unwrap();
+    assert!(forked.starts_with(comm.trim()), "a forked supervisor is named for its sandbox: {comm:?}");
+    assert_eq!(
+        s.run(&forked, "id -u; echo \"[$PADDOCK_TEST_SERVER_SECRET]\"", false),
+        (vec!["1000".into(), "[]".into()], 0)
+    );
+
+    // Without it, supervisors are exec'd (children of the server), and the forked one lives on.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(launcher as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let execd = s.create();
+    assert_eq!(ppid(supervisor_pid(dir.path(), &execd)), server);
+    assert_eq!(s.run(&execd, "echo exec", false), (vec!["exec".into()], 0));
+    assert_eq!(s.run(&forked, "echo still", false), (vec!["still".into()], 0));
+    for id in [&forked, &execd] {
+        assert_eq!(s.api("DELETE", &format!("/v1/sandboxes/{id}"), None).0, 204);
+    }
 }
