@@ -384,7 +384,7 @@ async fn watch(
 type Ended = (Result<i32, RuntimeError>, bool, bool);
 
 /// How long the runtime's own helper calls (a signal, the OOM verdict) may take.
-const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn oom_killed(transport: &Transport, pod: &str, token: &str) -> bool {
     let argv = vec!["sh".into(), "-c".into(), OOM_SCRIPT.into(), "paddock-oom".into(), token.into()];

@@ -266,6 +266,26 @@ impl KubeRuntime {
         }
     }
 
+    /// The environment the image gives the keeper (its `Env`, as the container runtime set
+    /// it), read from the keeper's `/proc/1/environ`; empty when it cannot be read (commands
+    /// then get the spec's environment alone, as before).
+    async fn image_env(&self, pod: &str) -> BTreeMap<String, String> {
+        let argv = vec!["cat".to_owned(), "/proc/1/environ".to_owned()];
+        let read = async { exec::collect(self.transport.start(pod, argv, false).await?, None).await };
+        match tokio::time::timeout(exec::HELPER_TIMEOUT, read).await {
+            Ok(Ok((0, out, _))) => parse_environ(&out),
+            Ok(Ok((code, _, err))) => {
+                tracing::debug!(pod, code, err = %String::from_utf8_lossy(&err), "cannot read the image's environment");
+                BTreeMap::new()
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(pod, error = %e, "cannot read the image's environment");
+                BTreeMap::new()
+            }
+            Err(_) => BTreeMap::new(),
+        }
+    }
+
     fn remember(&self, id: &SandboxId, located: Located) {
         if located.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_LOCATED_ENV {
             return;
@@ -1232,19 +1252,27 @@ impl Runtime for KubeRuntime {
             self.exec_through_agent(sender, pod, spec, timeout)
         };
         let located = self.located.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        if let Some(l) = located
+        if let Some(l) = &located
             && let Some(sender) = self.transport.agents.ready(&l.pod, &l.uid)
-            && let Some(started) = through_agent(sender, l.pod.clone(), command_env(&l.env, &request.env)).await
+            && let Some(started) = through_agent(sender, l.pod.clone(), with_request_env(&l.env, &request.env)).await
         {
             return started;
         }
         let pod = self.find(id).await?;
         let info = Self::info_of(&pod)?;
         let name = self.ready_pod_of(id, &pod)?;
-        let env = command_env(&info.spec.env, &request.env);
-        if let Some(uid) = &pod.metadata.uid {
-            self.remember(id, Located { pod: name.clone(), uid: uid.clone(), env: info.spec.env.clone() });
-        }
+        // The sandbox's environment: the image's (read once per Pod), then the spec's.
+        let base = match (&located, &pod.metadata.uid) {
+            (Some(l), Some(uid)) if l.pod == name && l.uid == *uid => l.env.clone(),
+            _ => {
+                let base = sandbox_env(&self.image_env(&name).await, &info.spec.env);
+                if let Some(uid) = &pod.metadata.uid {
+                    self.remember(id, Located { pod: name.clone(), uid: uid.clone(), env: base.clone() });
+                }
+                base
+            }
+        };
+        let env = with_request_env(&base, &request.env);
         if let Some(sender) = self.transport.agents.sender(&name, pod.metadata.uid.as_deref())
             && let Some(started) = through_agent(sender, name.clone(), env.clone()).await
         {
@@ -1670,9 +1698,77 @@ pub fn parse_metrics(out: &str) -> SandboxMetrics {
     m
 }
 
+/// Whether a variable of the keeper's environment may be the image's. The kubelet and the
+/// container runtime add some that are not, and that commands must not get: the API server's
+/// address (`KUBERNETES_SERVICE_*`, `KUBERNETES_PORT*`, set even without service links), the
+/// Pod's name (`HOSTNAME`), and a `HOME` (a command's is the workspace unless the spec says
+/// otherwise).
+fn from_the_image(name: &str) -> bool {
+    !(name == "HOME"
+        || name == "HOSTNAME"
+        || name.starts_with("KUBERNETES_SERVICE_")
+        || name.starts_with("KUBERNETES_PORT"))
+}
+
+/// `NAME=VALUE` entries of a `/proc/PID/environ`, those with a shell name only (a command's
+/// environment is passed as such names) that may be the image's ([`from_the_image`]).
+fn parse_environ(bytes: &[u8]) -> BTreeMap<String, String> {
+    bytes
+        .split(|&b| b == 0)
+        .filter_map(|entry| {
+            let entry = std::str::from_utf8(entry).ok()?;
+            let (name, value) = entry.split_once('=')?;
+            paddock_core::spec::validate_env_name(name).ok()?;
+            from_the_image(name).then(|| (name.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// A sandbox's environment on Kubernetes, as the local runtime makes it for an image root:
+/// `HOME` and `PATH` defaults, the image's variables over them, the spec's over those.
+fn sandbox_env(image: &BTreeMap<String, String>, spec: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut env = command_env(image, &BTreeMap::new());
+    env.extend(spec.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// A command's environment: the sandbox's, then the request's.
+fn with_request_env(base: &BTreeMap<String, String>, request: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut env = base.clone();
+    env.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn the_image_environment_comes_between_the_defaults_and_the_spec() {
+        let environ = b"PATH=/usr/local/go/bin:/usr/bin\0HOME=/\0HOSTNAME=paddock-x\0GOPATH=/go\0LANG=C.UTF-8\0\
+                        bad-name=1\0A=image\0novalue\0KUBERNETES_SERVICE_HOST=10.96.0.1\0KUBERNETES_PORT=tcp://x\0\
+                        KUBERNETES_PORT_443_TCP_ADDR=10.96.0.1\0";
+        let image = parse_environ(environ);
+        assert_eq!(
+            image,
+            BTreeMap::from([
+                ("A".to_owned(), "image".to_owned()),
+                ("GOPATH".to_owned(), "/go".to_owned()),
+                ("LANG".to_owned(), "C.UTF-8".to_owned()),
+                ("PATH".to_owned(), "/usr/local/go/bin:/usr/bin".to_owned()),
+            ])
+        );
+        let spec = BTreeMap::from([("A".to_owned(), "spec".to_owned())]);
+        let env = sandbox_env(&image, &spec);
+        assert_eq!(env["HOME"], "/workspace");
+        assert_eq!(env["PATH"], "/usr/local/go/bin:/usr/bin");
+        assert_eq!(env["A"], "spec");
+        assert_eq!(env["GOPATH"], "/go");
+        // Without an image PATH, the default; the request has the last word.
+        let env = sandbox_env(&BTreeMap::new(), &BTreeMap::new());
+        assert_eq!(env["PATH"], paddock_core::spec::DEFAULT_PATH);
+        let request = BTreeMap::from([("HOME".to_owned(), "/tmp".to_owned())]);
+        assert_eq!(with_request_env(&env, &request)["HOME"], "/tmp");
+    }
 
     #[test]
     fn metrics_parse_v1_and_v2() {

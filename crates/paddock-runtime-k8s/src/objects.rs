@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use paddock_core::naming::{NamingMode, ThreadId, resource_name, sanitize_hashed};
 use paddock_core::runtime::{SandboxId, SandboxInfo, SandboxState, WorkspaceInfo};
-use paddock_core::spec::{SandboxSpec, command_env};
+use paddock_core::spec::SandboxSpec;
 use serde_json::{Value, json};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -174,14 +174,12 @@ pub fn sandbox_annotations(
 
 /// The hardened Pod spec of a sandbox: `pvc` is its workspace claim (else an emptyDir);
 /// `with_env` bakes the spec's environment in (a warm-pool template cannot: commands get it
-/// at exec time instead, as they do anyway).
+/// at exec time instead, as they do anyway). No `PATH` or `HOME` of Paddock's is set: the
+/// keeper keeps the image's, which commands then get (see `image_env` in the runtime).
 pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: bool) -> Value {
     let r = &spec.resources;
-    let env: Vec<Value> = if with_env {
-        command_env(&spec.env, &BTreeMap::new()).into_iter().map(|(k, v)| json!({"name": k, "value": v})).collect()
-    } else {
-        Vec::new()
-    };
+    let env: Vec<Value> =
+        if with_env { spec.env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect() } else { Vec::new() };
     let cpu_request = shape.cpu_request_millicpus.map_or(r.millicpus, |c| c.min(r.millicpus));
     let workspace_volume = match pvc {
         Some(claim) => json!({"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}),
@@ -666,11 +664,8 @@ mod tests {
             c["resources"],
             json!({"requests": {"cpu": "1000m", "memory": "536870912"}, "limits": {"cpu": "1000m", "memory": "536870912"}})
         );
-        assert_eq!(
-            c["env"],
-            json!([{"name": "A", "value": "1"}, {"name": "HOME", "value": "/workspace"},
-                   {"name": "PATH", "value": paddock_core::spec::DEFAULT_PATH}])
-        );
+        // Only the spec's variables: the keeper keeps the image's PATH (commands get it).
+        assert_eq!(c["env"], json!([{"name": "A", "value": "1"}]));
         assert_eq!(
             s["volumes"],
             json!([{"name": "tmp", "emptyDir": {"sizeLimit": "268435456"}},

@@ -224,6 +224,13 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
         let o = run(&rt, &id, ExecRequest { argv: vec!["no-such-program".into()], ..Default::default() }, None).await;
         assert_eq!(o.outcome.exit_code, 127, "{}", o.stderr);
 
+        // The image's environment (paddock.local/sandbox:1 sets PADDOCK_IMAGE_ENV), under the
+        // request's; HOME stays the workspace, the Pod's name is no variable.
+        let o = sh(&rt, &id, "echo \"$PADDOCK_IMAGE_ENV\"; env | grep -E '^(HOSTNAME|KUBERNETES_)'; true").await;
+        assert_eq!(o.stdout, "from-the-image\n", "{}", o.stderr);
+        let mut req = ExecRequest::shell("echo \"$PADDOCK_IMAGE_ENV\"");
+        req.env.insert("PADDOCK_IMAGE_ENV".into(), "the request's".into());
+        assert_eq!(run(&rt, &id, req, None).await.stdout, "the request's\n");
         let mut req = ExecRequest::shell("pwd; echo \"$HOME $GREETING\"");
         req.env.insert("GREETING".into(), "hi 'there'".into());
         sh(&rt, &id, "mkdir -p /workspace/sub").await;
