@@ -55,8 +55,11 @@ pub fn from_config(config: Config) -> Result<Client, RuntimeError> {
     let https = config.rustls_https_connector_with_connector(http).map_err(bad)?;
     // kube's own order: retries of 429/503/504 (honouring Retry-After) outside the
     // credentials, so a retried request is signed afresh.
-    let retry =
-        RetryLayer::new(Retry { server: config.default_retry.then(RetryPolicy::server_retry), transport_attempts: 0 });
+    let retry = RetryLayer::new(Retry {
+        server: RetryPolicy::server_retry(),
+        statuses: config.default_retry,
+        transport_attempts: 0,
+    });
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .layer(retry)
@@ -79,7 +82,9 @@ pub fn from_config(config: Config) -> Result<Client, RuntimeError> {
 /// again only in the second case: a command never runs twice.
 #[derive(Clone)]
 struct Retry {
-    server: Option<RetryPolicy>,
+    /// kube's policy: it retries the statuses (when `statuses`) and copies requests for any retry.
+    server: RetryPolicy,
+    statuses: bool,
     transport_attempts: usize,
 }
 
@@ -97,24 +102,18 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for Retry {
                 tracing::debug!(method = %req.method(), uri = %req.uri(), error = %e, "Kubernetes request failed in transport; sending it again");
                 Some(Box::pin(tokio::time::sleep(pause)))
             }
-            Ok(_) => {
-                let server = self.server.as_mut()?;
-                let sleep = Policy::<Request<Body>, Response<Res>, BoxError>::retry(server, req, result)?;
+            Ok(_) if self.statuses => {
+                let sleep = Policy::<Request<Body>, Response<Res>, BoxError>::retry(&mut self.server, req, result)?;
                 Some(Box::pin(sleep))
             }
+            Ok(_) => None,
         }
     }
 
     fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
-        // Bodies that stream (none of the runtime's plain API calls) cannot be sent twice.
-        let body = req.body().try_clone()?;
-        let mut copy = Request::new(body);
-        *copy.method_mut() = req.method().clone();
-        *copy.uri_mut() = req.uri().clone();
-        *copy.version_mut() = req.version();
-        *copy.headers_mut() = req.headers().clone();
-        *copy.extensions_mut() = req.extensions().clone();
-        Some(copy)
+        // kube's copy: bodies that stream (none of the runtime's plain API calls) cannot be
+        // sent twice.
+        Policy::<Request<Body>, Response<Res>, BoxError>::clone_request(&mut self.server, req)
     }
 }
 

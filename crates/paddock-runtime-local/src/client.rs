@@ -100,11 +100,17 @@ impl LocalRuntime {
         })
     }
 
-    /// Forks supervisors from `launcher` rather than exec'ing `exe` for each (see
-    /// [`crate::launcher`]); exec stays the way whenever it cannot. For a process that creates
-    /// many sandboxes (a server): one create alone is quicker exec'd than launched.
-    pub fn with_launcher(mut self, launcher: crate::launcher::Launcher) -> Self {
-        self.launcher = Some(std::sync::Arc::new(launcher));
+    /// Starts a launcher and forks supervisors from it rather than exec'ing `exe` for each
+    /// (see [`crate::launcher`]); exec stays the way whenever it cannot (a launcher that does
+    /// not start is logged). For a process that creates many sandboxes (a server): one create
+    /// alone is quicker exec'd than launched.
+    pub fn with_launcher(mut self) -> Self {
+        match crate::launcher::Launcher::spawn(&self.exe, self.dd.root()) {
+            Ok(l) => self.launcher = Some(std::sync::Arc::new(l)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the supervisor launcher; sandbox supervisors are exec'd")
+            }
+        }
         self
     }
 

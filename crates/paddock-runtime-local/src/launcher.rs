@@ -57,7 +57,7 @@ impl Drop for Launcher {
 
 impl Launcher {
     /// Starts `exe __launcher --data-dir DATA_DIR` (for [`crate::LocalRuntime::with_launcher`]).
-    pub fn spawn(exe: &Path, data_dir: &Path) -> std::io::Result<Launcher> {
+    pub(crate) fn spawn(exe: &Path, data_dir: &Path) -> std::io::Result<Launcher> {
         let (ours, theirs) = fdpass::seqpacket_pair()?;
         let mut command = std::process::Command::new(exe);
         sp::inherit_only_stdio(&mut command);
@@ -71,11 +71,6 @@ impl Launcher {
             .env_clear()
             .spawn()?;
         Ok(Launcher { child: std::sync::Mutex::new(child), state: tokio::sync::Mutex::new(State::Unregistered(ours)) })
-    }
-
-    /// The launcher's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.lock().map(|c| c.id()).unwrap_or_default()
     }
 
     /// Starts the supervisor of `id`, its stdin and stdout being `stdin` and `stdout`. `None`

@@ -377,11 +377,7 @@ pub async fn bench(
     let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
     match opts.kind {
         RuntimeKind::Local => {
-            let launcher = launcher(&exe, data_dir);
-            let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
-            if let Some(l) = launcher {
-                rt = rt.with_launcher(l);
-            }
+            let rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?.with_launcher();
             crate::bench::run(&rt, args.local, json).await
         }
         RuntimeKind::Kubernetes => {
@@ -437,26 +433,17 @@ pub async fn prepull(opts: &RuntimeOpts, data_dir: &Path, image: Option<&str>) -
     Ok(())
 }
 
-/// The local runtime's supervisor launcher; without one (it could not start, which is said),
-/// supervisors are exec'd.
-fn launcher(exe: &Path, data_dir: &Path) -> Option<paddock_runtime_local::launcher::Launcher> {
-    paddock_runtime_local::launcher::Launcher::spawn(exe, data_dir)
-        .map_err(|e| eprintln!("paddock: warning: cannot start the supervisor launcher ({e}); supervisors are exec'd"))
-        .ok()
-}
-
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
 /// work: reaping expired sandboxes on Kubernetes, the supervisor launcher of the local one.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {
     match opts.kind {
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
+            let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
             // Not for a CLI command: its one create would pay the launcher's exec and a fork
             // instead of one exec (measured slower, `dev/bench/cli-ab`).
-            let launcher = serving.then(|| launcher(&exe, data_dir)).flatten();
-            let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
-            if let Some(l) = launcher {
-                rt = rt.with_launcher(l);
+            if serving {
+                rt = rt.with_launcher();
             }
             Ok(Arc::new(
                 rt.with_images(opts.images.options())
