@@ -165,10 +165,19 @@ def test_root_filesystem_is_read_only(sandbox):
     assert run_ok(sandbox, f"test ! -e {name} && echo absent") == ["absent"]
 
 
-def test_files_can_be_given_to_nobody_and_back_and_to_no_one_else(sandbox, server):
-    """The SDK's own examples write files owned by nobody:nogroup. Inside, nobody is a real
-    owner no process runs as: the sandbox user can no longer write the file, nor take it back;
-    only the API can. Other owners (root) do not exist in a sandbox: refused, with a reason."""
+def _write_owned(sandbox, path, data, mode, owner, group):
+    """Writes a file with owners through the API; the API and the sandbox both show them."""
+    sandbox.files.write_file(path, data, mode=mode, owner=owner, group=group)
+    info = sandbox.files.get_file_info([path])[path]
+    assert (info.owner, info.group) == (owner, group), info
+    assert run_ok(sandbox, f"stat -c '%U:%G %a' {path}") == [f"{owner}:{group} {mode}"]
+
+
+def test_files_can_be_given_to_nobody_to_other_users_and_back_but_never_to_root(sandbox, server):
+    """The SDK's own examples write files owned by nobody:nogroup. Inside, nobody and every other
+    user but root are real owners no process runs as: the sandbox user can no longer write such a
+    file, nor take it back; only the API can. Root does not exist in a sandbox: refused, with a
+    reason, as is a name the sandbox does not know."""
     from opensandbox.models.filesystem import SetPermissionEntry
 
     from conftest import capabilities
@@ -180,10 +189,7 @@ def test_files_can_be_given_to_nobody_and_back_and_to_no_one_else(sandbox, serve
     for base in ("/workspace", "/tmp"):
         d = _dir(base)
         path = f"{d}/owned.txt"
-        sandbox.files.write_file(path, "data\n", mode=644, owner="nobody", group="nogroup")
-        info = sandbox.files.get_file_info([path])[path]
-        assert (info.owner, info.group) == ("nobody", "nogroup"), info
-        assert run_ok(sandbox, f"stat -c '%U:%G %a' {path}") == ["nobody:nogroup 644"]
+        _write_owned(sandbox, path, "data\n", 644, "nobody", "nogroup")
         ex = sandbox.commands.run(f"echo more >> {path}; chown cloudsdk {path}; chmod 666 {path}")
         stderr = "".join(m.text for m in ex.logs.stderr)
         assert "Permission denied" in stderr and "Operation not permitted" in stderr, stderr
@@ -194,9 +200,22 @@ def test_files_can_be_given_to_nobody_and_back_and_to_no_one_else(sandbox, serve
         assert sandbox.files.read_file(path) == "data\nmore\n"
         sandbox.files.create_directories([WriteEntry(path=f"{d}/nobodys", mode=755, owner="nobody", group="nogroup")])
         assert run_ok(sandbox, f"stat -c %U {d}/nobodys") == ["nobody"]
+        # Any user the sandbox's /etc/passwd names, or any id, but root.
+        web = f"{d}/web.txt"
+        _write_owned(sandbox, web, "page\n", 640, "www-data", "www-data")
+        assert run_ok(sandbox, f"stat -c '%u:%g' {web}") == ["33:33"]
+        ex = sandbox.commands.run(f"cat {web}")
+        assert "Permission denied" in "".join(m.text for m in ex.logs.stderr)
+        sandbox.files.set_permissions([SetPermissionEntry(path=web, owner="4242", group="nogroup", mode=644)])
+        assert run_ok(sandbox, f"stat -c '%u:%g' {web}") == ["4242:65534"]
+        assert sandbox.files.read_file(web) == "page\n"
+    for owner in ("root", "0"):
+        with pytest.raises(SandboxException) as e:
+            sandbox.files.write_file(f"{_dir('/workspace')}/r.txt", "x", owner=owner)
+        assert "root" in str(e.value) and "does not exist inside a sandbox" in str(e.value), e.value
     with pytest.raises(SandboxException) as e:
-        sandbox.files.write_file(f"{_dir('/workspace')}/r.txt", "x", owner="root")
-    assert "nobody" in str(e.value) and "no other user" in str(e.value), e.value
+        sandbox.files.write_file(f"{_dir('/workspace')}/u.txt", "x", owner="no-such-user")
+    assert "no-such-user" in str(e.value) and "/etc/passwd" in str(e.value), e.value
     # A file the sandbox does not own stays out of reach (the root filesystem is the host's).
     with pytest.raises(SandboxException):
         sandbox.files.set_permissions([SetPermissionEntry(path="/etc/hostname", owner="nobody", mode=644)])

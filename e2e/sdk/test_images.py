@@ -11,73 +11,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 import zipfile
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from opensandbox import SandboxSync
 
-from conftest import REPO_ROOT, capabilities, run_ok
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def registry_image(server):
-    """`127.0.0.1:PORT/paddock/python:3.11` in a docker-registry of its own."""
-    if capabilities(server).get("runtime") != "local":
-        pytest.skip("pulling from a loopback registry is tested on the local runtime")
-    for tool in ("docker-registry", "skopeo"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is not installed: apt-get install -y docker-registry skopeo (CI does)")
-    archive = subprocess.run(
-        [str(REPO_ROOT / "e2e" / "images" / "build")], check=True, capture_output=True, text=True, timeout=900
-    ).stdout.strip()
-    root = Path(tempfile.mkdtemp(prefix="pe2e-registry-"))
-    port = _free_port()
-    (root / "config.yml").write_text(
-        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-    )
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(root / "config.yml")],
-        stdout=subprocess.DEVNULL, stderr=open(root / "log", "wb"),
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"docker-registry did not start: {(root / 'log').read_text()[-2000:]}")
-                time.sleep(0.1)
-        ref = f"127.0.0.1:{port}/paddock/python:3.11"
-        subprocess.run(
-            ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci-archive:{archive}", f"docker://{ref}"],
-            check=True, timeout=300,
-        )
-        yield ref
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(root, ignore_errors=True)
+from conftest import run_ok
 
 
 def _wheel() -> tuple[str, bytes]:

@@ -3,11 +3,15 @@
 through the deepagents `BaseSandbox` contract against Paddock, in both connection modes. No
 model is involved: the test calls what an agent's tools call (execute, ls, read, write, edit,
 grep, glob, upload, download). Its file tools run python3 inside the sandbox, so the image
-must have it (the host root here)."""
+must have it: the host root, and on the local runtime a registry image too (the Debian python
+root of e2e/images/build, pulled from a loopback registry), as an agent's `python:3.11`."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from opensandbox import SandboxSync
 
 from conftest import run_ok
 
@@ -18,6 +22,23 @@ def test_the_langchain_deep_agent_backend_works_unmodified(make_sandbox):
     sb = make_sandbox()
     if sb.commands.run("command -v python3").exit_code != 0:
         pytest.skip("the sandbox image has no python3, which the deep-agent file tools run")
+    _drive(sb)
+
+
+def test_the_langchain_deep_agent_backend_works_unmodified_on_a_registry_image(conn, registry_image):
+    sb = SandboxSync.create(
+        registry_image, connection_config=conn, timeout=timedelta(minutes=10), ready_timeout=timedelta(seconds=120)
+    )
+    try:
+        assert run_ok(sb, 'echo "$PADDOCK_TEST_IMAGE"') == ["python-bookworm"], "not the registry image"
+        _drive(sb)
+    finally:
+        sb.kill()
+        sb.close()
+
+
+def _drive(sb: SandboxSync) -> None:
+    """What a deep agent's tools do, through the backend, each checked."""
     assert run_ok(sb, "id -u") == ["1000"]
     backend = lc.OpenSandboxSandbox(sandbox=sb)
     assert backend.id == sb.id

@@ -239,7 +239,8 @@ pub enum FileOp {
         path: String,
         mode: u32,
     },
-    /// Gives a file of the sandbox user to `nobody`, or back; `None` leaves that id as it is.
+    /// Gives a file of the sandbox user to another owner (`nobody`, any id but root's), or
+    /// back; `None` leaves that id as it is.
     Chown {
         path: String,
         user: Option<FileOwner>,
@@ -251,8 +252,9 @@ pub enum FileOp {
 /// and fails the listing (`InvalidArgument`) instead of holding all of it in memory.
 pub const MAX_LISTED_ENTRIES: usize = 100_000;
 
-/// Who a file may belong to through the file API. No other owner exists inside a sandbox
-/// (root is not mapped), and giving files to nobody gives no process any power.
+/// Who a file may belong to through the file API. Root does not exist inside a sandbox (it is
+/// never mapped), and giving a file to another owner gives no process any power: no process of
+/// a sandbox runs as anyone but the sandbox user, nor can become anyone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileOwner {
@@ -260,6 +262,25 @@ pub enum FileOwner {
     SandboxUser,
     /// `nobody` (`nogroup`), uid and gid 65534 inside.
     Nobody,
+    /// Another id inside the sandbox, 1..=[`FileOwner::MAX_ID`] (`www-data` is 33); the
+    /// sandbox's own id and 65534 mean the two owners above.
+    Id(u32),
+}
+
+impl FileOwner {
+    /// The biggest id a file can be given inside a sandbox: `nobody`'s.
+    pub const MAX_ID: u32 = 65534;
+
+    /// Why `id` cannot own a file in a sandbox, if it cannot.
+    pub fn refusal(id: u32) -> Option<String> {
+        match id {
+            0 => Some("root (id 0) does not exist inside a sandbox and cannot own its files".into()),
+            id if id > Self::MAX_ID => {
+                Some(format!("id {id} does not exist inside a sandbox: only ids 1 to {} do", Self::MAX_ID))
+            }
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

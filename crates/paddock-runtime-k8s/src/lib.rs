@@ -1299,10 +1299,13 @@ impl Runtime for KubeRuntime {
     async fn file(&self, id: &SandboxId, mut op: FileOp) -> Result<FileReply, RuntimeError> {
         if let FileOp::Chown { path, user, group } = &op {
             // A Pod's files all belong to its one user: giving one to the sandbox user is
-            // checking that it exists; nobody is not an owner a Pod can hand files to.
-            if [user, group].iter().any(|o| **o == Some(paddock_core::runtime::FileOwner::Nobody)) {
+            // checking that it exists; no other owner is one a Pod can hand files to.
+            let other = |o: &Option<paddock_core::runtime::FileOwner>| {
+                o.is_some_and(|o| o != paddock_core::runtime::FileOwner::SandboxUser)
+            };
+            if other(user) || other(group) {
                 return Err(RuntimeError::Unsupported(
-                    "giving files to nobody is not supported on Kubernetes: a Pod's files belong to its one user"
+                    "giving files to another owner (nobody or any other user) is not supported on Kubernetes: a Pod's files belong to its one user"
                         .into(),
                 ));
             }

@@ -34,6 +34,22 @@ pub const SLOTS: u32 = 1_000_000;
 /// a sandbox's own identity. Files given to nobody through the file API get it; no process
 /// runs as it.
 pub const NOBODY: u32 = BASE + SLOTS;
+/// The first host id of the owners every sandbox shares: inside id `i` (1..=65533, not the
+/// sandbox's own) is `OTHERS + i` on the host, and nobody is `OTHERS` itself. Like nobody, they
+/// are owners the file API gives files to, never an identity a process has.
+pub const OTHERS: u32 = NOBODY;
+/// The last host id of that range.
+pub const OTHERS_END: u32 = OTHERS + paddock_sys::ids::NOBODY - 1;
+
+/// Whether `host_id` is one of the owners every sandbox shares (nobody included).
+pub fn is_shared_owner(host_id: u32) -> bool {
+    (OTHERS..=OTHERS_END).contains(&host_id)
+}
+
+/// The host id of inside id `id` (1..=65534, not the sandbox's own).
+pub fn shared_owner(id: u32) -> u32 {
+    paddock_sys::ids::other_host_id(OTHERS, id)
+}
 /// Host-wide claims of every instance: `<slot>` holding the data directory and owner.
 pub const HOST_CLAIMS: &str = "/var/lib/paddock-ids";
 

@@ -342,11 +342,11 @@ impl Supervisor {
         )
         .map_err(|e| RuntimeError::System(format!("pidfd_open: {e}")))?;
         let setup = (|| {
-            paddock_sys::ids::write_id_maps_with_nobody(
+            paddock_sys::ids::write_id_maps_with_others(
                 init_pid,
                 (uid, gid),
                 host,
-                (identity::NOBODY, identity::NOBODY),
+                (identity::OTHERS, identity::OTHERS),
             )
             .map_err(sys("writing the user namespace id maps"))?;
             if !in_cgroup2 {
@@ -520,7 +520,9 @@ impl Supervisor {
                     .map_or((self.record.info.spec.user.host_uid(), self.record.info.spec.user.host_gid()), |h| {
                         (h.uid, h.gid)
                     });
-                crate::ownership::chown(self.init_pid, host, &path, user, group).map(|reply| Reply::File { reply })
+                let inside = (self.record.info.spec.user.uid, self.record.info.spec.user.gid);
+                crate::ownership::chown(self.init_pid, crate::ownership::Ids { host, inside }, &path, user, group)
+                    .map(|reply| Reply::File { reply })
             }
             Request::File { op, has_data } => {
                 if self.cgroup.is_frozen() {

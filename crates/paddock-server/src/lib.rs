@@ -18,6 +18,7 @@ mod slow;
 pub mod state;
 pub mod store;
 pub mod time_fmt;
+mod unread;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -124,6 +125,7 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
         .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
+        .layer(middleware::from_fn(unread::close_when_unread))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeId))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
@@ -204,19 +206,10 @@ fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
     }
 }
 
-/// A refusal sent before the request's body was read: the connection is closed after it, and
-/// says so, since hyper cannot reuse a connection with an unread body in it and a client that
-/// sent its next request on it would see the server hang up without an answer.
-fn refuse(e: ApiError) -> Response {
-    let mut response = e.into_response();
-    response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-    response
-}
-
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match api_key_ok(&state, &req) {
         Ok(()) => next.run(req).await,
-        Err(e) => refuse(e),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -239,9 +232,11 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     };
     match token_ok {
         Some(true) => next.run(req).await,
-        Some(false) => refuse(ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox")),
+        Some(false) => {
+            ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
+        }
         None => match api_key_ok(&state, &req) {
-            Err(e) => refuse(e),
+            Err(e) => e.into_response(),
             Ok(()) => next.run(req).await,
         },
     }
@@ -256,7 +251,7 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
 async fn local_only(port: u16, req: Request, next: Next) -> Response {
     match check_local(port, &req) {
         Ok(()) => next.run(req).await,
-        Err(e) => refuse(e),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -367,16 +367,45 @@ async fn exhausting_per_user_kernel_limits_does_not_reach_host_root() {
     hog.wait().await.unwrap();
 }
 
-/// The host uid a sandbox's own uid maps to, from its `/proc/self/uid_map`: the sandbox user
-/// to its own identity and nobody to Paddock's nobody, one id each, and nothing else.
+/// The host uid a sandbox's own uid maps to, from its `/proc/self/uid_map`, after checking both
+/// maps: the sandbox user to its own identity, every other id but root into the range of owners
+/// every sandbox shares (nobody to Paddock's nobody), and nothing else.
 async fn host_uid_of(env: &Env, id: &paddock_core::runtime::SandboxId) -> u32 {
-    let out = sh(&env.rt, id, "cat /proc/self/uid_map").await;
-    let fields: Vec<&str> = out.stdout.split_whitespace().collect();
-    let nobody = paddock_runtime_local::identity::NOBODY.to_string();
-    assert_eq!(fields.len(), 6, "two uids are mapped: {}", out.stdout);
-    assert_eq!((fields[0], fields[2]), ("1000", "1"), "{}", out.stdout);
-    assert_eq!(&fields[3..], ["65534", nobody.as_str(), "1"], "{}", out.stdout);
-    fields[1].parse().unwrap()
+    use paddock_runtime_local::identity::{NOBODY, OTHERS, OTHERS_END};
+    let mut own_host = None;
+    for map in ["uid_map", "gid_map"] {
+        let out = sh(&env.rt, id, &format!("cat /proc/self/{map}")).await;
+        let lines: Vec<(u32, u32, u32)> = out
+            .stdout
+            .lines()
+            .map(|l| {
+                let f: Vec<u32> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+                (f[0], f[1], f[2])
+            })
+            .collect();
+        let covers = |inside: u32| lines.iter().filter(|(i, _, n)| (*i..*i + *n).contains(&inside)).count();
+        assert_eq!(covers(0), 0, "root is mapped: {}", out.stdout);
+        assert!((1..=65534).all(|i| covers(i) == 1), "every id 1..=65534 once: {}", out.stdout);
+        assert_eq!(lines.iter().map(|l| l.2).sum::<u32>(), 65534, "{map}: {}", out.stdout);
+        let own = lines.iter().find(|l| l.0 == 1000).expect("the sandbox user is mapped");
+        assert_eq!(own.2, 1, "{}", out.stdout);
+        for &(inside, host, count) in lines.iter().filter(|l| l.0 != 1000) {
+            assert!(
+                OTHERS <= host && host + count - 1 <= OTHERS_END,
+                "{map}: {inside} maps outside the shared owners: {}",
+                out.stdout
+            );
+            if inside == 65534 {
+                assert_eq!(host, NOBODY, "{}", out.stdout);
+            } else {
+                assert_eq!(host, OTHERS + inside, "{}", out.stdout);
+            }
+        }
+        if map == "uid_map" {
+            own_host = Some(own.1);
+        }
+    }
+    own_host.unwrap()
 }
 
 #[tokio::test]
@@ -463,6 +492,72 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     env.rt.destroy_workspace(&thread).await.unwrap();
     let slot = (first - paddock_runtime_local::identity::BASE).to_string();
     assert!(!env.data().join("ids").join(slot).exists(), "a destroyed workspace's identity was not given back");
+}
+
+#[tokio::test]
+async fn files_can_be_given_to_any_id_but_root_and_no_process_of_the_sandbox_takes_them_back() {
+    use paddock_core::runtime::{FileOp, FileOwner, RuntimeError};
+    use paddock_runtime_local::identity::{NOBODY, OTHERS};
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    let id = env.confined(uncapped()).await;
+    let own = host_uid_of(&env, &id).await;
+    let f = env.data().join("sandboxes").join(id.as_str()).join("workspace/f");
+    let on_host = || {
+        let m = std::fs::metadata(&f).unwrap();
+        (m.uid(), m.gid())
+    };
+    let inside = |id| {
+        let env = &env;
+        async move { sh(&env.rt, id, "stat -c %u:%g /workspace/f").await.stdout }
+    };
+    let out = sh(&env.rt, &id, "echo data > /workspace/f && chmod 640 /workspace/f && mkdir -m 755 /workspace/d").await;
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let chown = |path: &str, user, group| env.rt.file(&id, FileOp::Chown { path: path.into(), user, group });
+
+    // To www-data (33): the sandbox sees 33, the host a shared owner's id, never a real user's.
+    chown("/workspace/f", Some(FileOwner::Id(33)), Some(FileOwner::Id(33))).await.unwrap();
+    assert_eq!(inside(&id).await, "33:33\n");
+    assert_eq!(on_host(), (OTHERS + 33, OTHERS + 33));
+    // The sandbox user is now "other" to it (mode 640), and cannot take it back or become 33.
+    let out = sh(
+        &env.rt,
+        &id,
+        "cat /workspace/f; echo more >> /workspace/f; chown 1000 /workspace/f; \
+         python3 -c 'import os; os.setuid(33)' 2>&1 | tail -1; python3 -c 'import os; os.setgroups([33])' 2>&1 | tail -1",
+    )
+    .await;
+    assert_eq!(out.stderr.matches("Permission denied").count(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("Operation not permitted"), "{}", out.stderr);
+    assert_eq!(out.stdout.matches("Operation not permitted").count(), 2, "{}", out.stdout);
+    assert_eq!(on_host(), (OTHERS + 33, OTHERS + 33));
+
+    // On to another id and nobody, then back to the sandbox user by its id.
+    chown("/workspace/f", Some(FileOwner::Id(4242)), Some(FileOwner::Nobody)).await.unwrap();
+    assert_eq!(inside(&id).await, "4242:65534\n");
+    assert_eq!(on_host(), (OTHERS + 4242, NOBODY));
+    chown("/workspace/f", Some(FileOwner::Id(1000)), Some(FileOwner::SandboxUser)).await.unwrap();
+    assert_eq!(on_host().0, own);
+    assert_eq!(sh(&env.rt, &id, "echo more >> /workspace/f && cat /workspace/f").await.stdout, "data\nmore\n");
+
+    // Root and ids that do not exist inside are refused, and change nothing.
+    for bad in [0, 65535, u32::MAX] {
+        let e = chown("/workspace/f", Some(FileOwner::Id(bad)), None).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::InvalidArgument(_)), "{bad}: {e:?}");
+        assert!(e.to_string().contains(if bad == 0 { "root" } else { "does not exist" }), "{e}");
+        let e = chown("/workspace/f", None, Some(FileOwner::Id(bad))).await.unwrap_err();
+        assert!(matches!(e, RuntimeError::InvalidArgument(_)), "{bad}: {e:?}");
+    }
+    assert_eq!(inside(&id).await, "1000:1000\n");
+
+    // A directory given away takes no new files from the sandbox user.
+    chown("/workspace/d", Some(FileOwner::Id(33)), None).await.unwrap();
+    let out = sh(&env.rt, &id, "touch /workspace/d/x").await;
+    assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
+    // Files outside the sandbox's own storage keep their owners.
+    let e = chown("/etc/hostname", Some(FileOwner::Id(33)), None).await.unwrap_err();
+    assert!(e.to_string().contains("only files in /workspace and /tmp"), "{e}");
+    env.rt.destroy(&id).await.unwrap();
 }
 
 /// Runs a python3 script in a confined sandbox that calls raw syscalls through ctypes and prints

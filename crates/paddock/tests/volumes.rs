@@ -95,11 +95,11 @@ async fn host_volumes_map_only_ordinary_owners_and_keep_read_only_and_set_id_out
     assert_eq!(out.stdout, "1\n1\n1\n0\n", "{}", out.stderr);
     assert_eq!(std::fs::metadata(user.join("t")).unwrap().mode() & 0o7777, 0o755);
     // Files of the host directory cannot be taken or given away through the file API, which
-    // changes owners only between the sandbox user and nobody, and only on its own files.
+    // changes owners only between the sandbox user and the shared owners, and only on its own files.
     use paddock_core::runtime::{FileOp, FileOwner};
     for (path, on_host) in [("/mnt/shared/marker", shared.join("marker")), ("/data/user/f", user.join("f"))] {
         let before = std::fs::metadata(&on_host).unwrap();
-        for owner in [FileOwner::Nobody, FileOwner::SandboxUser] {
+        for owner in [FileOwner::Nobody, FileOwner::SandboxUser, FileOwner::Id(33)] {
             let r = env.rt.file(&id, FileOp::Chown { path: path.into(), user: Some(owner), group: Some(owner) }).await;
             let after = std::fs::metadata(&on_host).unwrap();
             assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()), "{path} {owner:?}: {r:?}");

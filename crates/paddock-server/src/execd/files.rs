@@ -141,44 +141,54 @@ async fn names(state: &AppState, sandbox: &SandboxId) -> Arc<Names> {
     names
 }
 
-/// Owners a file can be given through the API, from the names (or ids) a request gives:
-/// the sandbox's user and group, or `nobody` / `nogroup` (65534). `None` when neither is asked.
+/// Owners a file can be given through the API, from the names (or ids) a request gives: the
+/// sandbox's user and group, `nobody` / `nogroup` (65534), or any other user or group of the
+/// sandbox's `/etc/passwd` and `/etc/group`, or id, but root. `None` when neither is asked.
 async fn wanted_owner(
     state: &AppState,
     sandbox: &SandboxId,
     owner: Option<&str>,
     group: Option<&str>,
 ) -> ApiResult<Option<(Option<FileOwner>, Option<FileOwner>)>> {
-    const NOBODY: u32 = 65534;
     let (owner, group) = (owner.filter(|s| !s.is_empty()), group.filter(|s| !s.is_empty()));
     if owner.is_none() && group.is_none() {
         return Ok(None);
     }
     let user = state.rt.get(sandbox).await?.spec.user;
     let names = names(state, sandbox).await;
-    let refuse = || {
-        not_supported(format!(
-            "files can belong to the sandbox user ({}:{}) or to nobody ({}:{}) only: no other user exists in the sandbox",
-            names.user(user.uid),
-            names.group(user.gid),
-            names.user(NOBODY),
-            names.group(NOBODY)
-        ))
-    };
-    let is = |given: &str, id: u32, name: String| given == name || given.parse() == Ok(id);
-    let user_owner = match owner {
-        None => None,
-        Some(o) if is(o, user.uid, names.user(user.uid)) => Some(FileOwner::SandboxUser),
-        Some(o) if is(o, NOBODY, names.user(NOBODY)) || o == "nobody" => Some(FileOwner::Nobody),
-        Some(_) => return Err(refuse()),
-    };
-    let group_owner = match group {
-        None => None,
-        Some(g) if is(g, user.gid, names.group(user.gid)) => Some(FileOwner::SandboxUser),
-        Some(g) if is(g, NOBODY, names.group(NOBODY)) || g == "nogroup" || g == "nobody" => Some(FileOwner::Nobody),
-        Some(_) => return Err(refuse()),
-    };
+    let user_owner = owner.map(|o| file_owner(o, user.uid, &names.users, "user", "/etc/passwd")).transpose()?;
+    let group_owner = group.map(|g| file_owner(g, user.gid, &names.groups, "group", "/etc/group")).transpose()?;
     Ok(Some((user_owner, group_owner)))
+}
+
+/// The owner `given` (a name from the sandbox's `db`, or an id) names; `mine` is the sandbox's
+/// own id.
+fn file_owner(given: &str, mine: u32, db: &HashMap<u32, String>, what: &str, file: &str) -> ApiResult<FileOwner> {
+    const NOBODY: u32 = FileOwner::MAX_ID;
+    let id = match given.parse::<u32>() {
+        Ok(id) => id,
+        // A name that several ids share stands for the lowest of them.
+        Err(_) => match db.iter().filter(|(_, name)| *name == given).map(|(id, _)| *id).min() {
+            Some(id) => id,
+            None if given == "nobody" || given == "nogroup" => NOBODY,
+            None if given == "root" => 0,
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "no {what} named {given:?} exists in the sandbox (its {file}): give a name from it or a numeric id from 1 to {NOBODY}"
+                )));
+            }
+        },
+    };
+    Ok(match id {
+        id if id == mine => FileOwner::SandboxUser,
+        NOBODY => FileOwner::Nobody,
+        id => {
+            if let Some(why) = FileOwner::refusal(id) {
+                return Err(not_supported(format!("cannot give a file to {what} {given:?}: {why}")));
+            }
+            FileOwner::Id(id)
+        }
+    })
 }
 
 /// Gives `path` the owners [`wanted_owner`] found, if any.
@@ -948,6 +958,35 @@ mod tests {
             w.push(d, &mut out);
         }
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn owners_are_named_by_the_sandboxs_names_or_ids_and_root_is_refused() {
+        let db = Names::parse_db(
+            "root:x:0:0::/root:/bin/sh\nwww-data:x:33:33::/:/bin/false\nuser:x:1000:1000::/w:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n",
+        );
+        let owner = |given: &str| file_owner(given, 1000, &db, "user", "/etc/passwd");
+        assert_eq!(owner("www-data"), Ok(FileOwner::Id(33)));
+        assert_eq!(owner("33"), Ok(FileOwner::Id(33)));
+        assert_eq!(owner("4242"), Ok(FileOwner::Id(4242)));
+        assert_eq!(owner("user"), Ok(FileOwner::SandboxUser));
+        assert_eq!(owner("1000"), Ok(FileOwner::SandboxUser));
+        assert_eq!(owner("nobody"), Ok(FileOwner::Nobody));
+        assert_eq!(owner("65534"), Ok(FileOwner::Nobody));
+        // An image without nobody in its passwd still has the id.
+        assert_eq!(file_owner("nogroup", 1000, &HashMap::new(), "group", "/etc/group"), Ok(FileOwner::Nobody));
+        for root in ["root", "0"] {
+            let e = owner(root).unwrap_err();
+            assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "NOT_SUPPORTED"), "{e:?}");
+            assert!(e.message.contains("root"), "{e:?}");
+        }
+        let e = file_owner("root", 1000, &HashMap::new(), "user", "/etc/passwd").unwrap_err();
+        assert_eq!(e.code, "NOT_SUPPORTED", "{e:?}");
+        let e = owner("65535").unwrap_err();
+        assert!(e.message.contains("only ids 1 to 65534"), "{e:?}");
+        let e = owner("postgres").unwrap_err();
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"), "{e:?}");
+        assert!(e.message.contains("\"postgres\"") && e.message.contains("/etc/passwd"), "{e:?}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ fn routes() -> Vec<Route> {
     let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
     let perm = json!({"type": "object", "additionalProperties": {"type": "object", "additionalProperties": false,
         "properties": {"mode": {"type": "integer", "description": "octal digits written as a number, e.g. 644"},
-            "owner": {"type": "string", "description": "the sandbox user or nobody"}, "group": {"type": "string"}}}});
+            "owner": {"type": "string", "description": "a user of the sandbox (name or id), not root"}, "group": {"type": "string", "description": "a group of the sandbox (name or id), not root"}}}});
     let r = |path, method, summary, query, body, ok| Route { path, method, summary, query, body, ok };
     vec![
         r("/ping", "get", "Whether the sandbox answers", &[], None, "200"),
