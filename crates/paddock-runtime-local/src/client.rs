@@ -105,12 +105,18 @@ impl LocalRuntime {
     /// not start is logged). For a process that creates many sandboxes (a server): one create
     /// alone is quicker exec'd than launched.
     pub fn with_launcher(mut self) -> Self {
-        match crate::launcher::Launcher::spawn(&self.exe, self.dd.root()) {
+        match crate::launcher::Launcher::spawn(&self.exe) {
             Ok(l) => self.launcher = Some(std::sync::Arc::new(l)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start the supervisor launcher; sandbox supervisors are exec'd")
             }
         }
+        self
+    }
+
+    /// Forks supervisors from `launcher`, one [`crate::launcher::Launcher::fork_now`] made.
+    pub fn with_forked_launcher(mut self, launcher: crate::launcher::Launcher) -> Self {
+        self.launcher = Some(std::sync::Arc::new(launcher));
         self
     }
 
@@ -213,7 +219,7 @@ impl LocalRuntime {
         if let Some(launcher) = &self.launcher {
             let (spec_in, spec_out) = pipe_fds()?;
             let (ready_in, ready_out) = pipe_fds()?;
-            match launcher.launch(id, spec_in.as_fd(), ready_out.as_fd()).await {
+            match launcher.launch(id, self.dd.root(), spec_in.as_fd(), ready_out.as_fd()).await {
                 Some(Ok(())) => {
                     // Only the supervisor holds these ends now, so its exit is an end of file.
                     drop((spec_in, ready_out));

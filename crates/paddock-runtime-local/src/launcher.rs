@@ -1,17 +1,24 @@
 //! Starting supervisors by fork instead of exec.
 //!
 //! Each sandbox has a supervisor process. Started as `paddock __supervise`, every one paid an
-//! exec of this large binary: the dynamic loader, about 50 000 relocations, the runtime's
-//! start; around 0.9 ms of a 4 ms create here. A launcher (`paddock __launcher`), exec'd once
-//! per runtime, forks each supervisor instead, from a process that paid all that once. The
-//! supervisor runs the same [`crate::supervisor::main`] over the same stdin/stdout handshake.
-//! Without a launcher, or once it is gone, the runtime execs supervisors as before.
+//! exec of this large binary: the dynamic loader (whose CPU feature probing alone traps to the
+//! hypervisor dozens of times on a VM), about 50 000 relocations, the runtime's start; around
+//! 1 ms of a create. A launcher forks each supervisor instead, from a process that paid all
+//! that once. The supervisor runs the same [`crate::supervisor::main`] over the same
+//! stdin/stdout handshake. Without a launcher, or once it is gone, the runtime execs
+//! supervisors as before.
 //!
-//! The launcher is exec'd, not forked from the server, so supervisors (and the sandbox inits
-//! cloned from them) never hold a copy of the server's memory, environment or descriptors: it
-//! starts with an empty environment, stdio only, and knows nothing but its data directory.
+//! A launcher never holds anything of the process that uses it, so neither do the supervisors
+//! (and the sandbox inits cloned from them): a server execs one (`paddock __launcher`, an
+//! empty environment, stdio only); the CLI forks one first thing in `main`
+//! ([`Launcher::fork_now`]), while it is single-threaded and holds nothing but stdio, its
+//! arguments and its environment, which the launcher then erases from its memory. Each
+//! request names the data directory, so the CLI can fork one before it has parsed its
+//! arguments.
 
+use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -27,8 +34,14 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The runtime's end of a launcher.
 pub struct Launcher {
-    child: std::sync::Mutex<std::process::Child>,
+    process: std::sync::Mutex<Process>,
     state: tokio::sync::Mutex<State>,
+}
+
+/// The launcher process, to collect once it has ended.
+enum Process {
+    Execd(std::process::Child),
+    Forked(rustix::process::Pid),
 }
 
 enum State {
@@ -40,8 +53,11 @@ enum State {
 
 impl std::fmt::Debug for Launcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let pid = self.child.lock().map(|c| c.id()).unwrap_or_default();
-        f.debug_struct("Launcher").field("pid", &pid).finish_non_exhaustive()
+        let pid = self.process.lock().map(|p| match &*p {
+            Process::Execd(c) => c.id(),
+            Process::Forked(pid) => pid.as_raw_nonzero().get() as u32,
+        });
+        f.debug_struct("Launcher").field("pid", &pid.unwrap_or_default()).finish_non_exhaustive()
     }
 }
 
@@ -49,36 +65,73 @@ impl Drop for Launcher {
     fn drop(&mut self) {
         // The socket is closed by now or right after; the launcher exits on that. Collect it if
         // it already has, without waiting.
-        if let Ok(child) = self.child.get_mut() {
-            let _ = child.try_wait();
+        if let Ok(process) = self.process.get_mut() {
+            match process {
+                Process::Execd(child) => {
+                    let _ = child.try_wait();
+                }
+                Process::Forked(pid) => {
+                    let _ = rustix::process::waitpid(Some(*pid), rustix::process::WaitOptions::NOHANG);
+                }
+            }
         }
     }
 }
 
 impl Launcher {
-    /// Starts `exe __launcher --data-dir DATA_DIR` (for [`crate::LocalRuntime::with_launcher`]).
-    pub(crate) fn spawn(exe: &Path, data_dir: &Path) -> std::io::Result<Launcher> {
+    /// Starts `exe __launcher` (for [`crate::LocalRuntime::with_launcher`]).
+    pub(crate) fn spawn(exe: &Path) -> std::io::Result<Launcher> {
         let (ours, theirs) = fdpass::seqpacket_pair()?;
         let mut command = std::process::Command::new(exe);
         sp::inherit_only_stdio(&mut command);
         let child = command
             .arg("__launcher")
-            .arg("--data-dir")
-            .arg(data_dir)
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .env_clear()
             .spawn()?;
-        Ok(Launcher { child: std::sync::Mutex::new(child), state: tokio::sync::Mutex::new(State::Unregistered(ours)) })
+        Ok(Launcher::new(Process::Execd(child), ours))
     }
 
-    /// Starts the supervisor of `id`, its stdin and stdout being `stdin` and `stdout`. `None`
+    /// Forks a launcher from this process now (for `paddock run` and `create`, before the CLI
+    /// parses its arguments): cheaper than exec'ing one, or a supervisor. The launcher keeps
+    /// stdio only (its socket as stdin, `/dev/null` as stdout and stderr), erases the
+    /// arguments and environment it was forked with from its memory, and serves until the
+    /// returned end is dropped. Give it to [`crate::LocalRuntime::with_forked_launcher`].
+    ///
+    /// It fails, forking nothing, once the process runs a second thread or holds a descriptor
+    /// above stderr (one its starter passed, say): call it first thing in `main`. Supervisors
+    /// are then exec'd, as without a launcher.
+    pub fn fork_now() -> std::io::Result<Launcher> {
+        match sp::fork_with_stdio_only().map_err(std::io::Error::other)? {
+            sp::ForkedWithSocket::Child => {
+                let clean =
+                    sp::forget_args_and_env(b"paddock __launcher").is_ok() && std::env::set_current_dir("/").is_ok();
+                sp::exit_now(if clean { main() } else { 1 })
+            }
+            sp::ForkedWithSocket::Parent { pid, socket } => {
+                let pid = rustix::process::Pid::from_raw(pid as i32).expect("fork returned a pid");
+                Ok(Launcher::new(Process::Forked(pid), socket))
+            }
+        }
+    }
+
+    fn new(process: Process, socket: OwnedFd) -> Self {
+        Launcher {
+            process: std::sync::Mutex::new(process),
+            state: tokio::sync::Mutex::new(State::Unregistered(socket)),
+        }
+    }
+
+    /// Starts the supervisor of `id` (of the data directory `data_dir`), its stdin and stdout
+    /// being `stdin` and `stdout`. `None`
     /// when the launcher was given up before; an error says it could not now (and is given up).
     /// Either way the caller execs a supervisor instead.
     pub(crate) async fn launch(
         &self,
         id: &SandboxId,
+        data_dir: &Path,
         stdin: BorrowedFd<'_>,
         stdout: BorrowedFd<'_>,
     ) -> Option<Result<(), String>> {
@@ -86,10 +139,13 @@ impl Launcher {
         if let State::Gone = &*state {
             return None;
         }
-        let result = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange(&mut state, id, stdin, stdout)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}")),
-        };
+        let result =
+            match tokio::time::timeout(LAUNCH_TIMEOUT, exchange(&mut state, &request(id, data_dir), stdin, stdout))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}")),
+            };
         if result.is_err() {
             // Requests and answers may be out of step now: stop using it (dropping the
             // socket ends the launcher).
@@ -99,10 +155,23 @@ impl Launcher {
     }
 }
 
+/// A launch request's body: the sandbox id, a NUL, the data directory.
+fn request(id: &SandboxId, data_dir: &Path) -> Vec<u8> {
+    [id.as_str().as_bytes(), b"\0", data_dir.as_os_str().as_bytes()].concat()
+}
+
+/// The sandbox id and data directory of a launch request, when it is one.
+fn parse_request(body: &[u8]) -> Option<(SandboxId, &Path)> {
+    let nul = body.iter().position(|b| *b == 0)?;
+    let id = SandboxId::parse(std::str::from_utf8(&body[..nul]).ok()?).ok()?;
+    let data_dir = Path::new(OsStr::from_bytes(&body[nul + 1..]));
+    data_dir.is_absolute().then_some((id, data_dir))
+}
+
 /// One request and its answer.
 async fn exchange(
     state: &mut State,
-    id: &SandboxId,
+    request: &[u8],
     stdin: BorrowedFd<'_>,
     stdout: BorrowedFd<'_>,
 ) -> Result<(), String> {
@@ -116,7 +185,7 @@ async fn exchange(
     let State::Ready(fd) = &*state else { return Err("the launcher is gone".into()) };
     loop {
         let mut guard = fd.writable().await.map_err(|e| e.to_string())?;
-        match guard.try_io(|fd| fdpass::send(fd.get_ref(), id.as_str().as_bytes(), &[stdin, stdout])) {
+        match guard.try_io(|fd| fdpass::send(fd.get_ref(), request, &[stdin, stdout])) {
             Ok(r) => break r.map_err(|e| format!("sending to the launcher: {e}"))?,
             Err(_would_block) => continue,
         }
@@ -133,11 +202,11 @@ async fn exchange(
     }
 }
 
-/// Entry point of `paddock __launcher`: forks a supervisor for each request on stdin (a
-/// `SOCK_SEQPACKET` socket) until the runtime's end closes, and collects them as they end (a
-/// server's supervisors are its launcher's children, as exec'd ones are the server's).
-/// Returns the exit code.
-pub fn main(data_dir: &Path) -> i32 {
+/// Entry point of `paddock __launcher` (and of a forked launcher): forks a supervisor for each
+/// request on stdin (a `SOCK_SEQPACKET` socket) until the runtime's end closes, and collects
+/// them as they end (a server's supervisors are its launcher's children, as exec'd ones are
+/// the server's). Returns the exit code.
+pub fn main() -> i32 {
     if sp::cloexec_inherited_fds().is_err() {
         return 1;
     }
@@ -171,10 +240,12 @@ pub fn main(data_dir: &Path) -> i32 {
             // live on (they are collected by whoever inherits them).
             return 0;
         }
-        let id = match std::str::from_utf8(&body).ok().and_then(|s| SandboxId::parse(s).ok()) {
-            Some(id) if fds.len() == 2 => id,
+        let (id, data_dir) = match parse_request(&body) {
+            Some(r) if fds.len() == 2 => r,
             _ => {
-                if answer(sock.as_fd(), b"a launch request is a sandbox id with two descriptors").is_err() {
+                if answer(sock.as_fd(), b"a launch request is a sandbox id and a data directory with two descriptors")
+                    .is_err()
+                {
                     return 1;
                 }
                 continue;
@@ -227,4 +298,19 @@ fn run_supervisor(data_dir: &Path, id: &SandboxId, fds: Vec<OwnedFd>) -> ! {
     }
     let code = crate::supervisor::main(data_dir, id);
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_carries_the_sandbox_and_its_data_directory_and_nothing_else_passes() {
+        let id = SandboxId::parse("sbx-0123456789ab").unwrap();
+        let body = request(&id, Path::new("/var/lib/paddock data"));
+        assert_eq!(parse_request(&body), Some((id.clone(), Path::new("/var/lib/paddock data"))));
+        for bad in [&b"sbx-0123456789ab"[..], b"sbx-0123456789ab\0relative", b"../x\0/d", b"\0/d", b""] {
+            assert_eq!(parse_request(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
 }

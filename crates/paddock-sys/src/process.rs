@@ -361,3 +361,107 @@ mod tests {
         assert!(e.to_string().contains("threads"), "{e}");
     }
 }
+
+/// Where this process's original argument and environment strings lie in its memory
+/// (`arg_start`, `arg_end`, `env_end` of `/proc/self/stat`).
+fn arg_and_env_area() -> Result<(usize, usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
+    let fields: Vec<usize> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().skip(45).take(4).filter_map(|f| f.parse().ok()).collect())
+        .unwrap_or_default();
+    match fields[..] {
+        [arg_start, arg_end, env_start, env_end]
+            if arg_start < arg_end && arg_end <= env_start && env_start <= env_end =>
+        {
+            Ok((arg_start, arg_end, env_end))
+        }
+        _ => Err(SysError::Other(format!(
+            "cannot read the argument and environment area from /proc/self/stat: {stat:?}"
+        ))),
+    }
+}
+
+/// Empties the environment, and overwrites the process's original argument and environment
+/// strings with `title` and zeros: no copy of what its starter passed stays in its memory (nor
+/// in that of any process it forks later), `/proc/<pid>/environ` reads only NULs and
+/// `/proc/<pid>/cmdline` reads `title` (cut to the length of the original arguments).
+/// `std::env::args` reads the title and empty strings afterwards.
+///
+/// Fails, changing nothing, unless the process is single-threaded: another thread could be
+/// reading the environment.
+pub fn forget_args_and_env(title: &[u8]) -> Result<()> {
+    ensure_single_threaded("erasing the arguments and environment")?;
+    let (arg_start, arg_end, env_end) = arg_and_env_area()?;
+    // SAFETY: no other thread exists (checked above, and only this one could start one), so
+    // nothing reads or writes the environment meanwhile.
+    if unsafe { libc::clearenv() } != 0 {
+        return Err(SysError::Other("clearenv failed".into()));
+    }
+    let title = &title[..title.len().min(arg_end - arg_start - 1)];
+    // SAFETY: [arg_start, env_end) is the kernel-reported area of this process's own argument
+    // and environment strings, on its initial stack: mapped, writable, and owned by no Rust
+    // object. The environment no longer points into it (cleared above). Pointers to the
+    // argument strings (libc's, `std::env::args`'s) stay valid: every byte of the area stays
+    // mapped and its last byte, past the title, is a NUL, so each still reads as a
+    // NUL-terminated string, the title or an empty one.
+    unsafe {
+        std::ptr::write_bytes(arg_start as *mut u8, 0, env_end - arg_start);
+        std::ptr::copy_nonoverlapping(title.as_ptr(), arg_start as *mut u8, title.len());
+    }
+    Ok(())
+}
+
+/// The two sides of [`fork_with_stdio_only`].
+#[derive(Debug)]
+pub enum ForkedWithSocket {
+    /// The parent, with the child's pid and its end of the socket pair.
+    Parent { pid: u32, socket: OwnedFd },
+    /// The child: its stdin is the other end, its stdout and stderr `/dev/null`, and it holds
+    /// no other descriptor.
+    Child,
+}
+
+/// Forks a child that holds nothing but its stdio: stdin is one end of a new `SOCK_SEQPACKET`
+/// pair (the parent gets the other), stdout and stderr are `/dev/null`.
+///
+/// Fails, forking nothing, unless the process is single-threaded and has no descriptor open
+/// above stderr: only then is every descriptor the child closes one of this function's own, and
+/// the child a copy of a process that holds nothing another could have given it. So it is for
+/// the start of `main`, and falls back (an error) when the starter passed more than stdio.
+pub fn fork_with_stdio_only() -> Result<ForkedWithSocket> {
+    use rustix::fs::{Mode, OFlags};
+    ensure_single_threaded("forking a child with stdio only")?;
+    {
+        let dir =
+            rustix::fs::open("/proc/self/fd", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| SysError::call("open /proc/self/fd", e))?;
+        let listing = std::os::fd::AsRawFd::as_raw_fd(&dir);
+        // `Dir::new` reads through this very descriptor (`read_from` would read a copy).
+        let entries = rustix::fs::Dir::new(dir).map_err(|e| SysError::call("read /proc/self/fd", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| SysError::call("read /proc/self/fd", e))?;
+            let fd: Option<i32> = entry.file_name().to_str().ok().and_then(|n| n.parse().ok());
+            if let Some(fd) = fd.filter(|fd| *fd > 2 && *fd != listing) {
+                return Err(SysError::Other(format!("descriptor {fd} is open: the child would inherit it")));
+            }
+        }
+    }
+    let (parent_end, child_end) = crate::fdpass::seqpacket_pair().map_err(|e| SysError::call("socketpair", e))?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| SysError::path("open", "/dev/null", e))?;
+    match fork()? {
+        Forked::Child => {
+            let stdio = rustix::stdio::dup2_stdin(&child_end)
+                .and_then(|()| rustix::stdio::dup2_stdout(&null))
+                .and_then(|()| rustix::stdio::dup2_stderr(&null));
+            // These three were the only descriptors above stderr (checked before the fork).
+            drop((parent_end, child_end, null));
+            // An error here must not reach the caller, who would go on as the parent.
+            if stdio.is_err() {
+                exit_now(1);
+            }
+            Ok(ForkedWithSocket::Child)
+        }
+        Forked::Parent(pid) => Ok(ForkedWithSocket::Parent { pid, socket: parent_end }),
+    }
+}

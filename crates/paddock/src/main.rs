@@ -21,8 +21,17 @@ fn main() -> ExitCode {
     if let Some((data_dir, id)) = supervise_args(std::env::args_os().skip(1)) {
         return supervise(&data_dir, &id);
     }
-    if let Some(data_dir) = launcher_args(std::env::args_os().skip(1)) {
-        return ExitCode::from(paddock_runtime_local::launcher::main(&data_dir) as u8);
+    if is_launcher(std::env::args_os().skip(1)) {
+        return ExitCode::from(paddock_runtime_local::launcher::main() as u8);
+    }
+    // A command that may start a sandbox here forks its supervisor's launcher now, while this
+    // process holds nothing but its arguments and environment (which the launcher erases): the
+    // supervisor is then a fork away, where an exec of this binary costs about a millisecond.
+    if may_create(std::env::args_os().skip(1)) {
+        // On an error (a descriptor the starter passed, say) supervisors are exec'd instead.
+        if let Ok(launcher) = paddock_runtime_local::launcher::Launcher::fork_now() {
+            runtimes::give_forked_launcher(launcher);
+        }
     }
     let args = cli::Cli::parse();
     if let cli::Command::Supervise { data_dir, id } = &args.command {
@@ -80,13 +89,15 @@ fn supervise_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<
     args.next().is_none().then(|| (data_dir.into(), id))
 }
 
-/// `__launcher --data-dir DIR`, exactly as the local runtime passes it.
-fn launcher_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<std::path::PathBuf> {
-    if args.next()? != "__launcher" || args.next()? != "--data-dir" {
-        return None;
-    }
-    let data_dir = args.next()?;
-    args.next().is_none().then(|| data_dir.into())
+/// `__launcher`, exactly as the local runtime passes it.
+fn is_launcher(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.next().is_some_and(|a| a == "__launcher") && args.next().is_none()
+}
+
+/// Whether a command line may create a sandbox: `run` or `create` before any `--`. A false
+/// positive costs a fork; a miss, an exec per create.
+fn may_create(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.take_while(|a| a != "--").any(|a| a == "run" || a == "create")
 }
 
 fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
@@ -110,9 +121,12 @@ mod tests {
         assert_eq!(super::supervise_args(args(&["__supervise", "--id", "x", "--data-dir", "/d"])), None);
         assert_eq!(super::supervise_args(args(&["__supervise", "--data-dir", "/d", "--id", "x", "y"])), None);
         assert_eq!(super::supervise_args(args(&["run", "--", "echo"])), None);
-        assert_eq!(super::launcher_args(args(&["__launcher", "--data-dir", "/d"])), Some("/d".into()));
-        assert_eq!(super::launcher_args(args(&["__launcher", "--data-dir", "/d", "x"])), None);
-        assert_eq!(super::launcher_args(args(&["__launcher"])), None);
-        assert_eq!(super::launcher_args(args(&["run", "__launcher"])), None);
+        assert!(super::is_launcher(args(&["__launcher"])));
+        assert!(!super::is_launcher(args(&["__launcher", "x"])));
+        assert!(!super::is_launcher(args(&["run", "__launcher"])));
+        assert!(super::may_create(args(&["--data-dir", "/d", "run", "--", "echo"])));
+        assert!(super::may_create(args(&["create", "--image", "host"])));
+        assert!(!super::may_create(args(&["ls"])));
+        assert!(!super::may_create(args(&["exec", "sbx-1", "--", "run"])));
     }
 }

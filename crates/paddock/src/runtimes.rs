@@ -433,6 +433,17 @@ pub async fn prepull(opts: &RuntimeOpts, data_dir: &Path, image: Option<&str>) -
     Ok(())
 }
 
+/// The launcher `main` forked for this command, if it did (see `main`).
+static FORKED_LAUNCHER: std::sync::Mutex<Option<paddock_runtime_local::launcher::Launcher>> =
+    std::sync::Mutex::new(None);
+
+/// Keeps the launcher `main` forked for the local runtime this command opens.
+pub fn give_forked_launcher(launcher: paddock_runtime_local::launcher::Launcher) {
+    if let Ok(mut slot) = FORKED_LAUNCHER.lock() {
+        *slot = Some(launcher);
+    }
+}
+
 /// Opens the chosen runtime. A server (`serving`) also starts the runtime's own background
 /// work: reaping expired sandboxes on Kubernetes, the supervisor launcher of the local one.
 pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, serving: bool) -> Result<Arc<dyn Runtime>> {
@@ -440,10 +451,13 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
         RuntimeKind::Local => {
             let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
             let mut rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
-            // Not for a CLI command: its one create would pay the launcher's exec and a fork
-            // instead of one exec (measured slower, `dev/bench/cli-ab`).
+            // A CLI command uses the launcher `main` forked, if any: exec'ing one would cost
+            // more than its one create saves (measured, `dev/bench/cli-ab`).
+            let forked = FORKED_LAUNCHER.lock().ok().and_then(|mut l| l.take());
             if serving {
                 rt = rt.with_launcher();
+            } else if let Some(launcher) = forked {
+                rt = rt.with_forked_launcher(launcher);
             }
             Ok(Arc::new(
                 rt.with_images(opts.images.options())

@@ -145,6 +145,59 @@ impl Cli {
     }
 }
 
+impl Cli {
+    /// Runs `paddock ARGS` the way a shell or an agent framework starts it: through python3's
+    /// `subprocess`, which passes stdio only, with `var` added to the environment; with
+    /// `extra_fd`, one more descriptor is passed too: the file `extra_fd` opened read-only.
+    async fn via_python(&self, args: &[&str], var: (&str, &str), extra_fd: Option<&Path>) -> Out {
+        let script = "import os, subprocess, sys\n\
+                      fds = [os.open(sys.argv[1], os.O_RDONLY)] if sys.argv[1] != '-' else []\n\
+                      sys.exit(subprocess.run(sys.argv[2:], pass_fds=fds).returncode)";
+        let extra = extra_fd.map_or("-".to_owned(), |p| p.display().to_string());
+        let mut argv: Vec<&str> = vec!["-c", script, &extra, EXE];
+        argv.extend_from_slice(args);
+        let mut c = tokio::process::Command::new("python3");
+        c.args(&argv)
+            .env_clear()
+            .env("PADDOCK_DATA_DIR", self.data())
+            .env("PATH", "/usr/bin:/bin")
+            .env(var.0, var.1)
+            .current_dir(self.data())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        finish(c.spawn().expect("starting python3"), args).await
+    }
+}
+
+/// The host pid of sandbox `id`'s supervisor, from its record.
+fn supervisor_pid(data: &Path, id: &str) -> u32 {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id).join("record.json")).unwrap()).unwrap();
+    record["supervisor_pid"].as_u64().unwrap() as u32
+}
+
+/// Whether `needle` is anywhere in the readable memory of process `pid`.
+fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    maps.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(range), Some(perms)) = (fields.first(), fields.get(1)) else { return false };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            return false;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        let mut buf = vec![0u8; (end - start) as usize];
+        mem.seek(SeekFrom::Start(start)).is_ok()
+            && mem.read_exact(&mut buf).is_ok()
+            && buf.windows(needle.len()).any(|w| w == needle)
+    })
+}
+
 impl Drop for Cli {
     fn drop(&mut self) {
         for id in self.entries("sandboxes") {
@@ -194,6 +247,58 @@ fn supervisor_data_dir(id: &str) -> Option<PathBuf> {
 
 fn long_thread(len: usize) -> String {
     "t".repeat(len)
+}
+
+#[tokio::test]
+async fn a_cli_create_forks_its_supervisor_from_a_launcher_that_kept_nothing_of_the_caller() {
+    let cli = Cli::new();
+    let secret = ("PADDOCK_TEST_CALLER_SECRET", "caller-secret-7f3a9e01");
+    let out = cli.via_python(&["create"], secret, None).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let id = out.stdout.trim().to_owned();
+    let supervisor = supervisor_pid(cli.data(), &id);
+    // Forked from the launcher `main` forked: the launcher's title for a command line, none of
+    // the caller's arguments, no environment, and the caller's secret nowhere in its memory.
+    assert!(!memory_holds(supervisor, secret.1.as_bytes()), "the caller's environment is in the supervisor's memory");
+    let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&cmdline).trim_end_matches('\0'), "paddock __launcher");
+    let environ = std::fs::read(format!("/proc/{supervisor}/environ")).unwrap();
+    assert!(environ.iter().all(|b| *b == 0), "{:?}", String::from_utf8_lossy(&environ));
+    // The sandbox runs as before, and its pid 1 shows no host path.
+    let out = cli
+        .run(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "id -u; echo \"[$PADDOCK_TEST_CALLER_SECRET]\"; tr '\\0' ' ' < /proc/1/cmdline",
+        ])
+        .await;
+    let lines: Vec<&str> = out.stdout.lines().map(str::trim_end).collect();
+    assert_eq!(lines, ["1000", "[]", "paddock __launcher"], "{out:?}");
+    cli.ok(&["rm", &id]).await;
+
+    // A caller that passes a descriptor beyond stdio gets an exec'd supervisor, as before (a
+    // launcher forked then would hold that descriptor), which the descriptor does not reach.
+    let marker = cli.data().join("passed-descriptor");
+    std::fs::write(&marker, "x").unwrap();
+    let out = cli.via_python(&["create"], secret, Some(&marker)).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let id = out.stdout.trim().to_owned();
+    let supervisor = supervisor_pid(cli.data(), &id);
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap()).into_owned();
+    assert!(cmdline.contains("__supervise"), "{cmdline:?}");
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{supervisor}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!fds.iter().any(|f| f == &marker.display().to_string()), "{fds:?}");
+    assert!(!memory_holds(supervisor, secret.1.as_bytes()), "the caller's environment is in the supervisor's memory");
+    assert_eq!(cli.run(&["exec", &id, "--", "id", "-u"]).await.stdout, "1000\n");
+    cli.ok(&["rm", &id]).await;
 }
 
 // --- Bad input ------------------------------------------------------------------------------
