@@ -8,12 +8,11 @@ use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use crate::error::{ImageError, Result};
 use crate::oci::{self, Descriptor, Manifest};
 use crate::reference::Ref;
-use crate::store::{Image, Store, hex_of, remove_any, sha256_digest};
+use crate::store::{Image, Store, hex_of, sha256_digest};
 
 /// Registry credentials (basic auth, or exchanged for a bearer token when the registry asks).
 #[derive(Clone)]
@@ -419,38 +418,42 @@ impl Store {
             cached();
             return Ok(0);
         }
-        let blob_path = self.tmp(&format!("layer-{}.blob", hex_of(diff_id)?));
-        remove_any(&blob_path)?;
-        let r = self.download(client, oref, host, desc, &blob_path, progress).await;
-        let r = match r {
-            Ok(n) => {
-                progress(&Progress::Unpacking { digest: desc.digest.clone() });
-                let (store, path, diff) = (self.clone(), blob_path.clone(), diff_id.to_string());
-                // The lock moves into the unpacking thread: were this future dropped (the pull
-                // cancelled), the thread would still be writing the layer's work directory.
-                tokio::task::spawn_blocking(move || {
-                    let _lock = lock;
-                    let f = std::fs::File::open(&path)
-                        .map_err(|e| ImageError::io(format!("opening {}", path.display()), e))?;
-                    store.unpack_layer(std::io::BufReader::new(f), &diff)
-                })
-                .await
-                .map_err(|e| ImageError::Io(format!("unpack task failed: {e}")))?
-                .map(|_| n)
-            }
-            Err(e) => Err(e),
-        };
-        let _ = remove_any(&blob_path);
-        r
+        // The layer is unpacked while it downloads (a thread reads what the download hands
+        // it), and published only once the download has checked the blob's digest.
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_CHUNKS);
+        let (store, diff) = (self.clone(), diff_id.to_string());
+        // The lock moves into the unpacking thread: were this future dropped (the pull
+        // cancelled), the thread would still be writing the layer's work directory.
+        let unpacking = tokio::task::spawn_blocking(move || {
+            let _lock = lock;
+            let layer = Streamed { rx, buf: bytes::Bytes::new(), verified: false };
+            store.unpack_layer_then(layer, &diff, Streamed::verified)
+        });
+        let mut sink = Some(tx);
+        let downloaded = self.download(client, oref, host, desc, &mut sink, progress).await;
+        if let Some(tx) = sink {
+            let end = downloaded.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let _ = tx.send(Piece::End(end)).await;
+        }
+        if downloaded.is_ok() {
+            progress(&Progress::Unpacking { digest: desc.digest.clone() });
+        }
+        let unpacked = unpacking.await.map_err(|e| ImageError::Io(format!("unpack task failed: {e}"))).and_then(|r| r);
+        // A damaged blob usually breaks the unpacking too; the digest says what went wrong.
+        let n = downloaded?;
+        unpacked.map(|_| n)
     }
 
+    /// Downloads `desc`, checking its size and digest, and hands each piece to `sink` while
+    /// it takes them (it is `None`d once its reader has stopped; the digest is still checked).
+    /// Returns the bytes downloaded.
     async fn download(
         &self,
         client: &Client,
         oref: &Reference,
         host: &str,
         desc: &Descriptor,
-        path: &std::path::Path,
+        sink: &mut Option<tokio::sync::mpsc::Sender<Piece>>,
         progress: &(dyn Fn(&Progress) + Send + Sync),
     ) -> Result<u64> {
         let what = format!("layer {}", desc.digest);
@@ -458,9 +461,6 @@ impl Store {
         let mut stream =
             client.pull_blob_stream(oref, desc.digest.as_str()).await.map_err(|e| map_oci(host, &what, e))?;
         let total = u64::try_from(desc.size).ok().filter(|s| *s > 0).or(stream.content_length).unwrap_or(0);
-        let mut file = tokio::fs::File::create(path)
-            .await
-            .map_err(|e| ImageError::io(format!("creating {}", path.display()), e))?;
         let mut hasher = Sha256::new();
         let mut done = 0u64;
         let mut reported = 0u64;
@@ -483,13 +483,16 @@ impl Store {
                     "{what} from {host} is longer than the {total} bytes its manifest says"
                 )));
             }
-            file.write_all(&chunk).await.map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
+            if let Some(tx) = sink
+                && tx.send(Piece::Data(chunk)).await.is_err()
+            {
+                *sink = None;
+            }
             if done - reported >= 1 << 20 {
                 reported = done;
                 progress(&Progress::Layer { digest: desc.digest.clone(), done, total });
             }
         }
-        file.flush().await.map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
         let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != desc.digest {
             return Err(ImageError::Corrupt(format!(
@@ -498,6 +501,54 @@ impl Store {
         }
         progress(&Progress::Layer { digest: desc.digest.clone(), done, total: total.max(done) });
         Ok(done)
+    }
+}
+
+/// Pieces of a layer in flight from the download to the unpacking thread, at most: a few MiB,
+/// and a slow disk slows the download rather than filling memory.
+const STREAM_CHUNKS: usize = 64;
+
+/// What a download hands the unpacking thread.
+#[derive(Debug)]
+enum Piece {
+    Data(bytes::Bytes),
+    /// The download ended: the blob is the one asked for, or why not.
+    End(std::result::Result<(), String>),
+}
+
+/// A layer as its download hands it over. Its end of file comes only once the download has
+/// checked the blob's digest; a failed or cancelled download is a read error.
+struct Streamed {
+    rx: tokio::sync::mpsc::Receiver<Piece>,
+    buf: bytes::Bytes,
+    verified: bool,
+}
+
+impl Streamed {
+    /// Reads what is left (a tar archive ends before its compressed stream does) and says
+    /// whether the download vouched for all of it.
+    fn verified(&mut self) -> Result<()> {
+        std::io::copy(self, &mut std::io::sink()).map_err(|e| ImageError::Registry(e.to_string()))?;
+        if self.verified { Ok(()) } else { Err(ImageError::Registry("the layer's download did not finish".into())) }
+    }
+}
+
+impl std::io::Read for Streamed {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.buf.is_empty() {
+            if self.verified {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Piece::Data(b)) => self.buf = b,
+                Some(Piece::End(Ok(()))) => self.verified = true,
+                Some(Piece::End(Err(e))) => return Err(std::io::Error::other(e)),
+                None => return Err(std::io::Error::other("the layer's download stopped")),
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf.split_to(n));
+        Ok(n)
     }
 }
 

@@ -539,6 +539,18 @@ impl Store {
     /// Unpacks a verified layer blob (read from `blob`) and publishes it as `diff_id`.
     /// The caller holds the layer's lock and has checked the layer is not there yet.
     pub(crate) fn unpack_layer(&self, blob: impl Read, diff_id: &str) -> Result<u64> {
+        self.unpack_layer_then(blob, diff_id, |_| Ok(()))
+    }
+
+    /// Like [`Store::unpack_layer`], for a blob still arriving: once it is unpacked and before
+    /// it is published, `verified` must say the blob was the one asked for (a pull checks its
+    /// digest only at its end); on an error nothing is published.
+    pub(crate) fn unpack_layer_then<R: Read>(
+        &self,
+        mut blob: R,
+        diff_id: &str,
+        verified: impl FnOnce(&mut R) -> Result<()>,
+    ) -> Result<u64> {
         let hex = hex_of(diff_id)?;
         let work = self.tmp(&format!("layer-{hex}"));
         remove_any(&work)?;
@@ -547,7 +559,8 @@ impl Store {
             fs::create_dir_all(&root).map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
             fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
                 .map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
-            let unpacked = unpack::unpack(blob, &root)?;
+            let unpacked = unpack::unpack(&mut blob, &root)?;
+            verified(&mut blob)?;
             if unpacked.diff_id != diff_id {
                 return Err(ImageError::Corrupt(format!(
                     "layer should unpack to {diff_id} but its content is {}; the image's config and layers do not match, \

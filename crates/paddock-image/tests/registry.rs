@@ -167,6 +167,36 @@ async fn a_corrupted_blob_in_the_registry_is_rejected_and_nothing_stored() {
     assert!(!layers.contains(&sha256(&tars[1])[7..].into()), "the corrupt layer was published");
 }
 
+/// Layers unpack while they download, so a blob that unpacks to exactly the right layer but is
+/// not the blob the manifest names (the same tar compressed otherwise) is only caught by its
+/// digest at the end: it must still be refused, and nothing published.
+#[tokio::test]
+async fn a_blob_that_unpacks_right_but_is_not_the_named_one_is_refused_after_its_download() {
+    use std::io::Write;
+    let reg = Registry::start(false);
+    let tars = vec![Layer::new().file("a", &vec![b'a'; 400_000]).file("b", b"bee").tar()];
+    reg.push("s/app:1", &tars, None).await;
+    let named = sha256(&gzip(&tars[0]));
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&tars[0]).unwrap();
+    let other = e.finish().unwrap();
+    assert_ne!(sha256(&other), named, "the same compression: nothing to test");
+    fs::write(reg.blob_file(&named), &other).unwrap();
+    let (_t, store) = store();
+    let name = format!("{}/s/app:1", reg.host);
+    let err = store.pull(&name, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains(&named), "{err}");
+    assert_eq!(store.lookup(&name).unwrap(), None);
+    let layers: Vec<_> = fs::read_dir(store.dir().join("layers")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(layers.is_empty(), "a layer was published: {layers:?}");
+    let tmp: Vec<_> = fs::read_dir(store.dir().join("tmp")).unwrap().collect();
+    assert!(tmp.is_empty(), "left behind: {tmp:?}");
+    // Put right, the same store pulls it.
+    fs::write(reg.blob_file(&named), gzip(&tars[0])).unwrap();
+    store.pull(&name, &opts(), &no_progress).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_concurrent_pulls_download_each_blob_once() {
     let reg = Registry::start(false);
