@@ -229,6 +229,7 @@ impl Supervisor {
                     layers: image.layers,
                     owner: image.owner,
                     host: (ids.uid, ids.gid),
+                    others: (identity::OTHERS, identity::OTHERS),
                     upper_bytes: spec.resources.memory_bytes,
                     // One inode per page of the cap at most: plenty for package installs.
                     upper_inodes: (spec.resources.memory_bytes / 4096).max(16384),

@@ -61,7 +61,8 @@ fn write_maps(pid: u32, uids: &[(u32, u32)], gids: &[(u32, u32)]) -> Result<()> 
     write_ranges(pid, &ones(uids), &ones(gids))
 }
 
-fn write_ranges(pid: u32, uids: &[(u32, u32, u32)], gids: &[(u32, u32, u32)]) -> Result<()> {
+/// Writes `(inside, host, count)` lines as the uid and gid maps of the user namespace of `pid`.
+pub(crate) fn write_ranges(pid: u32, uids: &[(u32, u32, u32)], gids: &[(u32, u32, u32)]) -> Result<()> {
     let lines = |m: &[(u32, u32, u32)]| m.iter().map(|(i, h, n)| format!("{i} {h} {n}\n")).collect::<String>();
     let base = format!("/proc/{pid}");
     let uid_map = format!("{base}/uid_map");

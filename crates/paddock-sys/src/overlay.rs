@@ -6,10 +6,12 @@
 //! that writes them, and it is gone with the sandbox's mount namespace).
 //!
 //! Ownership: the layers keep the ids their image gave them (mostly root). Each layer is shown
-//! to the overlay through an idmapped mount that maps one on-disk id, the owner of the image's
-//! files (root, or the image's `User`), to the sandbox's host identity, so inside the sandbox
-//! the sandbox user owns what the image's user owned and can change it (copy-up into its own
-//! upper layer); every other on-disk id stays unmapped and reads as `nobody`. The layers
+//! to the overlay through an idmapped mount that maps the owner of the image's files (root, or
+//! the image's `User`) to the sandbox's host identity, so inside the sandbox the sandbox user
+//! owns what the image's user owned and can change it (copy-up into its own upper layer); every
+//! other on-disk id from 1 to 65534 maps to the host id the sandbox shows as that same id (the
+//! owners every sandbox shares, see `ids::id_map_with_others`), so `mail`'s files stay
+//! `mail`'s; root, when it is not the owner, stays unmapped and reads as `nobody`. The layers
 //! themselves are mounted read-only, so nothing that reaches them through these mounts, a
 //! stray recursive removal included, can change the shared files.
 //!
@@ -34,6 +36,8 @@ pub struct LayeredRoot {
     pub owner: (u32, u32),
     /// The sandbox's host identity.
     pub host: (u32, u32),
+    /// The first host uid and gid of the owners every sandbox shares (other on-disk ids).
+    pub others: (u32, u32),
     /// Size cap of everything the sandbox writes to its root, bytes.
     pub upper_bytes: u64,
     /// Inode cap of the same.
@@ -47,7 +51,10 @@ impl LayeredRoot {
         mkdir(dir)?;
         let layers_dir = dir.join("layers");
         mkdir(&layers_dir)?;
-        let userns = idmap_userns(self.owner, self.host)?;
+        let userns = userns_with_maps(
+            &crate::ids::id_map_with_others(self.owner.0, self.host.0, self.others.0),
+            &crate::ids::id_map_with_others(self.owner.1, self.host.1, self.others.1),
+        )?;
         let mut names = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             let at = layers_dir.join(i.to_string());
@@ -93,10 +100,15 @@ impl LayeredRoot {
 }
 
 /// A user namespace that maps exactly on-disk `owner` to host `host`, for idmapped mounts.
+pub fn idmap_userns(owner: (u32, u32), host: (u32, u32)) -> Result<OwnedFd> {
+    userns_with_maps(&[(owner.0, host.0, 1)], &[(owner.1, host.1, 1)])
+}
+
+/// A user namespace with these `(inside, host, count)` uid and gid maps, for idmapped mounts.
 ///
 /// A user namespace lives as long as a process or a descriptor holds it: a forked child creates
 /// it, the caller writes its maps and opens it, and the child exits.
-pub fn idmap_userns(owner: (u32, u32), host: (u32, u32)) -> Result<OwnedFd> {
+fn userns_with_maps(uids: &[(u32, u32, u32)], gids: &[(u32, u32, u32)]) -> Result<OwnedFd> {
     let (ready_r, ready_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
     let (hold_r, hold_w) =
@@ -120,7 +132,7 @@ pub fn idmap_userns(owner: (u32, u32), host: (u32, u32)) -> Result<OwnedFd> {
                 if n != 1 || answer[0] != b'y' {
                     return Err(SysError::Other("cannot create a user namespace for an idmapped mount".into()));
                 }
-                crate::ids::write_id_maps(pid, owner, host)?;
+                crate::ids::write_ranges(pid, uids, gids)?;
                 let path = format!("/proc/{pid}/ns/user");
                 fs::File::open(&path).map(OwnedFd::from).map_err(|e| SysError::path("open", path, e))
             })();
