@@ -985,6 +985,10 @@ impl CliOut {
 /// checked, each iteration followed by the bubblewrap command (A B A B).
 async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Result<CliOut> {
     let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+    // Both commands start as a shell starts them, with stdio only: descriptors this process
+    // inherited from its own starter would otherwise reach them (and `paddock run` would exec
+    // its supervisor, as it does for a caller that passes more than stdio).
+    paddock_sys::process::cloexec_inherited_fds().context("marking inherited descriptors close-on-exec")?;
     let run_args = |image: Option<&str>| cli_args(rt, image);
     let measure = async |args: Vec<String>, label: String| -> Result<(Stats, Option<Stats>)> {
         let total = cfg.warmup + cfg.iterations;
