@@ -63,8 +63,8 @@ impl std::fmt::Debug for Launcher {
 
 impl Drop for Launcher {
     fn drop(&mut self) {
-        // The socket is closed by now or right after; the launcher exits on that. Collect it if
-        // it already has, without waiting.
+        // Closing the socket ends the launcher. Collect it if it already has, without waiting.
+        *self.state.get_mut() = State::Gone;
         if let Ok(process) = self.process.get_mut() {
             match process {
                 Process::Execd(child) => {
@@ -113,6 +113,21 @@ impl Launcher {
             sp::ForkedWithSocket::Parent { pid, socket } => {
                 let pid = rustix::process::Pid::from_raw(pid as i32).expect("fork returned a pid");
                 Ok(Launcher::new(Process::Forked(pid), socket))
+            }
+        }
+    }
+
+    /// Ends the launcher and waits until it is gone (for one that will not be used).
+    pub fn close(mut self) {
+        *self.state.get_mut() = State::Gone;
+        if let Ok(process) = self.process.get_mut() {
+            match process {
+                Process::Execd(child) => {
+                    let _ = child.wait();
+                }
+                Process::Forked(pid) => {
+                    let _ = rustix::process::waitpid(Some(*pid), rustix::process::WaitOptions::empty());
+                }
             }
         }
     }
@@ -210,6 +225,9 @@ pub fn main() -> i32 {
     if sp::cloexec_inherited_fds().is_err() {
         return 1;
     }
+    // A session of its own: the terminal's Ctrl-C, Ctrl-Z or hang-up is for the command that
+    // uses the launcher, which ends it by closing the socket.
+    let _ = rustix::process::setsid();
     let Ok(sigchld) = sp::signal_fd(&[libc_sigchld()]) else { return 1 };
     let sock = std::io::stdin();
     loop {

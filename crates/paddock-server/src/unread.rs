@@ -97,11 +97,16 @@ async fn drain(mut body: Body) -> bool {
 }
 
 /// Middleware: an error answered over HTTP/1 before the request's body was read to its end
-/// first reads the rest of a small body, or else says `Connection: close`.
+/// first reads the rest of a small body already sent, or else says `Connection: close`.
 pub async fn close_when_unread(req: Request, next: Next) -> Response {
     if req.version() > Version::HTTP_11 || http_body::Body::is_end_stream(req.body()) {
         return next.run(req).await;
     }
+    // Draining is for a body already on its way: not one the client waits to be asked for
+    // (`Expect: 100-continue`, which reading it would ask for), nor one too large to read.
+    let expects = req.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let large = http_body::Body::size_hint(req.body()).lower() > DRAIN_BYTES as u64;
+    let drainable = !expects && !large;
     let fate = Arc::new(Fate::default());
     let req = req.map(|inner| Body::new(Tracked { inner: Some(inner), fate: fate.clone() }));
     let mut response = next.run(req).await;
@@ -112,8 +117,8 @@ pub async fn close_when_unread(req: Request, next: Next) -> Response {
     let left = fate.left.lock().ok().and_then(|mut l| l.take());
     // A body its handler still holds (a proxied stream) cannot be drained here.
     let kept = match left {
-        Some(body) => drain(body).await,
-        None => false,
+        Some(body) if drainable => drain(body).await,
+        _ => false,
     };
     if !kept {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -181,10 +186,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refused_body_that_is_large_or_awaits_100_continue_is_not_asked_for() {
+        // 64 MiB announced: answered at once, closing, without reading the body.
+        let (mut r, w) = connect().await;
+        let (head, _w) = send(&mut r, w, "/early", 64 << 20, 0).await;
+        assert!(head.starts_with("http/1.1 400") && head.contains("\r\nconnection: close\r\n"), "{head}");
+        // A client that waits for 100 Continue is answered with the refusal, never a 100.
+        let (mut r, mut w) = connect().await;
+        w.write_all(b"POST /early HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            assert_eq!(r.read(&mut byte).await.unwrap(), 1, "{:?}", String::from_utf8_lossy(&got));
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&got).to_lowercase();
+        assert!(head.starts_with("http/1.1 400") && head.contains("connection: close"), "{head}");
+    }
+
+    #[tokio::test]
     async fn a_refused_body_too_slow_to_read_is_answered_with_connection_close() {
         let (mut r, w) = connect().await;
-        // 64 MiB announced, 64 KiB sent, then nothing: the answer says the connection ends.
-        let (head, _w) = send(&mut r, w, "/early", 64 << 20, 64 << 10).await;
+        // 2 MiB announced, 64 KiB sent, then nothing: the answer says the connection ends.
+        let (head, _w) = send(&mut r, w, "/early", 2 << 20, 64 << 10).await;
         assert!(head.starts_with("http/1.1 400") && head.contains("\r\nconnection: close\r\n"), "{head}");
     }
 }

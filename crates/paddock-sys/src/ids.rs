@@ -32,6 +32,7 @@ pub const NOBODY: u32 = 65534;
 /// The host id inside id `id` (1..=[`NOBODY`], not the sandbox's own) maps to, given the
 /// others range starting at `others`.
 pub fn other_host_id(others: u32, id: u32) -> u32 {
+    debug_assert!((1..=NOBODY).contains(&id), "id {id} is no other owner's");
     others + id % NOBODY
 }
 

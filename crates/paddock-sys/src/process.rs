@@ -383,8 +383,8 @@ fn arg_and_env_area() -> Result<(usize, usize, usize)> {
 }
 
 /// Empties the environment, and overwrites the process's original argument and environment
-/// strings with `title` and zeros: no copy of what its starter passed stays in its memory (nor
-/// in that of any process it forks later), `/proc/<pid>/environ` reads only NULs and
+/// strings with `title` and zeros: the originals stay in no process forked later (copies the
+/// process made itself are its own to [`wipe`]), `/proc/<pid>/environ` reads only NULs and
 /// `/proc/<pid>/cmdline` reads `title` (cut to the length of the original arguments).
 /// `std::env::args` reads the title and empty strings afterwards.
 ///
@@ -463,5 +463,18 @@ pub fn fork_with_stdio_only() -> Result<ForkedWithSocket> {
             Ok(ForkedWithSocket::Child)
         }
         Forked::Parent(pid) => Ok(ForkedWithSocket::Parent { pid, socket: parent_end }),
+    }
+}
+
+/// Overwrites each string with zeros before freeing it, so no later fork (which copies the
+/// freed heap too) holds it.
+pub fn wipe(strings: Vec<std::ffi::OsString>) {
+    for s in strings {
+        let mut bytes = s.into_encoded_bytes();
+        for b in bytes.iter_mut() {
+            // SAFETY: `b` is a valid, aligned and exclusive reference to a byte of this vector;
+            // a volatile write is not removed as a dead store before the free that follows.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
     }
 }

@@ -18,16 +18,21 @@ use clap::Parser;
 fn main() -> ExitCode {
     // Every create starts a supervisor: spare it building the whole CLI's parser (about half a
     // millisecond) when it is started the one way `LocalRuntime` starts it.
-    if let Some((data_dir, id)) = supervise_args(std::env::args_os().skip(1)) {
+    let early: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some((data_dir, id)) = supervise_args(&early) {
         return supervise(&data_dir, &id);
     }
-    if is_launcher(std::env::args_os().skip(1)) {
+    if is_launcher(&early) {
         return ExitCode::from(paddock_runtime_local::launcher::main() as u8);
     }
+    let create = may_create(&early);
+    // The freed heap is copied into a forked launcher too: no copy of the arguments may be
+    // left in it.
+    paddock_sys::process::wipe(early);
     // A command that may start a sandbox here forks its supervisor's launcher now, while this
     // process holds nothing but its arguments and environment (which the launcher erases): the
     // supervisor is then a fork away, where an exec of this binary costs about a millisecond.
-    if may_create(std::env::args_os().skip(1)) {
+    if create {
         // On an error (a descriptor the starter passed, say) supervisors are exec'd instead.
         if let Ok(launcher) = paddock_runtime_local::launcher::Launcher::fork_now() {
             runtimes::give_forked_launcher(launcher);
@@ -77,27 +82,25 @@ fn main() -> ExitCode {
 }
 
 /// `__supervise --data-dir DIR --id ID`, exactly as the local runtime passes it.
-fn supervise_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<(std::path::PathBuf, String)> {
-    if args.next()? != "__supervise" || args.next()? != "--data-dir" {
-        return None;
+fn supervise_args(args: &[std::ffi::OsString]) -> Option<(std::path::PathBuf, String)> {
+    match args {
+        [sub, dd, data_dir, i, id] if sub == "__supervise" && dd == "--data-dir" && i == "--id" => {
+            Some((data_dir.into(), id.to_str()?.to_owned()))
+        }
+        _ => None,
     }
-    let data_dir = args.next()?;
-    if args.next()? != "--id" {
-        return None;
-    }
-    let id = args.next()?.into_string().ok()?;
-    args.next().is_none().then(|| (data_dir.into(), id))
 }
 
 /// `__launcher`, exactly as the local runtime passes it.
-fn is_launcher(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
-    args.next().is_some_and(|a| a == "__launcher") && args.next().is_none()
+fn is_launcher(args: &[std::ffi::OsString]) -> bool {
+    matches!(args, [a] if a == "__launcher")
 }
 
 /// Whether a command line may create a sandbox: `run` or `create` before any `--`. A false
-/// positive costs a fork; a miss, an exec per create.
-fn may_create(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
-    args.take_while(|a| a != "--").any(|a| a == "run" || a == "create")
+/// positive costs a fork (and a launcher that waits for the command's end); a miss, an exec
+/// per create.
+fn may_create(args: &[std::ffi::OsString]) -> bool {
+    args.iter().take_while(|a| *a != "--").any(|a| a == "run" || a == "create")
 }
 
 fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
@@ -115,18 +118,18 @@ fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
 mod tests {
     #[test]
     fn only_the_runtimes_own_supervise_and_launcher_lines_skip_the_parser() {
-        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter();
-        let ok = super::supervise_args(args(&["__supervise", "--data-dir", "/d", "--id", "sbx-1"]));
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let ok = super::supervise_args(&args(&["__supervise", "--data-dir", "/d", "--id", "sbx-1"]));
         assert_eq!(ok, Some(("/d".into(), "sbx-1".to_owned())));
-        assert_eq!(super::supervise_args(args(&["__supervise", "--id", "x", "--data-dir", "/d"])), None);
-        assert_eq!(super::supervise_args(args(&["__supervise", "--data-dir", "/d", "--id", "x", "y"])), None);
-        assert_eq!(super::supervise_args(args(&["run", "--", "echo"])), None);
-        assert!(super::is_launcher(args(&["__launcher"])));
-        assert!(!super::is_launcher(args(&["__launcher", "x"])));
-        assert!(!super::is_launcher(args(&["run", "__launcher"])));
-        assert!(super::may_create(args(&["--data-dir", "/d", "run", "--", "echo"])));
-        assert!(super::may_create(args(&["create", "--image", "host"])));
-        assert!(!super::may_create(args(&["ls"])));
-        assert!(!super::may_create(args(&["exec", "sbx-1", "--", "run"])));
+        assert_eq!(super::supervise_args(&args(&["__supervise", "--id", "x", "--data-dir", "/d"])), None);
+        assert_eq!(super::supervise_args(&args(&["__supervise", "--data-dir", "/d", "--id", "x", "y"])), None);
+        assert_eq!(super::supervise_args(&args(&["run", "--", "echo"])), None);
+        assert!(super::is_launcher(&args(&["__launcher"])));
+        assert!(!super::is_launcher(&args(&["__launcher", "x"])));
+        assert!(!super::is_launcher(&args(&["run", "__launcher"])));
+        assert!(super::may_create(&args(&["--data-dir", "/d", "run", "--", "echo"])));
+        assert!(super::may_create(&args(&["create", "--image", "host"])));
+        assert!(!super::may_create(&args(&["ls"])));
+        assert!(!super::may_create(&args(&["exec", "sbx-1", "--", "run"])));
     }
 }

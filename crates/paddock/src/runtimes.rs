@@ -455,6 +455,10 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
             // more than its one create saves (measured, `dev/bench/cli-ab`).
             let forked = FORKED_LAUNCHER.lock().ok().and_then(|mut l| l.take());
             if serving {
+                // `main` forks one for an argument spelt `run` or `create`: not used here.
+                if let Some(launcher) = forked {
+                    launcher.close();
+                }
                 rt = rt.with_launcher();
             } else if let Some(launcher) = forked {
                 rt = rt.with_forked_launcher(launcher);
