@@ -63,18 +63,8 @@ impl std::fmt::Debug for Launcher {
 
 impl Drop for Launcher {
     fn drop(&mut self) {
-        // Closing the socket ends the launcher. Collect it if it already has, without waiting.
-        *self.state.get_mut() = State::Gone;
-        if let Ok(process) = self.process.get_mut() {
-            match process {
-                Process::Execd(child) => {
-                    let _ = child.try_wait();
-                }
-                Process::Forked(pid) => {
-                    let _ = rustix::process::waitpid(Some(*pid), rustix::process::WaitOptions::NOHANG);
-                }
-            }
-        }
+        // Collect it if it has ended already, without waiting.
+        self.end(false);
     }
 }
 
@@ -119,15 +109,25 @@ impl Launcher {
 
     /// Ends the launcher and waits until it is gone (for one that will not be used).
     pub fn close(mut self) {
+        self.end(true);
+    }
+
+    /// Closes the socket, which ends the launcher, and collects it: `wait`ing for it, or only
+    /// if it has ended already.
+    fn end(&mut self, wait: bool) {
         *self.state.get_mut() = State::Gone;
-        if let Ok(process) = self.process.get_mut() {
-            match process {
-                Process::Execd(child) => {
-                    let _ = child.wait();
-                }
-                Process::Forked(pid) => {
-                    let _ = rustix::process::waitpid(Some(*pid), rustix::process::WaitOptions::empty());
-                }
+        let Ok(process) = self.process.get_mut() else { return };
+        match process {
+            Process::Execd(child) if wait => {
+                let _ = child.wait();
+            }
+            Process::Execd(child) => {
+                let _ = child.try_wait();
+            }
+            Process::Forked(pid) => {
+                let flags =
+                    if wait { rustix::process::WaitOptions::empty() } else { rustix::process::WaitOptions::NOHANG };
+                let _ = rustix::process::waitpid(Some(*pid), flags);
             }
         }
     }

@@ -187,10 +187,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_body_that_is_large_or_awaits_100_continue_is_not_asked_for() {
-        // 64 MiB announced: answered at once, closing, without reading the body.
+        // 64 MiB announced: answered at once, closing, without waiting for the body.
         let (mut r, w) = connect().await;
+        let asked = std::time::Instant::now();
         let (head, _w) = send(&mut r, w, "/early", 64 << 20, 0).await;
         assert!(head.starts_with("http/1.1 400") && head.contains("\r\nconnection: close\r\n"), "{head}");
+        assert!(asked.elapsed() < super::DRAIN_TIME / 2, "the answer waited for the body: {:?}", asked.elapsed());
         // A client that waits for 100 Continue is answered with the refusal, never a 100.
         let (mut r, mut w) = connect().await;
         w.write_all(b"POST /early HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n")

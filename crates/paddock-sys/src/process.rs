@@ -22,14 +22,22 @@ const SANDBOX_NAMESPACES: libc::c_ulong = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS) as libc::c_ulong;
 
+/// `N` consecutive numeric fields of `/proc/self/stat` from field `first` (numbered as in
+/// proc(5), from 1; `first` is 3 or more).
+fn self_stat<const N: usize>(first: usize, what: &str) -> Result<[u64; N]> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last `)`,
+    // after which field 3 comes.
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().skip(first - 3).take(N).filter_map(|f| f.parse().ok()).collect())
+        .unwrap_or_default();
+    fields.try_into().map_err(|_| SysError::Other(format!("cannot read {what} from /proc/self/stat: {stat:?}")))
+}
+
 /// The number of threads of this process, from `/proc/self/stat`.
 pub(crate) fn thread_count() -> Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last `)`.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(17))
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| SysError::Other(format!("cannot read the thread count from /proc/self/stat: {stat:?}")))
+    self_stat::<1>(20, "the thread count").map(|[n]| n)
 }
 
 /// Fails unless the calling process has exactly one thread. Forking a multi-threaded process
@@ -365,20 +373,14 @@ mod tests {
 /// Where this process's original argument and environment strings lie in its memory
 /// (`arg_start`, `arg_end`, `env_end` of `/proc/self/stat`).
 fn arg_and_env_area() -> Result<(usize, usize, usize)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| SysError::path("read", "/proc/self/stat", e))?;
-    let fields: Vec<usize> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().skip(45).take(4).filter_map(|f| f.parse().ok()).collect())
-        .unwrap_or_default();
-    match fields[..] {
+    let what = "the argument and environment area";
+    match self_stat::<4>(48, what)?.map(|f| f as usize) {
         [arg_start, arg_end, env_start, env_end]
             if arg_start < arg_end && arg_end <= env_start && env_start <= env_end =>
         {
             Ok((arg_start, arg_end, env_end))
         }
-        _ => Err(SysError::Other(format!(
-            "cannot read the argument and environment area from /proc/self/stat: {stat:?}"
-        ))),
+        fields => Err(SysError::Other(format!("{what} in /proc/self/stat makes no sense: {fields:?}"))),
     }
 }
 
