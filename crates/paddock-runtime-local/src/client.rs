@@ -215,15 +215,23 @@ impl LocalRuntime {
         spec: &SandboxSpec,
         image: Option<crate::protocol::ImageRoot>,
     ) -> Result<SandboxInfo, RuntimeError> {
-        let start = protocol::Start { spec: spec.clone(), image };
+        let start = protocol::encode(&protocol::Start { spec: spec.clone(), image });
         if let Some(launcher) = &self.launcher {
             let (spec_in, spec_out) = pipe_fds()?;
             let (ready_in, ready_out) = pipe_fds()?;
+            // The spec waits in the pipe (as much as fits without blocking), so the forked
+            // supervisor reads it at once instead of after the launcher's answer reaches us.
+            // Only our end is non-blocking: the supervisor reads its stdin blocking.
+            let early = match rustix::io::ioctl_fionbio(&spec_out, true) {
+                Ok(()) => rustix::io::write(&spec_out, &start).unwrap_or(0),
+                Err(_) => 0,
+            };
             match launcher.launch(id, self.dd.root(), spec_in.as_fd(), ready_out.as_fd()).await {
                 Some(Ok(())) => {
                     // Only the supervisor holds these ends now, so its exit is an end of file.
                     drop((spec_in, ready_out));
-                    return self.handshake(id, &start, pipe_writer(spec_out)?, pipe_reader(ready_in)?, None).await;
+                    let (spec_out, ready_in) = (pipe_writer(spec_out)?, pipe_reader(ready_in)?);
+                    return self.handshake(id, &start[early..], spec_out, ready_in, None).await;
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "the supervisor launcher failed; sandbox supervisors are exec'd from now on")
@@ -255,12 +263,12 @@ impl LocalRuntime {
     async fn handshake(
         &self,
         id: &SandboxId,
-        start: &protocol::Start,
+        start: &[u8],
         mut stdin: impl tokio::io::AsyncWrite + Unpin,
         stdout: impl AsyncRead + Unpin,
         mut child: Option<tokio::process::Child>,
     ) -> Result<SandboxInfo, RuntimeError> {
-        stdin.write_all(&protocol::encode(start)).await.map_err(sys_err("sending the spec to the supervisor"))?;
+        stdin.write_all(start).await.map_err(sys_err("sending the spec to the supervisor"))?;
         drop(stdin);
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).await.map_err(sys_err("reading the supervisor's readiness"))?;

@@ -91,6 +91,11 @@ struct Supervisor {
     expires: Option<Instant>,
     /// The root is an image from the store, whose lease ends with the sandbox.
     image_root: bool,
+    /// The sandbox's mount namespace, held so that unmounting its view (the kernel does it
+    /// when the last holder goes) follows a destroy's answer instead of preceding the init's
+    /// exit. Only for a view no later sandbox could mount again (no workspace image, volume
+    /// or image root): a filesystem image must be unmounted before its workspace is handed on.
+    mount_ns: Option<OwnedFd>,
 }
 
 fn now_ms() -> u64 {
@@ -370,6 +375,8 @@ impl Supervisor {
             return Err(e);
         }
 
+        let mount_ns =
+            if private_mounts { None } else { File::open(format!("/proc/{init_pid}/ns/mnt")).ok().map(OwnedFd::from) };
         let listener = listen(&dd.socket(&id))?;
         let signals = sp::signal_fd(&[rustix::process::Signal::TERM.as_raw(), rustix::process::Signal::INT.as_raw()])
             .map_err(sys("signalfd"))?;
@@ -398,6 +405,7 @@ impl Supervisor {
             signals,
             expires,
             image_root: writable_root,
+            mount_ns,
         })
     }
 
@@ -565,6 +573,7 @@ impl Supervisor {
             Request::Destroy => {
                 self.teardown();
                 send(&conn, &Reply::Ok);
+                drop(self.mount_ns.take());
                 // The image store syncs its lease list to disk (milliseconds): the caller need
                 // not wait for that bookkeeping, only for the sandbox to be gone.
                 self.release_image();

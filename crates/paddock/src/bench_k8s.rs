@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::bench::{Progress, Stats};
 
-/// `--iterations` (default 10 here) and `--quick` (3) are shared with the local benchmark.
+// `--iterations` (default 10 here) and `--quick` (3) are shared with the local benchmark.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Kubernetes benchmark")]
 pub struct KubeBenchArgs {

@@ -40,6 +40,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Only the subcommand given is built: a `run` skips building every other command's arguments.
+#[command(defer = true)]
 pub enum Command {
     /// Run one command in a new sandbox, stream its output, exit with its exit code, and
     /// remove the sandbox (a --workspace is kept).
@@ -143,17 +145,15 @@ pub enum Command {
         #[arg(long, default_value = "168h", value_parser = parse_duration)]
         ttl: std::time::Duration,
     },
+    // `--data-dir` is the global one: subcommands are built on demand, after the globals are
+    // given to them, so an argument of their own with a global's name would be a second one.
     #[command(name = "__supervise", hide = true)]
     Supervise {
-        #[arg(long)]
-        data_dir: PathBuf,
         #[arg(long)]
         id: String,
     },
     #[command(name = "__egress", hide = true)]
     EgressEnforcer {
-        #[arg(long)]
-        data_dir: PathBuf,
         #[arg(long)]
         id: String,
     },
@@ -803,4 +803,32 @@ async fn copy(rt: &dyn Runtime, src: &str, dst: &str, json: bool) -> Result<u8> 
         (None, None) => bail!("neither {src:?} nor {dst:?} names a sandbox path: write one as SANDBOX_ID:/path"),
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Subcommands are built only when given (`defer`): the help of each must still be the
+    /// one its variant's doc comment gives, not a doc comment of the struct behind it.
+    #[test]
+    fn every_subcommand_keeps_its_own_summary_when_built_on_demand() {
+        let mut cli = super::Cli::command();
+        cli.build();
+        let about = |name: &str| {
+            let sub = cli.find_subcommand(name).unwrap_or_else(|| panic!("no subcommand {name}"));
+            sub.get_about().map(|a| a.to_string()).unwrap_or_default()
+        };
+        assert_eq!(about("image"), "OCI images for sandbox roots: pull, ls, rm, prune, import");
+        assert_eq!(about("bench"), "Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md)");
+        assert_eq!(about("serve"), "Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces)");
+        for sub in cli.get_subcommands() {
+            let text = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+            assert!(sub.is_hide_set() || !text.is_empty() && !text.starts_with('`'), "{}: {text:?}", sub.get_name());
+            // Every subcommand still takes the runtime options the top level declares global.
+            if sub.get_name() != "help" {
+                assert!(sub.get_arguments().any(|a| a.get_id() == "namespace"), "{}", sub.get_name());
+            }
+        }
+    }
 }

@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 use paddock_core::units::format_bytes;
 use paddock_image::{Credentials, Image, ImageInfo, Progress, PullOptions, RegistryConfig, Store};
 
-/// `paddock image …`; registries come from the global `--registry-mirror` and
-/// `--insecure-registry`, which `serve` uses too.
+// `paddock image …`; registries come from the global `--registry-mirror` and
+// `--insecure-registry`, which `serve` uses too.
 #[derive(Debug, Args)]
 pub struct ImageArgs {
     #[command(subcommand)]

@@ -39,14 +39,14 @@ fn main() -> ExitCode {
         }
     }
     let args = cli::Cli::parse();
-    if let cli::Command::Supervise { data_dir, id } = &args.command {
-        return supervise(data_dir, id);
+    if let cli::Command::Supervise { id } = &args.command {
+        return supervise(&args.data_dir, id);
     }
     // The egress enforcer enters a sandbox's network namespace on its only thread, so it
     // starts its own (single-threaded) async runtime after that.
-    if let cli::Command::EgressEnforcer { data_dir, id } = &args.command {
+    if let cli::Command::EgressEnforcer { id } = &args.command {
         return match paddock_core::runtime::SandboxId::parse(id) {
-            Ok(id) => ExitCode::from(paddock_runtime_local::egress::main(data_dir, &id) as u8),
+            Ok(id) => ExitCode::from(paddock_runtime_local::egress::main(&args.data_dir, &id) as u8),
             Err(e) => {
                 eprintln!("paddock: {e}");
                 ExitCode::from(2)

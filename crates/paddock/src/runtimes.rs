@@ -356,7 +356,7 @@ Seccomp:	2
     report
 }
 
-/// `paddock bench`'s arguments for either runtime.
+// `paddock bench`'s arguments for either runtime.
 #[derive(Debug, clap::Args)]
 pub struct AnyBenchArgs {
     #[command(flatten)]

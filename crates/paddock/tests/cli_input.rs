@@ -250,6 +250,20 @@ fn long_thread(len: usize) -> String {
 }
 
 #[tokio::test]
+async fn a_spec_larger_than_a_pipe_holds_reaches_a_launched_supervisor_whole() {
+    let cli = Cli::new();
+    // The spec is put in the supervisor's pipe before the launcher forks it, as much as fits
+    // (64 KiB at most); the rest must follow once it runs. Two 100 000-byte variables make a
+    // spec of about 200 KiB.
+    let (a, b) = (format!("A={}", "a".repeat(100_000)), format!("B={}", "b".repeat(100_000)));
+    let args = ["run", "--env", &a, "--env", &b, "--", "sh", "-c", "echo ${#A} ${#B} ${A%%a*}${B%%b*}end"];
+    let out = cli.via_python(&args, ("PADDOCK_TEST_UNUSED", "x"), None).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.stdout.trim(), "100000 100000 end", "{out:?}");
+    assert!(cli.data().join("sandboxes").read_dir().unwrap().next().is_none(), "run left its sandbox behind");
+}
+
+#[tokio::test]
 async fn a_cli_create_forks_its_supervisor_from_a_launcher_that_kept_nothing_of_the_caller() {
     let cli = Cli::new();
     let secret = ("PADDOCK_TEST_CALLER_SECRET", "caller-secret-7f3a9e01");
