@@ -574,8 +574,8 @@ impl Supervisor {
                 self.teardown();
                 send(&conn, &Reply::Ok);
                 drop(self.mount_ns.take());
-                // The image store syncs its lease list to disk (milliseconds): the caller need
-                // not wait for that bookkeeping, only for the sandbox to be gone.
+                // The caller need not wait for the image store's lease bookkeeping, only for
+                // the sandbox to be gone.
                 self.release_image();
                 return true;
             }

@@ -256,11 +256,16 @@ async fn a_spec_larger_than_a_pipe_holds_reaches_a_launched_supervisor_whole() {
     // (64 KiB at most); the rest must follow once it runs. Two 100 000-byte variables make a
     // spec of about 200 KiB.
     let (a, b) = (format!("A={}", "a".repeat(100_000)), format!("B={}", "b".repeat(100_000)));
-    let args = ["run", "--env", &a, "--env", &b, "--", "sh", "-c", "echo ${#A} ${#B} ${A%%a*}${B%%b*}end"];
-    let out = cli.via_python(&args, ("PADDOCK_TEST_UNUSED", "x"), None).await;
+    let out = cli.via_python(&["create", "--env", &a, "--env", &b], ("PADDOCK_TEST_UNUSED", "x"), None).await;
     assert_eq!(out.code, 0, "{out:?}");
+    let id = out.stdout.trim().to_owned();
+    // Launched, not exec'd: the path that writes the spec early.
+    let supervisor = supervisor_pid(cli.data(), &id);
+    let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&cmdline).trim_end_matches('\0'), "paddock __launcher");
+    let out = cli.run(&["exec", &id, "--", "sh", "-c", "echo ${#A} ${#B} ${A%%a*}${B%%b*}end"]).await;
     assert_eq!(out.stdout.trim(), "100000 100000 end", "{out:?}");
-    assert!(cli.data().join("sandboxes").read_dir().unwrap().next().is_none(), "run left its sandbox behind");
+    cli.ok(&["rm", &id]).await;
 }
 
 #[tokio::test]
