@@ -1,17 +1,15 @@
 //! The two fences applied to the sandbox's init before it runs anything: a seccomp filter and a
 //! Landlock ruleset. Both are inherited by every process the init starts and cannot be lifted.
 
-use std::collections::BTreeMap;
-
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
     path_beneath_rules,
 };
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
+use seccompiler::BpfProgram;
 
 use crate::{Result, SysError};
+
+mod tree;
 
 /// Syscalls a sandboxed process never needs and that widen the kernel surface or break the
 /// boundary: they fail with EPERM.
@@ -95,8 +93,9 @@ const DENIED_SYSCALLS: &[i64] = &[
 /// report a 32-bit machine). Denied are the flags that weaken the process's own hardening for
 /// whatever it execs next: ADDR_NO_RANDOMIZE turns ASLR off, READ_IMPLIES_EXEC makes every
 /// readable mapping executable (so injected data runs), and the rest are legacy emulation
-/// switches; nothing a sandboxed program needs depends on them.
-const ALLOWED_PERSONALITIES: &[u64] = &[0, 8, 0xffff_ffff];
+/// switches; nothing a sandboxed program needs depends on them. The kernel takes the argument
+/// as an unsigned int, so the low 32 bits are what counts.
+const ALLOWED_PERSONALITIES: &[u32] = &[0, 8, 0xffff_ffff];
 
 /// Syscalls that set a file's mode, and which argument holds it. A set-uid or set-gid bit is
 /// refused (EPERM) on all of them: a file a sandbox makes in a volume or workspace lives on
@@ -120,6 +119,9 @@ const MODE_SETTING: &[(i64, u8)] = &[
     (libc::SYS_mknodat, 2),
 ];
 
+/// The set-uid and set-gid mode bits [`MODE_SETTING`] refuses.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
+
 /// fchmodat2 (Linux 6.6) has the same number on every architecture Paddock builds for.
 const SYS_FCHMODAT2: i64 = 452;
 
@@ -129,129 +131,58 @@ const SYS_FCHMODAT2: i64 = 452;
 const OPAQUE_ARGUMENTS: &[i64] = &[libc::SYS_clone3, libc::SYS_openat2];
 
 /// Socket families a sandbox never needs that carry a large, bug-prone kernel surface.
-const DENIED_SOCKET_FAMILIES: &[u64] =
-    &[libc::AF_ALG as u64, libc::AF_KEY as u64, libc::AF_PACKET as u64, libc::AF_VSOCK as u64];
+const DENIED_SOCKET_FAMILIES: &[u32] =
+    &[libc::AF_ALG as u32, libc::AF_KEY as u32, libc::AF_PACKET as u32, libc::AF_VSOCK as u32];
 
-/// `clone` flags that would create namespaces.
-const NAMESPACE_FLAGS: &[u64] = &[
-    libc::CLONE_NEWNS as u64,
-    libc::CLONE_NEWUSER as u64,
-    libc::CLONE_NEWPID as u64,
-    libc::CLONE_NEWNET as u64,
-    libc::CLONE_NEWIPC as u64,
-    libc::CLONE_NEWUTS as u64,
-    libc::CLONE_NEWCGROUP as u64,
-    0x80, // CLONE_NEWTIME
-];
+/// `clone` flags that would create namespaces (all in the low 32 bits of the flags).
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP
+    | 0x80) as u32; // CLONE_NEWTIME
 
 /// Terminal ioctls that push input into (or hijack) a terminal the sandbox was handed: a
 /// sandboxed process given the caller's tty as stdout must not type commands into its shell.
-const DENIED_IOCTLS: &[u64] = &[libc::TIOCSTI, libc::TIOCLINUX];
+/// The kernel compares the request as an unsigned int.
+const DENIED_IOCTLS: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
-/// The seccomp filters of a sandbox, compiled ahead of the clone so the child only installs them.
+/// The seccomp filter of a sandbox, compiled ahead of the clone so the child only installs it.
+/// It refuses with EPERM the denied syscalls, namespace-creating clones, set-id modes, terminal
+/// injection, bug-prone socket families and personality flags; with ENOSYS clone3 and openat2
+/// (see [`OPAQUE_ARGUMENTS`]) and the syscall numbers of other ABIs (x32), which reach the
+/// same kernel functions under numbers the rules do not name.
 pub struct SeccompProgram {
-    /// EPERM for the denied syscalls, namespace-creating clones, terminal injection and
-    /// personality flags.
-    deny: BpfProgram,
-    /// ENOSYS for clone3 and openat2 (see [`OPAQUE_ARGUMENTS`]).
-    clone3: BpfProgram,
-    /// ENOSYS for syscall numbers of other ABIs (x32).
-    abi: BpfProgram,
+    filter: BpfProgram,
 }
 
-fn arch() -> TargetArch {
-    #[cfg(target_arch = "x86_64")]
-    return TargetArch::x86_64;
-    #[cfg(target_arch = "aarch64")]
-    return TargetArch::aarch64;
-    #[cfg(target_arch = "riscv64")]
-    return TargetArch::riscv64;
+/// Every syscall with a rule, and the rule.
+fn rules() -> Vec<(u32, tree::Rule)> {
+    use tree::Rule;
+    let nr = |n: i64| u32::try_from(n).expect("syscall numbers are small");
+    let mut rules: Vec<(u32, Rule)> = DENIED_SYSCALLS.iter().map(|n| (nr(*n), Rule::Deny)).collect();
+    rules.extend(OPAQUE_ARGUMENTS.iter().map(|n| (nr(*n), Rule::NoSys)));
+    rules.extend(MODE_SETTING.iter().map(|(n, arg)| (nr(*n), Rule::AnyBit { arg: *arg, mask: SET_ID_BITS })));
+    rules.extend([
+        (nr(libc::SYS_clone), Rule::AnyBit { arg: 0, mask: NAMESPACE_FLAGS }),
+        (nr(libc::SYS_ioctl), Rule::OneOf { arg: 1, values: DENIED_IOCTLS }),
+        (nr(libc::SYS_socket), Rule::OneOf { arg: 0, values: DENIED_SOCKET_FAMILIES }),
+        (nr(libc::SYS_personality), Rule::NoneOf { arg: 0, values: ALLOWED_PERSONALITIES }),
+    ]);
+    rules
 }
 
-fn seccomp_err(e: impl std::fmt::Display) -> SysError {
-    SysError::Other(format!("building the seccomp filter failed: {e}"))
-}
-
-/// Compiles the sandbox's seccomp filters.
+/// Compiles the sandbox's seccomp filter.
 pub fn compile_seccomp() -> Result<SeccompProgram> {
-    let masked = |arg: u8, flag: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(seccomp_err)
-    };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS.iter().map(|s| (*s, Vec::new())).collect();
-    rules.insert(libc::SYS_clone, NAMESPACE_FLAGS.iter().map(|f| masked(0, *f)).collect::<Result<_>>()?);
-    // One rule per value: the syscall matches when its argument equals any of them.
-    let any_of = |arg: u8, values: &[u64]| -> Result<Vec<SeccompRule>> {
-        values
-            .iter()
-            .map(|v| {
-                SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *v)
-                    .and_then(|c| SeccompRule::new(vec![c]))
-                    .map_err(seccomp_err)
-            })
-            .collect()
-    };
-    rules.insert(libc::SYS_ioctl, any_of(1, DENIED_IOCTLS)?);
-    for (nr, arg) in MODE_SETTING {
-        let bit = |b: u64| {
-            SeccompCondition::new(*arg, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(b), b)
-                .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(seccomp_err)
-        };
-        rules.insert(*nr, vec![bit(libc::S_ISUID as u64)?, bit(libc::S_ISGID as u64)?]);
-    }
-    rules.insert(libc::SYS_socket, any_of(0, DENIED_SOCKET_FAMILIES)?);
-    // One rule whose conditions all hold (the value is none of the allowed ones). The kernel
-    // takes the argument as an unsigned int, so the low 32 bits are what counts.
-    let not_allowed = ALLOWED_PERSONALITIES
-        .iter()
-        .map(|v| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *v).map_err(seccomp_err))
-        .collect::<Result<Vec<_>>>()?;
-    rules.insert(libc::SYS_personality, vec![SeccompRule::new(not_allowed).map_err(seccomp_err)?]);
-    let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch())
-        .map_err(seccomp_err)?;
-    let clone3 = SeccompFilter::new(
-        OPAQUE_ARGUMENTS.iter().map(|nr| (*nr, Vec::new())).collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch(),
-    )
-    .map_err(seccomp_err)?;
-    Ok(SeccompProgram {
-        deny: deny.try_into().map_err(seccomp_err)?,
-        clone3: clone3.try_into().map_err(seccomp_err)?,
-        abi: other_abis(),
-    })
+    Ok(SeccompProgram { filter: tree::compile(&rules()) })
 }
 
-/// A filter for the syscall numbers the denylist does not cover: on x86_64, x32 numbers (bit
-/// 30 set) reach the same kernel functions under other numbers, so every one of them is
-/// ENOSYS. seccompiler filters by exact number only, so this one is written out by hand.
-fn other_abis() -> BpfProgram {
-    use seccompiler::sock_filter;
-    const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
-    const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    let stmt = |code, k| sock_filter { code, jt: 0, jf: 0, k };
-    if cfg!(target_arch = "x86_64") {
-        vec![
-            stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
-            sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
-            stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-            stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
-        ]
-    } else {
-        vec![stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW)]
-    }
-}
-
-/// Installs the filters on the calling thread (no_new_privs must already be set).
+/// Installs the filter on the calling thread (no_new_privs must already be set).
 pub fn apply_seccomp(program: &SeccompProgram) -> Result<()> {
-    seccompiler::apply_filter(&program.abi).map_err(seccomp_err)?;
-    seccompiler::apply_filter(&program.clone3).map_err(seccomp_err)?;
-    seccompiler::apply_filter(&program.deny).map_err(seccomp_err)
+    seccompiler::apply_filter(&program.filter)
+        .map_err(|e| SysError::Other(format!("installing the seccomp filter failed: {e}")))
 }
 
 /// Paths of the sandbox's own view that stay writable; everything else is read-only.
@@ -307,11 +238,135 @@ pub fn set_no_new_privs() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use seccompiler::{SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule};
+
     use super::*;
 
+    /// The filters Paddock installed before the tree, built with seccompiler from the same
+    /// tables, newest (evaluated first) first: the rules, clone3/openat2, other ABIs.
+    fn linear_filters() -> Vec<BpfProgram> {
+        let arch = if cfg!(target_arch = "x86_64") {
+            seccompiler::TargetArch::x86_64
+        } else if cfg!(target_arch = "aarch64") {
+            seccompiler::TargetArch::aarch64
+        } else {
+            seccompiler::TargetArch::riscv64
+        };
+        let rule = |arg: u8, len, op, v: u32| {
+            SeccompRule::new(vec![SeccompCondition::new(arg, len, op, u64::from(v)).unwrap()]).unwrap()
+        };
+        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS.iter().map(|s| (*s, vec![])).collect();
+        let bits = |mask: u32| (0..32).map(move |b| 1u32 << b).filter(move |b| mask & b != 0);
+        let masked = |arg, len, b| rule(arg, len, SeccompCmpOp::MaskedEq(u64::from(b)), b);
+        rules.insert(libc::SYS_clone, bits(NAMESPACE_FLAGS).map(|b| masked(0, SeccompCmpArgLen::Qword, b)).collect());
+        for (nr, arg) in MODE_SETTING {
+            rules.insert(*nr, bits(SET_ID_BITS).map(|b| masked(*arg, SeccompCmpArgLen::Dword, b)).collect());
+        }
+        let any_of = |arg, values: &[u32]| {
+            values.iter().map(|v| rule(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *v)).collect::<Vec<_>>()
+        };
+        rules.insert(libc::SYS_ioctl, any_of(1, DENIED_IOCTLS));
+        rules.insert(libc::SYS_socket, any_of(0, DENIED_SOCKET_FAMILIES));
+        let none_of = ALLOWED_PERSONALITIES
+            .iter()
+            .map(|v| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, u64::from(*v)).unwrap())
+            .collect();
+        rules.insert(libc::SYS_personality, vec![SeccompRule::new(none_of).unwrap()]);
+        let errno = |e: i32| SeccompAction::Errno(e as u32);
+        let deny = SeccompFilter::new(rules, SeccompAction::Allow, errno(libc::EPERM), arch).unwrap();
+        let opaque = OPAQUE_ARGUMENTS.iter().map(|nr| (*nr, vec![])).collect();
+        let clone3 = SeccompFilter::new(opaque, SeccompAction::Allow, errno(libc::ENOSYS), arch).unwrap();
+        let x32 = if cfg!(target_arch = "x86_64") {
+            vec![
+                seccompiler::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 },
+                seccompiler::sock_filter { code: 0x35, jt: 0, jf: 1, k: 0x4000_0000 },
+                seccompiler::sock_filter { code: 0x06, jt: 0, jf: 0, k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32 },
+                seccompiler::sock_filter { code: 0x06, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+            ]
+        } else {
+            vec![seccompiler::sock_filter { code: 0x06, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW }]
+        };
+        vec![deny.try_into().unwrap(), clone3.try_into().unwrap(), x32]
+    }
+
+    /// What the kernel returns for stacked filters: the most restrictive action (compared as
+    /// signed, so KILL_PROCESS wins), the first one evaluated among equals.
+    fn stacked(filters: &[BpfProgram], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let mut verdict = libc::SECCOMP_RET_ALLOW;
+        for f in filters {
+            let r = tree::run(f, nr, arch, args);
+            if ((r & libc::SECCOMP_RET_ACTION_FULL) as i32) < ((verdict & libc::SECCOMP_RET_ACTION_FULL) as i32) {
+                verdict = r;
+            }
+        }
+        verdict
+    }
+
     #[test]
-    fn seccomp_filters_compile() {
-        let p = compile_seccomp().unwrap();
-        assert!(!p.deny.is_empty() && !p.clone3.is_empty() && !p.abi.is_empty());
+    fn the_tree_decides_every_syscall_and_argument_as_the_linear_filters_did() {
+        let tree = compile_seccomp().unwrap().filter;
+        let linear = linear_filters();
+        let arch = tree::run(&tree, 0, 0, [0; 6]); // a wrong arch kills
+        assert_eq!(arch, libc::SECCOMP_RET_KILL_PROCESS);
+        // Every value the rules name, alone, combined and with high bits set, plus edges.
+        let named = [DENIED_IOCTLS, DENIED_SOCKET_FAMILIES, ALLOWED_PERSONALITIES]
+            .concat()
+            .into_iter()
+            .chain((0..32).map(|b| 1u32 << b))
+            .chain([NAMESPACE_FLAGS, SET_ID_BITS, 0o755, 0o4755, 0o2755, 8 | 0x0040000, 0x0400000, 7, 0x5401])
+            .collect::<Vec<u32>>();
+        let mut values: Vec<u64> = vec![0, 1, u64::MAX, 1 << 32];
+        for v in named {
+            values.extend([u64::from(v), u64::from(v) | (1 << 32), u64::from(v) | 0xffff_ffff_0000_0000]);
+        }
+        let numbers = (0..600u32).chain((0..600).map(|n| n | 0x4000_0000)).chain([u32::MAX, 0x8000_0000]);
+        let mut checked = 0;
+        let mut denied = 0;
+        // Arguments matter only to the syscalls with argument rules; every other number is
+        // checked with a few argument values.
+        let with_arguments: Vec<u32> = rules()
+            .into_iter()
+            .filter(|(_, r)| !matches!(r, tree::Rule::Deny | tree::Rule::NoSys))
+            .map(|(nr, _)| nr)
+            .collect();
+        for nr in numbers {
+            let values = if with_arguments.contains(&nr) { &values[..] } else { &values[..4] };
+            for value in values {
+                for arg in 0..4 {
+                    let mut args = [0u64; 6];
+                    args[arg] = *value;
+                    let want = stacked(&linear, nr, tree_arch(), args);
+                    let got = tree::run(&tree, nr, tree_arch(), args);
+                    assert_eq!(got, want, "syscall {nr} argument {arg} = {value:#x}");
+                    checked += 1;
+                    denied += usize::from(got != libc::SECCOMP_RET_ALLOW);
+                }
+            }
+        }
+        // The comparison means something only if both verdicts occur often.
+        assert!(denied > checked / 4 && denied < checked, "{denied} of {checked} denied");
+    }
+
+    /// The AUDIT_ARCH the tree expects, read back from its own first comparison.
+    fn tree_arch() -> u32 {
+        compile_seccomp().unwrap().filter[1].k
+    }
+
+    #[test]
+    fn any_syscall_is_decided_in_a_few_steps() {
+        let tree = compile_seccomp().unwrap().filter;
+        let linear = linear_filters();
+        let most = |filters: &[&BpfProgram]| {
+            (0..600)
+                .map(|nr| filters.iter().map(|f| tree::run_counting(f, nr, tree_arch(), [0; 6]).1).sum::<usize>())
+                .max()
+                .unwrap()
+        };
+        let (tree_steps, linear_steps) = (most(&[&tree]), most(&linear.iter().collect::<Vec<_>>()));
+        // Arch, number, x32 check, at most eight comparisons, the rule's block.
+        assert!(tree_steps <= 20, "tree takes up to {tree_steps} steps (linear: {linear_steps})");
+        assert!(linear_steps > 4 * tree_steps, "tree {tree_steps} steps, linear {linear_steps}");
     }
 }
