@@ -13,7 +13,6 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::Parser;
 
 fn main() -> ExitCode {
     // Every create starts a supervisor: spare it building the whole CLI's parser (about half a
@@ -38,7 +37,7 @@ fn main() -> ExitCode {
             runtimes::give_forked_launcher(launcher);
         }
     }
-    let args = cli::Cli::parse();
+    let args = cli::Cli::parse_command_line();
     if let cli::Command::Supervise { id } = &args.command {
         return supervise(&args.data_dir, id);
     }
