@@ -28,18 +28,15 @@ use crate::protocol::{self, Control, InitRequest, Reply, WireError};
 
 /// Everything the child needs, prepared by the supervisor before the clone.
 pub struct ChildSetup {
-    /// Becomes readable once the supervisor has written the id maps and cgroup membership.
+    /// Becomes readable once the supervisor has written the id maps and the cgroup v2
+    /// membership; the v1 cgroups follow on `control` (see [`send_cgroups`]).
     pub go: OwnedFd,
     /// Where the child reports `ok` or why setup failed.
     pub status: OwnedFd,
     /// The init's end of the control socket to the supervisor.
     pub control: OwnedFd,
-    /// The sandbox's v1 `tasks` files, opened by the supervisor, for the init to join them.
-    pub v1_tasks: Vec<File>,
     pub plan: RootPlan,
     pub seccomp: SeccompProgram,
-    /// Read-only handle on the sandbox's OOM counter, to tell an OOM kill from other kills.
-    pub oom_counter: Option<File>,
     pub uid: u32,
     pub gid: u32,
     pub hostname: String,
@@ -47,10 +44,10 @@ pub struct ChildSetup {
 
 /// Runs in the cloned child; never returns.
 pub fn child_main(setup: ChildSetup) -> ! {
-    let ChildSetup { go, status, control, v1_tasks, plan, seccomp, oom_counter, uid, gid, hostname } = setup;
+    let ChildSetup { go, status, control, plan, seccomp, uid, gid, hostname } = setup;
     let mut status = File::from(status);
-    match build(go, v1_tasks, &plan, &seccomp, uid, gid, &hostname) {
-        Ok((sigchld, readiness)) => {
+    match build(go, &control, &plan, &seccomp, uid, gid, &hostname) {
+        Ok((sigchld, readiness, oom_counter)) => {
             let _ = status.write_all(b"ok\n");
             drop(status);
             let code = Init { control, sigchld, readiness, oom_counter, running: HashMap::new() }.run();
@@ -63,15 +60,41 @@ pub fn child_main(setup: ChildSetup) -> ! {
     }
 }
 
+/// Hands the sandbox's init the `tasks` files of its v1 cgroups (opened by the supervisor, for
+/// [`join_v1`](paddock_sys::cgroup::join_v1)) and a read-only handle on its OOM counter, to
+/// tell an OOM kill from other kills. Sent once, after `go`.
+pub fn send_cgroups(control: &OwnedFd, v1_tasks: &[File], oom_counter: Option<&File>) -> std::io::Result<()> {
+    let fds: Vec<_> = v1_tasks.iter().chain(oom_counter).map(|f| f.as_fd()).collect();
+    let count = u8::try_from(v1_tasks.len()).expect("a handful of cgroup hierarchies");
+    fdpass::send(control, &[count], &fds)
+}
+
+/// What [`send_cgroups`] sent: the `tasks` files and the OOM counter.
+fn receive_cgroups(control: &OwnedFd) -> Result<(Vec<File>, Option<File>), String> {
+    let (body, fds) = fdpass::recv(control, RecvFlags::empty())
+        .map_err(|e| format!("receiving the sandbox cgroups from the supervisor: {e}"))?;
+    let [count] = body[..] else {
+        return Err("the supervisor went away before passing the sandbox its cgroups".into());
+    };
+    let mut files: Vec<File> = fds.into_iter().map(File::from).collect();
+    let oom_counter = if files.len() > usize::from(count) { files.pop() } else { None };
+    if files.len() != usize::from(count) {
+        return Err(format!("the supervisor passed {} of {count} cgroups", files.len()));
+    }
+    Ok((files, oom_counter))
+}
+
+type Built = (OwnedFd, Option<OwnedFd>, Option<File>);
+
 fn build(
     go: OwnedFd,
-    v1_tasks: Vec<File>,
+    control: &OwnedFd,
     plan: &RootPlan,
     seccomp: &SeccompProgram,
     uid: u32,
     gid: u32,
     hostname: &str,
-) -> Result<(OwnedFd, Option<OwnedFd>), String> {
+) -> Result<Built, String> {
     // If the supervisor dies, the sandbox must not outlive it unsupervised.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
@@ -83,16 +106,19 @@ fn build(
     // Cloned with the host's filesystem ids (to be created in its cgroup): take the sandbox's
     // own now that they are mapped, before touching any file.
     sp::set_fs_ids(uid, gid).map_err(|e| e.to_string())?;
-    paddock_sys::cgroup::join_v1(&v1_tasks).map_err(|e| format!("joining the sandbox cgroups: {e}"))?;
-    // Written with root's credentials: never kept past this point.
-    drop(v1_tasks);
-    sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
     // Read from the skeleton before the pivot; the paths are the sandbox's own.
     let mut writable_root_dirs = plan.writable_dirs().map_err(|e| e.to_string())?;
     writable_root_dirs.extend(plan.writable_volumes());
     plan.enter().map_err(|e| format!("building the sandbox filesystem failed: {e}"))?;
     rustix::system::sethostname(hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     sp::bring_up_loopback().map_err(|e| e.to_string())?;
+    // Made by the supervisor meanwhile; joined before anything of the sandbox's own runs,
+    // and before the cgroup namespace is made, so that they are its root.
+    let (v1_tasks, oom_counter) = receive_cgroups(control)?;
+    paddock_sys::cgroup::join_v1(&v1_tasks).map_err(|e| format!("joining the sandbox cgroups: {e}"))?;
+    // Written with root's credentials: never kept past this point.
+    drop(v1_tasks);
+    sp::unshare_cgroup_namespace().map_err(|e| e.to_string())?;
     let readiness = readiness_listener();
     // Blocked before anything is forked, so no child's exit is missed.
     let sigchld = sp::signal_fd(&[Signal::CHILD.as_raw()]).map_err(|e| e.to_string())?;
@@ -106,7 +132,7 @@ fn build(
     paddock_sys::fence::apply_landlock(&landlock).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
-    Ok((sigchld, readiness))
+    Ok((sigchld, readiness, oom_counter))
 }
 
 /// The port the code-interpreter SDK probes (`bash -c 'exec 3<>/dev/tcp/127.0.0.1/44771'`)

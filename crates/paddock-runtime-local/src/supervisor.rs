@@ -32,6 +32,14 @@ use crate::init::{ChildSetup, child_main};
 use crate::layout::DataDir;
 use crate::protocol::{self, ImageRoot, InitRequest, Ready, Record, Reply, Request, WireError};
 
+/// A sandbox's cgroups while it starts: the ones made before its init is cloned, and what
+/// making the rest takes.
+struct Cgroups<'a> {
+    made: SandboxCgroup,
+    layout: &'a CgroupLayout,
+    limits: Limits,
+}
+
 /// The cgroup under which every sandbox's cgroup is created.
 pub const CGROUP_PARENT: &str = "paddock";
 
@@ -127,12 +135,18 @@ impl Supervisor {
             pids: spec.resources.pids,
             millicpus: Some(spec.resources.millicpus),
         };
-        let cgroup = layout.create(CGROUP_PARENT, id.as_str(), &limits).map_err(sys("creating the sandbox cgroup"))?;
-        match Self::start_in_cgroup(dd, id, spec, image, cgroup.clone()) {
+        let cgroup = layout
+            .create_before_clone(CGROUP_PARENT, id.as_str(), &limits)
+            .map_err(sys("creating the sandbox cgroup"))?;
+        let name = id.as_str().to_owned();
+        match Self::start_in_cgroup(dd, id, spec, image, Cgroups { made: cgroup, layout: &layout, limits }) {
             Ok(s) => Ok(s),
             Err(e) => {
-                let _ = cgroup.kill_all(Duration::from_secs(2));
-                let _ = cgroup.remove(Duration::from_secs(1));
+                // Whatever of the sandbox's cgroups exists by now: the v1 ones are made after
+                // the clone.
+                let made = layout.existing(CGROUP_PARENT, &name);
+                let _ = made.kill_all(Duration::from_secs(2));
+                let _ = made.remove(Duration::from_secs(1));
                 Err(e)
             }
         }
@@ -145,7 +159,7 @@ impl Supervisor {
         id: SandboxId,
         spec: SandboxSpec,
         image: Option<ImageRoot>,
-        cgroup: SandboxCgroup,
+        cgroup: Cgroups<'_>,
     ) -> Result<Self, RuntimeError> {
         let ids = match &spec.workspace {
             Some(w) => identity::of_workspace(&dd, &resource_name(&w.thread, w.naming), &spec.user, false)?,
@@ -164,9 +178,10 @@ impl Supervisor {
         id: SandboxId,
         spec: SandboxSpec,
         image: Option<ImageRoot>,
-        cgroup: SandboxCgroup,
+        cgroups: Cgroups<'_>,
         ids: HostIds,
     ) -> Result<Self, RuntimeError> {
+        let mut cgroup = cgroups.made;
         // Only root and the sandbox's own group may pass: other host users never reach its
         // files, even ones it made world-readable or set-id.
         let own_dir = dd.sandbox(&id);
@@ -302,7 +317,6 @@ impl Supervisor {
             shadowed,
         };
         let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
-        let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
         let (control, init_control) =
             fdpass::seqpacket_pair().map_err(|e| RuntimeError::System(format!("socketpair: {e}")))?;
         let (go_r, go_w) = pipe()?;
@@ -311,9 +325,9 @@ impl Supervisor {
 
         let host = (ids.uid, ids.gid);
         // The init joins its cgroups without the host-wide migration lock: created straight
-        // into the cgroup2 one, and moving itself into the v1 ones (see `join_v1`).
+        // into the cgroup2 one, and moving itself into the v1 ones (see `join_v1`), which are
+        // made while it builds its filesystem.
         let cgroup2 = cgroup.unified_dir().transpose().map_err(sys("opening the sandbox cgroup"))?;
-        let v1_tasks = cgroup.v1_task_files().map_err(sys("opening the sandbox cgroup"))?;
         // The new user namespace is owned by the sandbox's host identity, not by root.
         let forked = match sp::clone_into_new_namespaces_owned_by(host.0, host.1, cgroup2.as_ref().map(|d| d.as_fd())) {
             Err(e) if cgroup2.is_some() && sp::clone_into_cgroup_unsupported(&e) => {
@@ -329,10 +343,8 @@ impl Supervisor {
                     go: go_r,
                     status: status_w,
                     control: init_control,
-                    v1_tasks,
                     plan,
                     seccomp,
-                    oom_counter,
                     uid,
                     gid,
                     hostname: id.to_string(),
@@ -340,7 +352,7 @@ impl Supervisor {
             }
             Forked::Parent(pid) => pid,
         };
-        drop((init_control, go_r, status_w, oom_counter, v1_tasks, cgroup2));
+        drop((init_control, go_r, status_w, cgroup2));
         rustix::io::ioctl_fionbio(&control, true).map_err(|e| RuntimeError::System(format!("control socket: {e}")))?;
         let init_pidfd = rustix::process::pidfd_open(
             Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
@@ -359,13 +371,26 @@ impl Supervisor {
                 cgroup.add_process_unified(init_pid).map_err(sys("moving the sandbox into its cgroup"))?;
             }
             File::from(go_w).write_all(b"g").map_err(|e| RuntimeError::System(format!("starting the sandbox: {e}")))?;
+            cgroups
+                .layout
+                .add_v1(&mut cgroup, CGROUP_PARENT, id.as_str(), &cgroups.limits)
+                .map_err(sys("creating the sandbox cgroup"))?;
+            let v1_tasks = cgroup.v1_task_files().map_err(sys("opening the sandbox cgroup"))?;
+            let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
+            let sent = crate::init::send_cgroups(&control, &v1_tasks, oom_counter.as_ref());
+            if sent.is_err() {
+                // The init waits for its cgroups until it is told why setup failed: make sure
+                // it ends, then read what it reported (its own failure is usually the cause).
+                let _ = rustix::process::pidfd_send_signal(&init_pidfd, rustix::process::Signal::KILL);
+            }
             let mut report = String::new();
             let _ = File::from(status_r).read_to_string(&mut report);
-            if report != "ok\n" {
-                let why = if report.is_empty() { "the sandbox init exited during setup".to_owned() } else { report };
-                return Err(RuntimeError::System(format!("sandbox setup failed: {why}")));
+            match (report.as_str(), sent) {
+                ("ok\n", Ok(())) => Ok(()),
+                ("" | "ok\n", Err(e)) => Err(RuntimeError::System(format!("passing the sandbox its cgroups: {e}"))),
+                ("", Ok(())) => Err(RuntimeError::System("sandbox setup failed: the sandbox init exited during setup".into())),
+                (why, _) => Err(RuntimeError::System(format!("sandbox setup failed: {why}"))),
             }
-            Ok(())
         })();
         if let Err(e) = setup {
             // It may have failed before joining its cgroups.

@@ -78,25 +78,35 @@ impl CgroupLayout {
     /// Creates the cgroups of one sandbox (`<parent>/<name>` in every hierarchy we use) and sets
     /// its limits. Anything created is removed again if a later step fails.
     pub fn create(&self, parent: &str, name: &str, limits: &Limits) -> Result<SandboxCgroup> {
+        let mut cg = self.create_before_clone(parent, name, limits)?;
+        self.add_v1(&mut cg, parent, name, limits)?;
+        Ok(cg)
+    }
+
+    /// The part of [`create`](Self::create) a sandbox's init must be cloned into: everything on
+    /// a host whose limits are on cgroup v2, the v2 core alone (for `cgroup.kill` and
+    /// `cgroup.freeze`) on a hybrid host, nothing on a v1-only host. The v1 hierarchies, which
+    /// the init joins itself, can then be made by [`add_v1`](Self::add_v1) while the init
+    /// builds its filesystem. Fails before creating anything when a needed v1 controller is not
+    /// mounted.
+    pub fn create_before_clone(&self, parent: &str, name: &str, limits: &Limits) -> Result<SandboxCgroup> {
         let mut cg = SandboxCgroup { v1: Vec::new(), unified: None, limits_on_v2: self.limits_on_v2() };
-        // Check every hierarchy first, so a missing one fails before anything is created.
         if !cg.limits_on_v2 {
             for controller in V1_CONTROLLERS {
-                let optional = controller == "freezer" && self.unified.is_some();
-                if self.v1_root(controller).is_none() && !optional {
-                    return Err(SysError::Other(format!(
-                        "the cgroup v1 controller `{controller}` is not mounted: mount it (or use a cgroup v2 host) so Paddock can enforce limits"
-                    )));
+                if self.v1_root(controller).is_none() && !self.v1_optional(controller) {
+                    return Err(v1_missing(controller));
                 }
             }
         }
+        let Some(root) = &self.unified else { return Ok(cg) };
         let result = (|| {
+            let dir = root.join(parent).join(name);
             if cg.limits_on_v2 {
-                let root = self.unified.as_ref().expect("limits_on_v2 implies a v2 mount");
                 enable_v2_controllers(root, parent, &self.unified_controllers)?;
-                let dir = root.join(parent).join(name);
-                make_dir(&dir)?;
-                cg.unified = Some(dir.clone());
+            }
+            make_dir(&dir)?;
+            cg.unified = Some(dir.clone());
+            if cg.limits_on_v2 {
                 write(&dir, "memory.max", &limits.memory_bytes.to_string())?;
                 write_if_present(&dir, "memory.swap.max", "0")?;
                 write(&dir, "pids.max", &limits.pids.to_string())?;
@@ -105,20 +115,37 @@ impl CgroupLayout {
                 {
                     write(&dir, "cpu.max", &format!("{} {CPU_PERIOD_US}", quota_us(m)))?;
                 }
-                return Ok(());
             }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                let _ = cg.remove(Duration::from_millis(200));
+                Err(e)
+            }
+        }
+    }
+
+    /// Adds the v1 hierarchies (with the limits) to a sandbox's cgroups made by
+    /// [`create_before_clone`](Self::create_before_clone); nothing when its limits are on v2.
+    /// On failure the v1 cgroups made here are removed again and `cg` is as it was.
+    pub fn add_v1(&self, cg: &mut SandboxCgroup, parent: &str, name: &str, limits: &Limits) -> Result<()> {
+        if cg.limits_on_v2 {
+            return Ok(());
+        }
+        let mut made = SandboxCgroup { v1: Vec::new(), unified: None, limits_on_v2: false };
+        let result = (|| {
             for controller in V1_CONTROLLERS {
                 let Some(root) = self.v1_root(controller) else {
-                    if controller == "freezer" && self.unified.is_some() {
+                    if self.v1_optional(controller) {
                         continue;
                     }
-                    return Err(SysError::Other(format!(
-                        "the cgroup v1 controller `{controller}` is not mounted: mount it (or use a cgroup v2 host) so Paddock can enforce limits"
-                    )));
+                    return Err(v1_missing(controller));
                 };
                 let dir = root.join(parent).join(name);
                 make_dir(&dir)?;
-                cg.v1.push((controller, dir.clone()));
+                made.v1.push((controller, dir.clone()));
                 match controller {
                     "memory" => {
                         write(&dir, "memory.limit_in_bytes", &limits.memory_bytes.to_string())?;
@@ -135,21 +162,23 @@ impl CgroupLayout {
                     _ => {}
                 }
             }
-            // On hybrid hosts the v2 core still gives us cgroup.kill and cgroup.freeze.
-            if let Some(root) = &self.unified {
-                let dir = root.join(parent).join(name);
-                make_dir(&dir)?;
-                cg.unified = Some(dir);
-            }
             Ok(())
         })();
         match result {
-            Ok(()) => Ok(cg),
+            Ok(()) => {
+                cg.v1 = made.v1;
+                Ok(())
+            }
             Err(e) => {
-                let _ = cg.remove(Duration::from_millis(200));
+                let _ = made.remove(Duration::from_millis(200));
                 Err(e)
             }
         }
+    }
+
+    /// The freezer is optional where the v2 core gives `cgroup.freeze`.
+    fn v1_optional(&self, controller: &str) -> bool {
+        controller == "freezer" && self.unified.is_some()
     }
 
     /// The cgroups a sandbox named `name` would have; used to clean up after a supervisor that
@@ -168,6 +197,12 @@ impl CgroupLayout {
         let unified = self.unified.as_ref().map(|r| r.join(parent).join(name)).filter(|p| p.exists());
         SandboxCgroup { v1, unified, limits_on_v2 }
     }
+}
+
+fn v1_missing(controller: &str) -> SysError {
+    SysError::Other(format!(
+        "the cgroup v1 controller `{controller}` is not mounted: mount it (or use a cgroup v2 host) so Paddock can enforce limits"
+    ))
 }
 
 /// Resource limits applied to one sandbox's cgroup.
