@@ -388,7 +388,9 @@ impl Supervisor {
             match (report.as_str(), sent) {
                 ("ok\n", Ok(())) => Ok(()),
                 ("" | "ok\n", Err(e)) => Err(RuntimeError::System(format!("passing the sandbox its cgroups: {e}"))),
-                ("", Ok(())) => Err(RuntimeError::System("sandbox setup failed: the sandbox init exited during setup".into())),
+                ("", Ok(())) => {
+                    Err(RuntimeError::System("sandbox setup failed: the sandbox init exited during setup".into()))
+                }
                 (why, _) => Err(RuntimeError::System(format!("sandbox setup failed: {why}"))),
             }
         })();

@@ -74,7 +74,9 @@ fn subcommand_of(cmd: &clap::Command, args: &[OsString]) -> Option<String> {
             return None;
         }
         if let Some(long) = arg.strip_prefix("--") {
-            if !long.contains('=') && cmd.get_arguments().find(|a| a.get_long() == Some(long))?.get_action().takes_values() {
+            if !long.contains('=')
+                && cmd.get_arguments().find(|a| a.get_long() == Some(long))?.get_action().takes_values()
+            {
                 rest.next()?;
             }
             continue;

@@ -13,7 +13,6 @@ mod serve;
 
 use std::process::ExitCode;
 
-
 fn main() -> ExitCode {
     // Every create starts a supervisor: spare it building the whole CLI's parser (about half a
     // millisecond) when it is started the one way `LocalRuntime` starts it.
