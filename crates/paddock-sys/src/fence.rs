@@ -53,7 +53,9 @@ const DENIED_SYSCALLS: &[i64] = &[
     libc::SYS_quotactl,
     libc::SYS_syslog,
     libc::SYS_lookup_dcookie,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_ioperm,
     libc::SYS_vhangup,
     libc::SYS_settimeofday,
@@ -71,10 +73,14 @@ const DENIED_SYSCALLS: &[i64] = &[
     libc::SYS_set_mempolicy,
     libc::SYS_move_pages,
     libc::SYS_migrate_pages,
-    // Obsolete interfaces nothing current needs.
+    // Obsolete interfaces nothing current needs (only x86_64 still has most of them).
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_uselib,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_ustat,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_sysfs,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS__sysctl,
     libc::SYS_nfsservctl,
     // Memory the kernel removes from its own direct map: a sandbox has nothing to hide from

@@ -61,7 +61,9 @@ impl Cli {
 fn globals_only_where_used(cmd: clap::Command, args: &[OsString]) -> clap::Command {
     let Some(name) = subcommand_of(&cmd, args) else { return cmd };
     let globals: Vec<clap::Arg> = cmd.get_arguments().filter(|a| a.is_global_set()).cloned().collect();
-    cmd.mut_args(|a| a.global(false)).mut_subcommand(name, |sc| sc.args(globals))
+    // `args` counts the copies in the subcommand's display order, which clap's own copy does
+    // not: reset it, so the subcommand's help lists its options in the same order.
+    cmd.mut_args(|a| a.global(false)).mut_subcommand(name, |sc| sc.args(globals).next_display_order(0))
 }
 
 /// The name of the subcommand `args` (with the program name first) gives, passing over the
@@ -895,6 +897,10 @@ mod tests {
             "run --namespace",
             "run --no-such-option -- x",
             "--runtime nope run -- x",
+            "run --help",
+            "--json create --help",
+            "workspace acquire --help",
+            "image pull --help",
         ];
         for line in lines {
             let full = super::Cli::try_parse_from(argv(line));

@@ -93,7 +93,8 @@ pub(super) fn compile(rules: &[(u32, Rule)]) -> Vec<sock_filter> {
     } else {
         program.extend(search(&sorted));
     }
-    assert!(program.len() <= usize::from(u16::MAX), "seccomp program too long");
+    // BPF_MAXINSNS: the kernel refuses longer classic programs.
+    assert!(program.len() <= 4096, "seccomp program too long");
     program
 }
 
