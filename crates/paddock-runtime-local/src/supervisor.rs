@@ -316,7 +316,7 @@ impl Supervisor {
             volumes,
             shadowed,
         };
-        let seccomp = paddock_sys::fence::compile_seccomp().map_err(sys("seccomp"))?;
+        let seccomp = paddock_sys::fence::compile_seccomp();
         let (control, init_control) =
             fdpass::seqpacket_pair().map_err(|e| RuntimeError::System(format!("socketpair: {e}")))?;
         let (go_r, go_w) = pipe()?;
@@ -379,8 +379,8 @@ impl Supervisor {
             let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
             let sent = crate::init::send_cgroups(&control, &v1_tasks, oom_counter.as_ref());
             if sent.is_err() {
-                // The init waits for its cgroups until it is told why setup failed: make sure
-                // it ends, then read what it reported (its own failure is usually the cause).
+                // An init still waiting for this message would never report: end it, then read
+                // what it reported before (its own failure is the usual cause of a failed send).
                 let _ = rustix::process::pidfd_send_signal(&init_pidfd, rustix::process::Signal::KILL);
             }
             let mut report = String::new();

@@ -53,7 +53,7 @@ const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// `AUDIT_ARCH_*` of the architecture this binary runs on (linux/audit.h; not in libc).
-const AUDIT_ARCH: u32 = if cfg!(target_arch = "x86_64") {
+pub(super) const AUDIT_ARCH: u32 = if cfg!(target_arch = "x86_64") {
     0xC000_003E
 } else if cfg!(target_arch = "aarch64") {
     0xC000_00B7
