@@ -7,9 +7,11 @@
 //! - `layers/<hex>/`: one unpacked layer per `diff_id` (digest of its uncompressed tar), with
 //!   the tree in `root/` and its size in `meta.json`. Compressed layer blobs are not kept: the
 //!   unpacked tree is what sandboxes use.
-//! - `refs.json`: name → manifest digest. `leases.json`: holder (a sandbox id) → digest.
+//! - `refs.json`: name → manifest digest. `leases/<holder>`: the digest a holder (a sandbox id)
+//!   uses, one small file each (stores before 2026-12 kept them all in `leases.json`, still read;
+//!   binaries from before do not see lease files, so none may prune a store newer ones use).
 //! - `locks/`: `gc.lock` (pulls and imports share it, prune takes it alone), `meta.lock`
-//!   (edits of the two JSON files) and one lock per layer being fetched.
+//!   (edits of `refs.json` and of the leases) and one lock per layer being fetched.
 //! - `tmp/`: work in progress. Everything is published by renaming out of `tmp/`, so what is
 //!   in `blobs/` and `layers/` is complete; a killed pull leaves only `tmp/` entries, which the
 //!   next holder of the same layer lock (or prune) removes.
@@ -119,6 +121,18 @@ pub(crate) fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
+/// Whether `holder` can name a lease file: a sandbox id (letters, digits, `-` and `_`), never
+/// a path.
+fn valid_holder(holder: &str) -> bool {
+    !holder.is_empty()
+        && holder.len() <= 128
+        && holder.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !holder.starts_with('-')
+}
+
+/// Where stores before per-holder lease files kept every lease.
+const LEGACY_LEASES: &str = "leases.json";
+
 /// A held file lock; dropping it (or the process dying) releases it.
 pub(crate) struct Lock(#[allow(dead_code)] File);
 
@@ -131,7 +145,7 @@ impl Store {
         // An existing directory keeps its mode under mkdir; image files keep their owners from
         // the tarballs, so no one but root may traverse into them.
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| io("restricting", e))?;
-        for sub in ["blobs/sha256", "layers", "locks", "tmp"] {
+        for sub in ["blobs/sha256", "layers", "leases", "locks", "tmp"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| io("creating the image store", e))?;
         }
         Ok(Store { root: dir.to_path_buf() })
@@ -231,22 +245,35 @@ impl Store {
         self.read_json("refs.json")
     }
 
+    /// Holder → digest, of the lease files and the old `leases.json`. A lease file with no
+    /// digest in it (its writer died mid-write, before the create it belonged to went on) holds
+    /// nothing.
     fn leases(&self) -> Result<BTreeMap<String, String>> {
-        self.read_json("leases.json")
+        let mut leases: BTreeMap<String, String> = self.read_json(LEGACY_LEASES)?;
+        let dir = self.root.join("leases");
+        let io = |e| ImageError::io(format!("reading {}", dir.display()), e);
+        for entry in fs::read_dir(&dir).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            // Only files this store wrote count: anything else put there holds nothing.
+            let Some(holder) = entry.file_name().into_string().ok().filter(|h| valid_holder(h)) else { continue };
+            if let Ok(digest) = fs::read_to_string(entry.path())
+                && hex_of(digest.trim()).is_ok()
+            {
+                leases.insert(holder, digest.trim().to_owned());
+            }
+        }
+        Ok(leases)
     }
 
-    /// Leases are rewritten on every sandbox create and destroy, so without an fsync: they
-    /// only matter while the host is up, and a host that lost power runs no sandbox after.
-    /// The rename still keeps a reader from ever seeing half a file.
-    fn write_leases(&self, leases: &BTreeMap<String, String>) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(leases).map_err(|e| ImageError::Io(e.to_string()))?;
-        let (tmp, dest) = (self.tmp(&unique("leases.json")), self.root.join("leases.json"));
-        let r = fs::write(&tmp, &bytes).and_then(|()| fs::rename(&tmp, &dest));
-        if let Err(e) = r {
-            let _ = fs::remove_file(&tmp);
-            return Err(ImageError::io(format!("writing {}", dest.display()), e));
+    /// A holder's lease file. Holders are sandbox ids; anything that could leave the
+    /// directory is refused.
+    fn lease_path(&self, holder: &str) -> Result<PathBuf> {
+        if !valid_holder(holder) {
+            return Err(ImageError::InvalidReference(format!(
+                "lease holder {holder:?} is not a sandbox id (letters, digits, '-' and '_')"
+            )));
         }
-        Ok(())
+        Ok(self.root.join("leases").join(holder))
     }
 
     /// Points `name` at `digest`.
@@ -332,21 +359,54 @@ impl Store {
 
     /// Records that `holder` (a sandbox id) uses `image` until [`Store::release`]; `prune`
     /// and `remove` leave a held image alone. A holder holds one image; leasing again replaces.
+    ///
+    /// Every create and destroy leases and releases, so a lease is one small file of its own,
+    /// written without an fsync: leases only matter while the host is up (a host that lost
+    /// power runs no sandbox after), and rewriting one shared file by rename made ext4 flush
+    /// it on every create (about a quarter of a millisecond).
     pub fn lease(&self, holder: &str, image: &Image) -> Result<()> {
+        let path = self.lease_path(holder)?;
         let _meta = self.lock("meta.lock", true)?;
         // Prune holds meta.lock while it deletes, so an image still whole here stays whole.
-        self.load(&image.name, &image.digest)?;
-        let mut leases = self.leases()?;
-        leases.insert(holder.to_string(), image.digest.clone());
-        self.write_leases(&leases)
+        self.check_whole(image)?;
+        let r = fs::write(&path, image.digest.as_bytes());
+        if let Err(e) = r {
+            let _ = fs::remove_file(&path);
+            return Err(ImageError::io(format!("writing {}", path.display()), e));
+        }
+        Ok(())
+    }
+
+    /// Whether every part of `image` (as [`Store::lookup`] found it) is still stored.
+    fn check_whole(&self, image: &Image) -> Result<()> {
+        let missing = !self.blob_path(&image.digest)?.exists()
+            || image.layers.iter().any(|l| !l.parent().is_some_and(|d| d.join("meta.json").exists()));
+        if missing {
+            return Err(ImageError::NotFound(format!(
+                "{}: part of the image was pruned meanwhile; pull the image again",
+                image.name
+            )));
+        }
+        Ok(())
     }
 
     /// Ends `holder`'s lease; releasing what is not held is fine.
     pub fn release(&self, holder: &str) -> Result<()> {
         let _meta = self.lock("meta.lock", true)?;
-        let mut leases = self.leases()?;
-        if leases.remove(holder).is_some() {
-            self.write_leases(&leases)?;
+        // A holder of the old `leases.json` may have any name; only a lease file needs a safe one.
+        if valid_holder(holder) {
+            let path = self.root.join("leases").join(holder);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ImageError::io(format!("removing {}", path.display()), e)),
+            }
+        }
+        if self.root.join(LEGACY_LEASES).exists() {
+            let mut legacy: BTreeMap<String, String> = self.read_json(LEGACY_LEASES)?;
+            if legacy.remove(holder).is_some() {
+                self.write_json(LEGACY_LEASES, &legacy)?;
+            }
         }
         Ok(())
     }

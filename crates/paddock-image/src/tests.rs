@@ -6,7 +6,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256};
-use crate::{ImageError, Store};
+use crate::{Image, ImageError, Store};
 
 fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
     fs::create_dir_all(dir).unwrap();
@@ -317,13 +317,19 @@ fn user_resolution_uses_the_top_most_account_files() {
     assert_eq!(store.image_user(&img3).unwrap(), Some((0, 0)));
 }
 
-#[test]
-fn leases_keep_images_through_remove_and_prune() {
+/// A fresh store holding one imported single-layer image named `name` (file `f`).
+fn store_with_one_image(name: &str) -> (tempfile::TempDir, Store, Image) {
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
     let layout = t.path().join("layout");
-    write_layout(&layout, "example.com/l:1", &[Layer::new().file("f", b"leased").tar()], None);
+    write_layout(&layout, name, &[Layer::new().file("f", b"content").tar()], None);
     let img = store.import(&layout, None).unwrap();
+    (t, store, img)
+}
+
+#[test]
+fn leases_keep_images_through_remove_and_prune() {
+    let (_t, store, img) = store_with_one_image("example.com/l:1");
     store.lease("sbx-1", &img).unwrap();
     let err = store.remove("example.com/l:1").unwrap_err();
     assert!(matches!(err, ImageError::InUse(_)), "{err}");
@@ -344,6 +350,38 @@ fn leases_keep_images_through_remove_and_prune() {
     assert!(!img.layers[0].exists());
     assert!(store.list().unwrap().is_empty());
     assert!(matches!(store.remove("example.com/l:1"), Err(ImageError::NotFound(_))));
+}
+
+/// Leases written by a store before per-holder lease files (all in `leases.json`) still hold
+/// their images until released; a lease file cut short holds nothing; a holder that is not a
+/// sandbox id cannot name a path.
+#[test]
+fn leases_of_the_old_single_file_still_hold_and_holders_name_no_path() {
+    let (_t, store, img) = store_with_one_image("example.com/old:1");
+    let legacy = format!("{{\"sbx-old\": \"{0}\", \"odd name\": \"{0}\"}}", img.digest);
+    fs::write(store.dir().join("leases.json"), legacy).unwrap();
+    // Cut short, not a name this store writes, a directory: none of them holds anything.
+    fs::write(store.dir().join("leases/sbx-cut"), b"sha256:12").unwrap();
+    fs::write(store.dir().join("leases/sbx.bak"), img.digest.as_bytes()).unwrap();
+    fs::create_dir(store.dir().join("leases/sbx-dir")).unwrap();
+    store.lease("sbx-new", &img).unwrap();
+    let mut holders = store.list().unwrap()[0].holders.clone();
+    holders.sort();
+    assert_eq!(holders, ["odd name", "sbx-new", "sbx-old"]);
+    assert!(matches!(store.remove("example.com/old:1"), Err(ImageError::InUse(_))));
+    store.release("sbx-new").unwrap();
+    assert!(!store.dir().join("leases/sbx-new").exists());
+    assert_eq!(store.list().unwrap()[0].holders, ["odd name", "sbx-old"]);
+    store.release("sbx-old").unwrap();
+    store.release("odd name").unwrap();
+    assert!(store.list().unwrap()[0].holders.is_empty());
+    store.remove("example.com/old:1").unwrap();
+    assert_eq!(store.prune().unwrap().layers, 1);
+    for bad in ["", "../refs.json", "a/b", "-x", ".."] {
+        assert!(matches!(store.lease(bad, &img), Err(ImageError::InvalidReference(_))), "{bad:?}");
+        store.release(bad).unwrap();
+    }
+    assert!(store.dir().join("refs.json").exists());
 }
 
 #[test]

@@ -72,6 +72,31 @@ fn pipe_writer(fd: OwnedFd) -> Result<pipe::Sender, RuntimeError> {
     pipe::Sender::from_owned_fd(fd).map_err(sys_err("registering a pipe"))
 }
 
+/// A sandbox directory (and maybe an image lease) of a create that has not finished: dropped
+/// armed, it removes the directory and then gives the lease back. In that order: a lease whose
+/// sandbox has no directory is given back by the next `image` command (`forget_gone_holders`),
+/// also one that a lookup still running on the blocking pool takes after this.
+struct Unstarted<'a> {
+    dd: &'a DataDir,
+    id: &'a SandboxId,
+    armed: bool,
+}
+
+impl Unstarted<'_> {
+    fn clean(&self) {
+        let _ = fs::remove_dir_all(self.dd.sandbox(self.id));
+        crate::image::release(self.dd, self.id);
+    }
+}
+
+impl Drop for Unstarted<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.clean();
+        }
+    }
+}
+
 impl LocalRuntime {
     /// A runtime keeping its state in `data_dir`, starting supervisors with `exe __supervise`.
     pub fn new(
@@ -173,30 +198,26 @@ impl LocalRuntime {
     /// Starts a supervisor and waits until the sandbox is ready (or failed to start).
     async fn spawn_supervisor(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         let mut spec = spec.clone();
-        let image = crate::image::prepare(&self.dd, &self.images, &mut spec).await?;
-        spec.validate()?;
-        crate::volumes::resolve(&self.dd, &self.volumes, &mut spec)?;
         let id = Self::new_id()?;
         let dir = self.dd.sandbox(&id);
         fs::create_dir(&dir).map_err(sys_err(format!("creating {}", dir.display())))?;
+        // Until the supervisor is started, a failure or a caller that gives up (a server's
+        // deadline or a client gone, during a pull say) takes the directory and the lease away.
+        let mut unstarted = Unstarted { dd: &self.dd, id: &id, armed: true };
         // Traversable (not readable) by the sandbox's host identity, which mounts the skeleton
         // inside it; what it holds is private by its own modes (socket, record, log: 0600).
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).map_err(sys_err("chmod"))?;
-        // Held before the supervisor starts, so a prune never removes layers it is mounting;
-        // the supervisor gives it back when the sandbox ends.
-        let leased = match &image {
-            Some((_, img)) => {
-                crate::image::store(&self.dd)?.lease(id.as_str(), img).map_err(crate::image::from_image_error)
-            }
-            None => Ok(()),
-        };
-        let result = match leased {
-            Ok(()) => self.run_supervisor(&id, &spec, image.map(|(root, _)| root)).await,
-            Err(e) => Err(e),
-        };
+        // Leased before the supervisor starts, so a prune never removes layers it is mounting;
+        // the supervisor gives the lease back when the sandbox ends.
+        let image = crate::image::prepare(&self.dd, &self.images, &mut spec, &id).await?;
+        spec.validate()?;
+        crate::volumes::resolve(&self.dd, &self.volumes, &mut spec)?;
+        // Once it may be running, only a failure it reported cleans up: a supervisor that
+        // started keeps its directory until it ends.
+        unstarted.armed = false;
+        let result = self.run_supervisor(&id, &spec, image.map(|(root, _)| root)).await;
         if result.is_err() {
-            let _ = fs::remove_dir_all(&dir);
-            crate::image::release(&self.dd, &id);
+            unstarted.clean();
         }
         let info = result?;
         if let NetworkPolicy::Egress(policy) = &spec.network

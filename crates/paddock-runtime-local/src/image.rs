@@ -71,39 +71,40 @@ impl ImageOptions {
     }
 }
 
-/// The store of this data directory.
-pub fn store(dd: &DataDir) -> Result<Store, RuntimeError> {
-    Store::open(&dd.images()).map_err(from_image_error)
-}
-
-/// Finds (or pulls) the image `spec` names when it is a reference, applies its config to the
-/// spec (environment under the spec's own, working directory) and returns what the supervisor
-/// mounts. `None` for the host or a directory.
+/// Finds (or pulls) the image `spec` names when it is a reference, leases it to sandbox
+/// `holder` (whose directory exists by now, see `forget_gone_holders`), applies its config to
+/// the spec (environment under the spec's own, working directory) and returns what the
+/// supervisor mounts. `None` for the host or a directory.
 pub(crate) async fn prepare(
     dd: &DataDir,
     options: &ImageOptions,
     spec: &mut SandboxSpec,
+    holder: &SandboxId,
 ) -> Result<Option<(ImageRoot, Image)>, RuntimeError> {
     let reference = match resolve(spec.image.as_deref())? {
         RootSource::Reference(r) => r,
         RootSource::Host | RootSource::Dir(_) => return Ok(None),
     };
     let dir = dd.images();
-    let wanted = reference.clone();
+    let (wanted, holder) = (reference.clone(), holder.as_str().to_owned());
+    // A stored image (the usual case) is found, read and leased in one trip to the blocking
+    // pool: each trip is a thread handoff on a create's critical path.
     let found = blocking(move || {
         let store = Store::open(&dir)?;
-        let found = store.lookup(&wanted)?;
-        Ok((store, found))
+        match store.lookup(&wanted)? {
+            Some(image) => lease(&store, &holder, image).map(Ok),
+            None => Ok(Err((store, holder))),
+        }
     })
     .await?;
-    let (store, image) = match found {
-        (store, Some(image)) => (store, image),
-        (_, None) if options.offline => {
+    let (image, owner) = match found {
+        Ok(leased) => leased,
+        Err(_) if options.offline => {
             return Err(RuntimeError::InvalidArgument(format!(
                 "image {reference} is not in this host's image store and pulling is off (--pull never): import it with `paddock image import` or pull it with `paddock image pull`"
             )));
         }
-        (store, None) => {
+        Err((store, holder)) => {
             let pull = PullOptions {
                 auth: spec
                     .image_auth
@@ -112,16 +113,24 @@ pub(crate) async fn prepare(
                 registries: options.registries.clone(),
             };
             let image = store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?;
-            (store, image)
+            blocking(move || lease(&store, &holder, image)).await?
         }
-    };
-    // Reads the image's /etc/passwd and /etc/group from its layers: blocking IO.
-    let owner = {
-        let image = image.clone();
-        blocking(move || store.image_user(&image)).await?.unwrap_or((0, 0))
     };
     apply_config(&image, spec);
     Ok(Some((ImageRoot { layers: image.layers.clone(), owner }, image)))
+}
+
+/// Leases `image` to `holder`, then reads the on-disk owner of its files (its `User`, from the
+/// image's /etc/passwd and /etc/group, which the lease keeps from a prune: blocking IO).
+fn lease(store: &Store, holder: &str, image: Image) -> Result<(Image, (u32, u32)), ImageError> {
+    store.lease(holder, &image)?;
+    match store.image_user(&image) {
+        Ok(owner) => Ok((image, owner.unwrap_or((0, 0)))),
+        Err(e) => {
+            let _ = store.release(holder);
+            Err(e)
+        }
+    }
 }
 
 /// The image's environment goes under the spec's own; its working directory applies unless the

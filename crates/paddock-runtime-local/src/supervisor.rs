@@ -22,7 +22,7 @@ use crate::image::RootSource;
 use paddock_sys::cgroup::{CgroupLayout, Limits, SandboxCgroup};
 use paddock_sys::fdpass;
 use paddock_sys::mounts::{RootPlan, Workspace};
-use paddock_sys::overlay::LayeredRoot;
+use paddock_sys::overlay::{LayeredRoot, PendingUserns};
 use paddock_sys::process::{self as sp, Forked};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
@@ -121,7 +121,14 @@ pub const SANDBOX_NOFILE: (u64, u64) = (4096, 16384);
 impl Supervisor {
     fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec, image: Option<ImageRoot>) -> Result<Self, RuntimeError> {
         spec.validate()?;
+        // A session of its own first, also for the child below: a terminal's Ctrl-C or hang-up
+        // is for the command that started the sandbox.
         let _ = rustix::process::setsid();
+        // The namespace that maps the image's ids is made while the rest is set up.
+        let image = image
+            .map(|i| PendingUserns::start().map(|u| (i, u)))
+            .transpose()
+            .map_err(sys("a user namespace for the image root"))?;
         // The sandbox's own descriptor limit, whatever its starter had (a server raises its
         // own to the hard limit): every process of the sandbox inherits it from here.
         rustix::process::setrlimit(
@@ -158,7 +165,7 @@ impl Supervisor {
         dd: DataDir,
         id: SandboxId,
         spec: SandboxSpec,
-        image: Option<ImageRoot>,
+        image: Option<(ImageRoot, PendingUserns)>,
         cgroup: Cgroups<'_>,
     ) -> Result<Self, RuntimeError> {
         let ids = match &spec.workspace {
@@ -177,7 +184,7 @@ impl Supervisor {
         dd: DataDir,
         id: SandboxId,
         spec: SandboxSpec,
-        image: Option<ImageRoot>,
+        image: Option<(ImageRoot, PendingUserns)>,
         cgroups: Cgroups<'_>,
         ids: HostIds,
     ) -> Result<Self, RuntimeError> {
@@ -241,7 +248,7 @@ impl Supervisor {
         let data_dirs = crate::registry::all_data_dirs(dd.root());
         let writable_root = image.is_some();
         let source = match (image, crate::image::resolve(spec.image.as_deref())?) {
-            (Some(image), _) => {
+            (Some((image, userns)), _) => {
                 paddock_sys::process::unshare_mount_namespace()
                     .map_err(sys("a private mount namespace for the image root"))?;
                 private_mounts = true;
@@ -256,7 +263,7 @@ impl Supervisor {
                 };
                 let at = dd.image_mounts(&id);
                 paddock_sys::mounts::mount_scratch(&at).map_err(sys("mounting the image root"))?;
-                root.mount(&at).map_err(sys("mounting the image root"))?
+                root.mount(&at, userns).map_err(sys("mounting the image root"))?
             }
             (None, RootSource::Reference(r)) => {
                 return Err(RuntimeError::InvalidArgument(format!(
@@ -652,7 +659,6 @@ impl Supervisor {
             eprintln!("removing the sandbox cgroup: {e}");
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
-        LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         crate::volumes::unstage(&self.dd, &self.id, &self.record.info.spec);
         if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
@@ -713,7 +719,6 @@ impl Supervisor {
         let _ = self.cgroup.kill_all(Duration::from_secs(10));
         let _ = self.cgroup.remove(Duration::from_secs(5));
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
-        LayeredRoot::unmount(&self.dd.image_mounts(&self.id));
         paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
         crate::volumes::unstage(&self.dd, &self.id, &self.record.info.spec);
         self.record.info.state = SandboxState::Failed;

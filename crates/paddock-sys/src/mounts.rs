@@ -379,7 +379,9 @@ pub fn mount_scratch(at: &Path) -> Result<()> {
     mount_tmpfs(at, "size=64k,nr_inodes=1024,mode=0755", MountFlags::NOEXEC)
 }
 
-/// Detaches what [`mount_scratch`] mounted (first detach what is mounted below it).
+/// Detaches what [`mount_scratch`] mounted and, in the same call, everything mounted below it
+/// (an image root's layers, upper layer and overlay): each unmount call waits for the kernel's
+/// RCU grace period, so one call for the whole tree is the quick way.
 pub fn unmount_scratch(at: &Path) {
     let _ = rustix::mount::unmount(at, UnmountFlags::DETACH);
 }

@@ -22,7 +22,7 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
+use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags};
 
 use crate::process::{Forked, exit_now, fork};
 use crate::{Result, SysError};
@@ -46,12 +46,14 @@ pub struct LayeredRoot {
 
 impl LayeredRoot {
     /// Mounts the layers, the upper tmpfs and the overlay below `dir` and returns the merged
-    /// root (`dir/root`). The caller must be host root in a private mount namespace.
-    pub fn mount(&self, dir: &Path) -> Result<PathBuf> {
+    /// root (`dir/root`), the layers' ids mapped through the namespace `userns` is making
+    /// (started early by the caller, see [`PendingUserns`]). The caller must be host root in a
+    /// private mount namespace.
+    pub fn mount(&self, dir: &Path, userns: PendingUserns) -> Result<PathBuf> {
         mkdir(dir)?;
         let layers_dir = dir.join("layers");
         mkdir(&layers_dir)?;
-        let userns = userns_with_maps(
+        let userns = userns.finish(
             &crate::ids::id_map_with_others(self.owner.0, self.host.0, self.others.0),
             &crate::ids::id_map_with_others(self.owner.1, self.host.1, self.others.1),
         )?;
@@ -85,18 +87,6 @@ impl LayeredRoot {
         })?;
         Ok(root)
     }
-
-    /// Detaches what [`LayeredRoot::mount`] mounted below `dir`, so removing the sandbox
-    /// directory never walks into the shared layers. Missing mounts are fine.
-    pub fn unmount(dir: &Path) {
-        let _ = rustix::mount::unmount(dir.join("root"), UnmountFlags::DETACH);
-        let _ = rustix::mount::unmount(dir.join("upper"), UnmountFlags::DETACH);
-        if let Ok(entries) = fs::read_dir(dir.join("layers")) {
-            for entry in entries.flatten() {
-                let _ = rustix::mount::unmount(entry.path(), UnmountFlags::DETACH);
-            }
-        }
-    }
 }
 
 /// A user namespace that maps exactly on-disk `owner` to host `host`, for idmapped mounts.
@@ -105,44 +95,78 @@ pub fn idmap_userns(owner: (u32, u32), host: (u32, u32)) -> Result<OwnedFd> {
 }
 
 /// A user namespace with these `(inside, host, count)` uid and gid maps, for idmapped mounts.
-///
-/// A user namespace lives as long as a process or a descriptor holds it: a forked child creates
-/// it, the caller writes its maps and opens it, and the child exits.
 fn userns_with_maps(uids: &[(u32, u32, u32)], gids: &[(u32, u32, u32)]) -> Result<OwnedFd> {
-    let (ready_r, ready_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
-    let (hold_r, hold_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
-    match fork()? {
-        Forked::Child => {
-            drop((ready_r, hold_w));
-            // SAFETY: this forked child is single-threaded (fork copies only the calling
-            // thread); CLONE_NEWUSER only changes this process's credentials.
-            let ok = unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) }.is_ok();
-            let _ = rustix::io::write(&ready_w, if ok { b"y" } else { b"n" });
-            // Holds the namespace until the parent has opened it and closes its end.
-            let _ = rustix::io::read(&hold_r, &mut [0u8; 1]);
-            exit_now(0)
+    PendingUserns::start()?.finish(uids, gids)
+}
+
+/// A user namespace being made for idmapped mounts, before its id maps are known.
+///
+/// A user namespace lives as long as a process or a descriptor holds it: a forked child
+/// creates it and waits; [`PendingUserns::finish`] writes its maps, opens it and lets the child
+/// exit. Starting it early lets the child's scheduling and `unshare` run on another core while
+/// the caller does other work (a create's critical path otherwise waits for both).
+#[derive(Debug)]
+pub struct PendingUserns {
+    pid: u32,
+    ready: OwnedFd,
+    /// Closing it ends the child.
+    hold: Option<OwnedFd>,
+}
+
+impl PendingUserns {
+    /// Forks the child that makes the namespace. The caller must be single-threaded.
+    pub fn start() -> Result<Self> {
+        let (ready_r, ready_w) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
+        let (hold_r, hold_w) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
+        match fork()? {
+            Forked::Child => {
+                drop((ready_r, hold_w));
+                // SAFETY: this forked child is single-threaded (fork copies only the calling
+                // thread); CLONE_NEWUSER only changes this process's credentials.
+                let ok = unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) }.is_ok();
+                let _ = rustix::io::write(&ready_w, if ok { b"y" } else { b"n" });
+                // Holds the namespace until the parent has opened it and closes its end.
+                let _ = rustix::io::read(&hold_r, &mut [0u8; 1]);
+                exit_now(0)
+            }
+            Forked::Parent(pid) => Ok(PendingUserns { pid, ready: ready_r, hold: Some(hold_w) }),
         }
-        Forked::Parent(pid) => {
-            drop((ready_w, hold_r));
-            let result = (|| {
-                let mut answer = [0u8; 1];
-                let n = rustix::io::read(&ready_r, &mut answer).map_err(|e| SysError::call("read", e))?;
-                if n != 1 || answer[0] != b'y' {
-                    return Err(SysError::Other("cannot create a user namespace for an idmapped mount".into()));
-                }
-                crate::ids::write_ranges(pid, uids, gids)?;
-                let path = format!("/proc/{pid}/ns/user");
-                fs::File::open(&path).map(OwnedFd::from).map_err(|e| SysError::path("open", path, e))
-            })();
-            drop(hold_w);
+    }
+
+    /// Waits for the namespace, gives it these `(inside, host, count)` uid and gid maps and
+    /// returns it.
+    pub fn finish(mut self, uids: &[(u32, u32, u32)], gids: &[(u32, u32, u32)]) -> Result<OwnedFd> {
+        let mut answer = [0u8; 1];
+        let n = rustix::io::read(&self.ready, &mut answer).map_err(|e| SysError::call("read", e))?;
+        if n != 1 || answer[0] != b'y' {
+            return Err(SysError::Other(
+                "cannot create a user namespace for an idmapped mount: enable user namespaces (sysctl user.max_user_namespaces above 0)".into(),
+            ));
+        }
+        crate::ids::write_ranges(self.pid, uids, gids)?;
+        let path = format!("/proc/{}/ns/user", self.pid);
+        let ns = fs::File::open(&path).map(OwnedFd::from).map_err(|e| SysError::path("open", path, e));
+        self.end();
+        ns
+    }
+
+    /// Lets the child exit and collects it.
+    fn end(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            drop(hold);
             let _ = rustix::process::waitpid(
-                rustix::process::Pid::from_raw(pid as i32),
+                rustix::process::Pid::from_raw(self.pid as i32),
                 rustix::process::WaitOptions::empty(),
             );
-            result
         }
+    }
+}
+
+impl Drop for PendingUserns {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

@@ -61,6 +61,24 @@ async fn exit_codes_signals_stdin_cwd_and_concurrency() {
     assert_eq!(out.code(), 127);
     assert!(out.stderr.contains("working directory /workspace/missing does not exist"), "{}", out.stderr);
 
+    // A command found in the command's own PATH: a script without `#!` runs under /bin/sh as
+    // execvp runs it, one with a missing interpreter gives way to the next PATH entry, and
+    // argv[0] stays as given.
+    let setup = "mkdir -p a b && printf 'echo no-shebang $0 $1\\n' > b/plain && chmod +x b/plain \
+                 && printf '#!/nonexistent/sh\\n' > a/twice && printf '#!/bin/sh\\necho second $0\\n' > b/twice \
+                 && chmod +x a/twice b/twice";
+    assert_eq!(sh(&env.rt, &id, setup).await.code(), 0);
+    let path = "/workspace/a:/workspace/b:/usr/bin:/bin";
+    let found = |argv: &[&str]| ExecRequest {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        env: [("PATH".to_string(), path.to_string())].into(),
+        ..Default::default()
+    };
+    assert_eq!(exec(&env.rt, &id, found(&["plain", "x"]), None).await.stdout, "no-shebang /workspace/b/plain x\n");
+    assert_eq!(exec(&env.rt, &id, found(&["twice"]), None).await.stdout, "second /workspace/b/twice\n");
+    let out = exec(&env.rt, &id, found(&["sh", "-c", "echo $0"]), None).await;
+    assert_eq!(out.stdout, "sh\n");
+
     // Several commands at once: each sleeps 1 s, together they take about 1 s.
     let started = Instant::now();
     let scripts: Vec<String> = (0..4).map(|i| format!("sleep 1; echo {i}")).collect();
