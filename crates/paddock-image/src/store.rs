@@ -504,8 +504,8 @@ impl Store {
         self.write_json("refs.json", &refs)
     }
 
-    /// Removes every manifest, config and layer no name or lease references, and everything
-    /// in `tmp/`. Waits for running pulls and imports to finish first.
+    /// Removes every manifest, config and layer no name or lease references, everything in
+    /// `tmp/` and lease files cut short. Waits for running pulls and imports to finish first.
     pub fn prune(&self) -> Result<PruneReport> {
         let _gc = self.lock("gc.lock", true)?;
         let _meta = self.lock("meta.lock", true)?;
@@ -558,6 +558,21 @@ impl Store {
             let r = if p.is_dir() && !p.is_symlink() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
             r.map_err(|e| io(&p, e))?;
             report.temp_entries += 1;
+        }
+        // A lease file whose writer died before the digest was in it holds nothing, and no
+        // lease is being written now (that takes meta.lock): it is debris too. Files of other
+        // names are not this store's, so they stay.
+        let leases_dir = self.root.join("leases");
+        for ent in fs::read_dir(&leases_dir).map_err(|e| io(&leases_dir, e))?.flatten() {
+            let holder = ent.file_name().into_string().ok().filter(|h| valid_holder(h));
+            let is_file = ent.file_type().is_ok_and(|t| t.is_file());
+            if let Some(holder) = holder
+                && is_file
+                && !leases.contains_key(&holder)
+            {
+                fs::remove_file(ent.path()).map_err(|e| io(&ent.path(), e))?;
+                report.temp_entries += 1;
+            }
         }
         let locks = self.root.join("locks");
         for ent in fs::read_dir(&locks).map_err(|e| io(&locks, e))?.flatten() {

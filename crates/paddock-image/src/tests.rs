@@ -353,8 +353,8 @@ fn leases_keep_images_through_remove_and_prune() {
 }
 
 /// Leases written by a store before per-holder lease files (all in `leases.json`) still hold
-/// their images until released; a lease file cut short holds nothing; a holder that is not a
-/// sandbox id cannot name a path.
+/// their images until released; a lease file cut short holds nothing (and prune removes it); a
+/// holder that is not a sandbox id cannot name a path.
 #[test]
 fn leases_of_the_old_single_file_still_hold_and_holders_name_no_path() {
     let (_t, store, img) = store_with_one_image("example.com/old:1");
@@ -376,7 +376,11 @@ fn leases_of_the_old_single_file_still_hold_and_holders_name_no_path() {
     store.release("odd name").unwrap();
     assert!(store.list().unwrap()[0].holders.is_empty());
     store.remove("example.com/old:1").unwrap();
-    assert_eq!(store.prune().unwrap().layers, 1);
+    let report = store.prune().unwrap();
+    assert_eq!(report.layers, 1);
+    // Prune sweeps the lease file cut short, and leaves what this store did not write.
+    assert!(!store.dir().join("leases/sbx-cut").exists());
+    assert!(store.dir().join("leases/sbx.bak").exists() && store.dir().join("leases/sbx-dir").is_dir());
     for bad in ["", "../refs.json", "a/b", "-x", ".."] {
         assert!(matches!(store.lease(bad, &img), Err(ImageError::InvalidReference(_))), "{bad:?}");
         store.release(bad).unwrap();

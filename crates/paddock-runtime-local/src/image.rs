@@ -159,10 +159,16 @@ pub(crate) fn release(dd: &DataDir, id: &SandboxId) {
     }
 }
 
-/// Store work on the blocking pool, its errors in the seam's terms.
+/// Store work on the blocking pool, its errors in the seam's terms. On a current-thread
+/// runtime (a CLI command's, one request at a time) it runs in place instead: it is a few small
+/// files read and written under the store's meta lock, which nothing holds across an await, and
+/// a blocking-pool thread would add a clone to every create and a thread for the exit to end.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
 ) -> Result<T, RuntimeError> {
+    if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+        return f().map_err(from_image_error);
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| RuntimeError::System(format!("an image store task failed: {e}")))?

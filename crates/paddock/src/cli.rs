@@ -13,7 +13,7 @@ use paddock_core::naming::{NamingMode, ThreadId};
 use paddock_core::runtime::{ByteReader, ByteWriter, ExecOutcome, ExecRequest, FileOp, Process, Runtime, SandboxId};
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, User, validate_env_name};
 use paddock_core::units::{format_duration, parse_bytes, parse_cpus, parse_duration};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::output;
@@ -446,10 +446,37 @@ impl ExecOpts {
         }
     }
 
-    /// Standard input is passed when it is not a terminal, or with `-i`.
+    /// Standard input is passed when it is not a terminal, or with `-i`; never when it is
+    /// `/dev/null`, which the command is given anyway when it gets no input (and passing it
+    /// would cost a pipe and a thread to read nothing).
     fn wants_stdin(&self) -> bool {
-        self.interactive || !std::io::stdin().is_terminal()
+        let stdin = std::io::stdin();
+        (self.interactive || !stdin.is_terminal()) && !is_dev_null(&stdin)
     }
+}
+
+/// Copies `from` to one of our standard streams as it comes. The write is a plain blocking one
+/// on the runtime's thread, not tokio's `stdout()`: that starts a blocking-pool thread at the
+/// first write (a clone, and one more thread for our exit to end, on every `run`). A reader
+/// that does not keep up holds up this command's relays, as it would any process writing to
+/// it, and nothing else.
+async fn relay<W: Write>(mut from: ByteReader, sink: fn() -> W) {
+    let mut buf = vec![0u8; 64 << 10];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        let mut sink = sink();
+        if sink.write_all(&buf[..n]).and_then(|()| sink.flush()).is_err() {
+            break;
+        }
+    }
+}
+
+/// Whether `stdin` is `/dev/null` (the character device 1:3).
+fn is_dev_null(stdin: &std::io::Stdin) -> bool {
+    rustix::fs::fstat(stdin).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
+            && rustix::fs::major(st.st_rdev) == 1
+            && rustix::fs::minor(st.st_rdev) == 3
+    })
 }
 
 /// Copies a command's output to this process's stdout and stderr, and this process's stdin to
@@ -482,18 +509,8 @@ impl Relays {
                 let _ = to_command.shutdown().await;
             });
         }
-        let out = tokio::spawn(async move {
-            let mut stdout = stdout;
-            let mut sink = tokio::io::stdout();
-            let _ = tokio::io::copy(&mut stdout, &mut sink).await;
-            let _ = sink.flush().await;
-        });
-        let err = tokio::spawn(async move {
-            let mut stderr = stderr;
-            let mut sink = tokio::io::stderr();
-            let _ = tokio::io::copy(&mut stderr, &mut sink).await;
-            let _ = sink.flush().await;
-        });
+        let out = tokio::spawn(relay(stdout, std::io::stdout));
+        let err = tokio::spawn(relay(stderr, std::io::stderr));
         Self(vec![out, err])
     }
 

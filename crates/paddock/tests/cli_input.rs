@@ -678,6 +678,18 @@ async fn piped_stdin_reaches_the_command() {
     // Without piped input the command reads end-of-file at once.
     let out = cli.run(&["run", "--", "wc", "-c"]).await;
     assert_eq!((out.code, out.stdout.trim()), (0, "0"));
+    // Our stdin is /dev/null there: the command gets its own /dev/null rather than a pipe
+    // relaying nothing, even with -i; piped input comes through a pipe.
+    for args in [&["run", "--", "readlink", "/proc/self/fd/0"][..], &["run", "-i", "--", "readlink", "/proc/self/fd/0"]]
+    {
+        let out = cli.run(args).await;
+        assert_eq!((out.code, out.stdout.trim()), (0, "/dev/null"), "{args:?}: {}", out.stderr);
+    }
+    let out = cli.run_with_stdin(&["run", "--", "readlink", "/proc/self/fd/0"], Vec::new()).await;
+    assert!(out.code == 0 && out.stdout.starts_with("pipe:"), "{out:?}");
+    // Output written in pieces, without newlines, arrives whole and in order on each stream.
+    let out = cli.run(&["run", "--", "sh", "-c", "printf a; sleep 0.05; printf b >&2; printf c"]).await;
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "ac", "b"));
     cli.assert_nothing_left(&before, "stdin");
 }
 
