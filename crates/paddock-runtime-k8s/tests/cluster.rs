@@ -473,7 +473,17 @@ async fn api_server_unreachable(rt: &dyn Runtime, id: &SandboxId, client: &Clien
     assert!(addresses.len() >= 2, "the Service and at least one endpoint: {addresses:?}");
     for a in &addresses {
         let probe = format!("timeout 3 nc {a} </dev/null");
-        assert_eq!(plain_exec(client, ns, "plain-client", &probe).await, 0, "control: a plain Pod reaches {a}");
+        // The control may miss once on a busy node (a fresh Pod's route, the API server slow to
+        // accept): it has to connect once in ten tries; the sandbox never may.
+        let mut control = 1;
+        for _ in 0..10 {
+            control = plain_exec(client, ns, "plain-client", &probe).await;
+            if control == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(control, 0, "control: a plain Pod reaches {a}");
         let o = sh(rt, id, &probe).await;
         assert_ne!(o.outcome.exit_code, 0, "the sandbox must not reach the API server at {a}: {}", o.stdout);
     }
