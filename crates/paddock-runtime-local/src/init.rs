@@ -323,15 +323,12 @@ impl Init {
         };
         // A first try at the path found (with copies of the stdio, kept for a second try);
         // where execvp would go on from its failure, the second try is execvp's own search.
-        let first = match program_path(&argv[0], env.get("PATH")) {
-            std::borrow::Cow::Owned(found) => {
-                match (stdin.as_ref().map(|f| f.try_clone()).transpose(), stdout.try_clone(), stderr.try_clone()) {
-                    (Ok(i), Ok(o), Ok(e)) => Some(start(&found, i, o, e)),
-                    _ => None,
-                }
+        let first = program_path(&argv[0], env.get("PATH")).and_then(|found| {
+            match (stdin.as_ref().map(|f| f.try_clone()).transpose(), stdout.try_clone(), stderr.try_clone()) {
+                (Ok(i), Ok(o), Ok(e)) => Some(start(&found, i, o, e)),
+                _ => None,
             }
-            std::borrow::Cow::Borrowed(_) => None,
-        };
+        });
         let spawned = match first {
             Some(Err(e)) if execvp_goes_on(&e) => start(&argv[0], stdin, stdout, stderr),
             Some(started) => started,
@@ -418,25 +415,21 @@ impl Init {
 }
 
 /// Where the command `program` is, looked up in the command's own `PATH` as `execvp` would
-/// (the first entry with an executable file of that name), or `program` itself when it names a
-/// path, a `PATH` entry is relative, or nothing is found (`Command` then reports the error).
+/// (the first entry with an executable file of that name); `None` when it names a path, a
+/// `PATH` entry is relative, or nothing is found (`Command` then searches, or reports the error).
 ///
 /// Looked up here because `Command` can only start a program it has to find in a `PATH` of
 /// the command's own by forking this process, which copies its page tables; with the path
 /// known it spawns with `vfork` semantics instead: a few hundred microseconds of every exec.
-fn program_path<'a>(program: &'a str, path: Option<&'a String>) -> std::borrow::Cow<'a, str> {
-    let Some(path) = path.filter(|_| !program.contains('/') && !program.is_empty()) else { return program.into() };
+fn program_path(program: &str, path: Option<&String>) -> Option<String> {
+    let path = path.filter(|_| !program.contains('/') && !program.is_empty())?;
     if path.split(':').any(|dir| !dir.starts_with('/')) {
-        return program.into();
+        return None;
     }
-    for dir in path.split(':') {
-        let candidate = format!("{}/{program}", dir.trim_end_matches('/'));
-        let executable = rustix::fs::access(candidate.as_str(), rustix::fs::Access::EXEC_OK).is_ok();
-        if executable && std::fs::metadata(&candidate).is_ok_and(|m| m.is_file()) {
-            return candidate.into();
-        }
-    }
-    program.into()
+    path.split(':').map(|dir| format!("{}/{program}", dir.trim_end_matches('/'))).find(|candidate| {
+        rustix::fs::access(candidate.as_str(), rustix::fs::Access::EXEC_OK).is_ok()
+            && std::fs::metadata(candidate).is_ok_and(|m| m.is_file())
+    })
 }
 
 /// Whether execvp goes on from this failure to start a file it found: a script without `#!`
@@ -533,15 +526,15 @@ mod tests {
         file(b.join("tool"), 0o755);
         file(b.join("dir-tool"), 0o755);
         let path = format!("/nonexistent:{}/:{}", a.display(), b.display());
-        let found = |program: &str, path: &str| program_path(program, Some(&path.to_owned())).into_owned();
-        assert_eq!(found("tool", &path), format!("{}/tool", b.display()));
-        assert_eq!(found("dir-tool", &path), format!("{}/dir-tool", b.display()));
-        // Left as given: not found, a path already, a relative PATH entry, no PATH.
-        assert_eq!(found("missing", &path), "missing");
-        assert_eq!(found("./tool", &path), "./tool");
-        assert_eq!(found("tool", &format!("{}:relative", b.display())), "tool");
-        assert_eq!(found("tool", &format!(":{}", b.display())), "tool");
-        assert_eq!(found("", &path), "");
-        assert_eq!(program_path("tool", None), "tool");
+        let found = |program: &str, path: &str| program_path(program, Some(&path.to_owned()));
+        assert_eq!(found("tool", &path), Some(format!("{}/tool", b.display())));
+        assert_eq!(found("dir-tool", &path), Some(format!("{}/dir-tool", b.display())));
+        // Left to `Command`: not found, a path already, a relative PATH entry, no PATH.
+        assert_eq!(found("missing", &path), None);
+        assert_eq!(found("./tool", &path), None);
+        assert_eq!(found("tool", &format!("{}:relative", b.display())), None);
+        assert_eq!(found("tool", &format!(":{}", b.display())), None);
+        assert_eq!(found("", &path), None);
+        assert_eq!(program_path("tool", None), None);
     }
 }

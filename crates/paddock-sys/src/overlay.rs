@@ -114,7 +114,8 @@ pub struct PendingUserns {
 }
 
 impl PendingUserns {
-    /// Forks the child that makes the namespace. The caller must be single-threaded.
+    /// Forks the child that makes the namespace. Fails unless the caller is single-threaded
+    /// (see [`fork`]).
     pub fn start() -> Result<Self> {
         let (ready_r, ready_w) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SysError::call("pipe", e))?;
