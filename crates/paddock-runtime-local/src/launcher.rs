@@ -14,7 +14,9 @@
 //! ([`Launcher::fork_now`]), while it is single-threaded and holds nothing but stdio, its
 //! arguments and its environment, which the launcher then erases from its memory. Each
 //! request names the data directory, so the CLI can fork one before it has parsed its
-//! arguments.
+//! arguments. A CLI command creates one sandbox, so its launcher serves one request and
+//! becomes that sandbox's supervisor itself, a fork less on the way to the sandbox; a second
+//! create in the same process would exec its supervisor.
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -36,6 +38,8 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Launcher {
     process: std::sync::Mutex<Process>,
     state: tokio::sync::Mutex<State>,
+    /// It serves one launch by becoming the supervisor (a CLI command's, [`Launcher::fork_now`]).
+    once: bool,
 }
 
 /// The launcher process, to collect once it has ended.
@@ -48,6 +52,8 @@ enum State {
     /// Not yet registered with the async runtime (it may be started before one exists).
     Unregistered(OwnedFd),
     Ready(AsyncFd<OwnedFd>),
+    /// A launcher that served its one launch: the process is that sandbox's supervisor now.
+    Supervising,
     Gone,
 }
 
@@ -81,14 +87,16 @@ impl Launcher {
             .stderr(Stdio::null())
             .env_clear()
             .spawn()?;
-        Ok(Launcher::new(Process::Execd(child), ours))
+        Ok(Launcher::new(Process::Execd(child), ours, false))
     }
 
     /// Forks a launcher from this process now (for `paddock run` and `create`, before the CLI
     /// parses its arguments): cheaper than exec'ing one, or a supervisor. The launcher keeps
     /// stdio only (its socket as stdin, `/dev/null` as stdout and stderr), erases the
-    /// arguments and environment it was forked with from its memory, and serves until the
-    /// returned end is dropped. Give it to [`crate::LocalRuntime::with_forked_launcher`].
+    /// arguments and environment it was forked with from its memory, and serves one launch by
+    /// becoming that supervisor (a later launch gets `None`, and the runtime execs), or ends
+    /// when the returned end is dropped unused. Give it to
+    /// [`crate::LocalRuntime::with_forked_launcher`].
     ///
     /// It fails, forking nothing, once the process runs a second thread or holds a descriptor
     /// above stderr (one its starter passed, say): call it first thing in `main`. Supervisors
@@ -98,11 +106,11 @@ impl Launcher {
             sp::ForkedWithSocket::Child => {
                 let clean =
                     sp::forget_args_and_env(b"paddock __launcher").is_ok() && std::env::set_current_dir("/").is_ok();
-                sp::exit_now(if clean { main() } else { 1 })
+                sp::exit_now(if clean { serve(true) } else { 1 })
             }
             sp::ForkedWithSocket::Parent { pid, socket } => {
                 let pid = rustix::process::Pid::from_raw(pid as i32).expect("fork returned a pid");
-                Ok(Launcher::new(Process::Forked(pid), socket))
+                Ok(Launcher::new(Process::Forked(pid), socket, true))
             }
         }
     }
@@ -113,9 +121,11 @@ impl Launcher {
     }
 
     /// Closes the socket, which ends the launcher, and collects it: `wait`ing for it, or only
-    /// if it has ended already.
+    /// if it has ended already. One that became a supervisor is never waited for here: it
+    /// lives as long as its sandbox.
     fn end(&mut self, wait: bool) {
-        *self.state.get_mut() = State::Gone;
+        let supervising = matches!(std::mem::replace(self.state.get_mut(), State::Gone), State::Supervising);
+        let wait = wait && !supervising;
         let Ok(process) = self.process.get_mut() else { return };
         match process {
             Process::Execd(child) if wait => {
@@ -132,10 +142,11 @@ impl Launcher {
         }
     }
 
-    fn new(process: Process, socket: OwnedFd) -> Self {
+    fn new(process: Process, socket: OwnedFd, once: bool) -> Self {
         Launcher {
             process: std::sync::Mutex::new(process),
             state: tokio::sync::Mutex::new(State::Unregistered(socket)),
+            once,
         }
     }
 
@@ -151,7 +162,7 @@ impl Launcher {
         stdout: BorrowedFd<'_>,
     ) -> Option<Result<(), String>> {
         let mut state = self.state.lock().await;
-        if let State::Gone = &*state {
+        if let State::Gone | State::Supervising = &*state {
             return None;
         }
         let result =
@@ -165,6 +176,8 @@ impl Launcher {
             // Requests and answers may be out of step now: stop using it (dropping the
             // socket ends the launcher).
             *state = State::Gone;
+        } else if self.once {
+            *state = State::Supervising;
         }
         Some(result)
     }
@@ -217,11 +230,17 @@ async fn exchange(
     }
 }
 
-/// Entry point of `paddock __launcher` (and of a forked launcher): forks a supervisor for each
-/// request on stdin (a `SOCK_SEQPACKET` socket) until the runtime's end closes, and collects
-/// them as they end (a server's supervisors are its launcher's children, as exec'd ones are
-/// the server's). Returns the exit code.
+/// Entry point of `paddock __launcher`: forks a supervisor for each request on stdin (a
+/// `SOCK_SEQPACKET` socket) until the runtime's end closes, and collects them as they end (a
+/// server's supervisors are its launcher's children, as exec'd ones are the server's). Returns
+/// the exit code.
 pub fn main() -> i32 {
+    serve(false)
+}
+
+/// The launcher's loop; `once` (a CLI command's launcher) becomes the supervisor of the first
+/// sandbox asked for instead of forking it.
+fn serve(once: bool) -> i32 {
     if sp::cloexec_inherited_fds().is_err() {
         return 1;
     }
@@ -269,6 +288,15 @@ pub fn main() -> i32 {
                 continue;
             }
         };
+        if once {
+            // Answered first: once the socket is replaced by the supervisor's stdin, the
+            // runtime's end reads an end of file, which it would take for a failure.
+            if answer(sock.as_fd(), b"ok").is_err() {
+                return 1;
+            }
+            drop(sigchld);
+            run_supervisor(data_dir, &id, fds)
+        }
         let answered = match sp::fork() {
             Ok(Forked::Child) => {
                 drop(sigchld);
@@ -292,8 +320,9 @@ fn answer(sock: BorrowedFd<'_>, body: &[u8]) -> std::io::Result<()> {
     fdpass::send(sock, body, &[])
 }
 
-/// The forked supervisor: stdio as `paddock __supervise` gets it (the spec on stdin, in place
-/// of the launcher's socket; the readiness on stdout; no stderr), then the supervisor itself.
+/// The supervisor, forked (or, `once`, the launcher itself): stdio as `paddock __supervise`
+/// gets it (the spec on stdin, in place of the launcher's socket; the readiness on stdout; no
+/// stderr), then the supervisor itself.
 fn run_supervisor(data_dir: &Path, id: &SandboxId, fds: Vec<OwnedFd>) -> ! {
     let Ok(null) = std::fs::File::open("/dev/null") else { sp::exit_now(1) };
     let redirected = rustix::stdio::dup2_stdin(&fds[0])

@@ -28,8 +28,9 @@ fn main() -> ExitCode {
     // left in it.
     paddock_sys::process::wipe(early);
     // A command that may start a sandbox here forks its supervisor's launcher now, while this
-    // process holds nothing but its arguments and environment (which the launcher erases): the
-    // supervisor is then a fork away, where an exec of this binary costs about a millisecond.
+    // process holds nothing but its arguments and environment (which the launcher erases): it
+    // becomes the sandbox's supervisor when asked, where an exec of this binary costs about a
+    // millisecond.
     if create {
         // On an error (a descriptor the starter passed, say) supervisors are exec'd instead.
         if let Ok(launcher) = paddock_runtime_local::launcher::Launcher::fork_now() {
@@ -129,5 +130,29 @@ mod tests {
         assert!(super::may_create(&args(&["create", "--image", "host"])));
         assert!(!super::may_create(&args(&["ls"])));
         assert!(!super::may_create(&args(&["exec", "sbx-1", "--", "run"])));
+    }
+
+    /// `build.rs` links libgcc's unwinder into the binary: no libgcc_s is loaded, and a panic
+    /// still unwinds (running destructors on the way) to where it is caught, as the server's
+    /// tasks and the tests rely on.
+    #[test]
+    fn panics_unwind_through_the_linked_in_unwinder() {
+        struct Dropped<'a>(&'a std::cell::Cell<bool>);
+        impl Drop for Dropped<'_> {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let dropped = std::cell::Cell::new(false);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _guard = Dropped(&dropped);
+            std::panic::resume_unwind(Box::new(7_u32));
+        }));
+        assert_eq!(caught.err().and_then(|p| p.downcast::<u32>().ok()).map(|b| *b), Some(7));
+        assert!(dropped.get(), "the unwinder skipped a destructor");
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        if cfg!(static_libgcc) {
+            assert!(!maps.contains("libgcc_s"), "libgcc_s is loaded although build.rs linked libgcc_eh:\n{maps}");
+        }
     }
 }
