@@ -3,8 +3,8 @@
 //! Every command a user runs starts this binary, and `paddock run` waits for that start. With
 //! libgcc_s the dynamic loader maps, relocates and searches one more shared object, and the
 //! object's constructor probes the CPU's features with `cpuid`, which traps to the hypervisor
-//! on a VM; together 0.6–0.7 ms of a 12 ms `paddock run -- echo x` (BENCHMARKS.md, "Thin LTO
-//! and a static unwinder"). Rust's standard library asks the linker for `-lgcc_s` by name and
+//! on a VM; together 0.6–0.7 ms of a 12 ms `paddock run -- echo x` (BENCHMARKS.md, "Thin LTO,
+//! a static unwinder, and the CLI's launcher…"). Rust's standard library asks the linker for `-lgcc_s` by name and
 //! offers no switch for the static unwinder on glibc targets short of a fully static binary
 //! (which breaks glibc's name service lookups), so this script puts a one-line linker script of
 //! that name first on the search path, naming `libgcc_eh.a`: the same unwinder, linked in the
@@ -13,7 +13,7 @@
 //! Only for a native linux-gnu build whose C compiler knows a `libgcc_eh.a`; otherwise, or with
 //! `PADDOCK_DYNAMIC_LIBGCC=1`, the binary links libgcc_s as before.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
@@ -50,5 +50,5 @@ fn static_unwinder() -> Option<PathBuf> {
     let cc = std::env::var("CC").ok().filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
     let out = Command::new(cc).arg("-print-file-name=libgcc_eh.a").output().ok()?;
     let path = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    (out.status.success() && path.is_absolute() && Path::new(&path).is_file()).then_some(path)
+    (out.status.success() && path.is_absolute() && path.is_file()).then_some(path)
 }

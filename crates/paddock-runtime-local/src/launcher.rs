@@ -87,7 +87,7 @@ impl Launcher {
             .stderr(Stdio::null())
             .env_clear()
             .spawn()?;
-        Ok(Launcher::new(Process::Execd(child), ours, false))
+        Ok(Launcher::new(Process::Execd(child), ours))
     }
 
     /// Forks a launcher from this process now (for `paddock run` and `create`, before the CLI
@@ -110,7 +110,7 @@ impl Launcher {
             }
             sp::ForkedWithSocket::Parent { pid, socket } => {
                 let pid = rustix::process::Pid::from_raw(pid as i32).expect("fork returned a pid");
-                Ok(Launcher::new(Process::Forked(pid), socket, true))
+                Ok(Launcher::new(Process::Forked(pid), socket))
             }
         }
     }
@@ -142,11 +142,12 @@ impl Launcher {
         }
     }
 
-    fn new(process: Process, socket: OwnedFd, once: bool) -> Self {
+    fn new(process: Process, socket: OwnedFd) -> Self {
         Launcher {
+            // A forked launcher is a CLI command's (`fork_now`), which serves one launch.
+            once: matches!(process, Process::Forked(_)),
             process: std::sync::Mutex::new(process),
             state: tokio::sync::Mutex::new(State::Unregistered(socket)),
-            once,
         }
     }
 
