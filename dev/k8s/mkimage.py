@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--file", action="append", default=[])
     ap.add_argument("--link", action="append", default=[])
     ap.add_argument("--dir", action="append", default=[])
+    ap.add_argument("--workdir", default="/")
     a = ap.parse_args()
 
     entries = []  # (dst, kind, payload)
@@ -64,7 +65,7 @@ def main():
     cfg = {"architecture": "amd64", "os": "linux",
            "config": {"Entrypoint": json.loads(a.entrypoint), "Cmd": json.loads(a.cmd),
                       "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + a.env,
-                      "WorkingDir": "/"},
+                      "WorkingDir": a.workdir},
            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
            "history": [{"created_by": "paddock dev/k8s/mkimage.py"}]}
     cfg_b = json.dumps(cfg, sort_keys=True).encode(); cfg_d = blob(cfg_b)

@@ -54,6 +54,8 @@ const HEADER: usize = 5;
 pub struct ExecSpec {
     pub argv: Vec<String>,
     pub env: std::collections::BTreeMap<String, String>,
+    /// Empty: the agent's own starting directory (the image's `WorkingDir`), or `/workspace`
+    /// when that is `/`.
     pub cwd: String,
     pub token: String,
     pub stdin: bool,

@@ -12,8 +12,9 @@ mod oom;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +43,7 @@ const PIPE_MAX: usize = 1 << 20;
 const USAGE: &str = "usage: paddock-agent --id ID [--port PORT]";
 
 fn main() -> ExitCode {
+    default_cwd();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (id, port) = match args.as_slice() {
         [flag, id] if flag == "--id" => (id.clone(), PORT),
@@ -207,6 +209,17 @@ fn signal_of(n: i32) -> Option<rustix::process::Signal> {
     rustix::process::Signal::from_named_raw(n)
 }
 
+/// Where a command that names no directory starts: the directory the agent started in, which
+/// is the container's (the image's `WorkingDir`), or `/workspace` when that is `/`, as the
+/// runtime's shell wrapper and the local runtime decide.
+fn default_cwd() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| match std::env::current_dir() {
+        Ok(d) if d != Path::new("/") => d,
+        _ => PathBuf::from("/workspace"),
+    })
+}
+
 /// Starts the command of a `/run` (`running` is `None`) or `/exec` request and streams its
 /// output.
 async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
@@ -228,16 +241,18 @@ async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
     let program = program.clone();
     let mut command = tokio::process::Command::new(&program);
     command.args(args);
-    if let Some(spec) = &exec {
-        command.env_clear().envs(&spec.env).current_dir(&spec.cwd);
+    let cwd = exec.as_ref().map(|spec| if spec.cwd.is_empty() { default_cwd() } else { Path::new(&spec.cwd) });
+    if let (Some(spec), Some(cwd)) = (&exec, cwd) {
+        command.env_clear().envs(&spec.env).current_dir(cwd);
     }
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
     let response = Response::new(BodyExt::boxed(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx))));
-    if let Some(spec) = &exec
-        && !std::path::Path::new(&spec.cwd).is_dir()
+    if let Some(cwd) = cwd
+        && !cwd.is_dir()
     {
         // As the shell wrapper reports it: the command never started.
-        let message = format!("paddock: cannot run \"{program}\": working directory {} does not exist\n", spec.cwd);
+        let message =
+            format!("paddock: cannot run \"{program}\": working directory {} does not exist\n", cwd.display());
         let _ = tx.try_send(Ok(Frame::data(encode(STDERR, message.as_bytes()))));
         let _ = tx.try_send(Ok(Frame::data(encode(EXIT, &exit_frame(127, false)))));
         return response;

@@ -2,6 +2,7 @@
 //! speaks to it, and what a command gets (exact environment, working directory, input, exit
 //! codes as a shell reports them, a process group that one signal ends).
 
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +26,11 @@ impl Drop for Agent {
 }
 
 async fn start() -> Agent {
+    start_in(Path::new(".")).await
+}
+
+/// The agent started in `dir`, as the runtime starts it in the container's working directory.
+async fn start_in(dir: &Path) -> Agent {
     // A free port: the agent's own (44770) may be taken on a test host.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     // Started as the runtime starts it: a background job of a shell, which begins with
@@ -36,6 +42,7 @@ async fn start() -> Agent {
             env!("CARGO_BIN_EXE_paddock-agent"),
         ])
         .arg(port.to_string())
+        .current_dir(dir)
         .output()
         .unwrap();
     let pid = String::from_utf8(out.stdout).unwrap().trim().to_owned();
@@ -148,6 +155,26 @@ async fn commands_get_exactly_what_was_asked_and_report_as_a_shell_would() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(signal(&agent, "token=never-started&signal=15").await, StatusCode::NOT_FOUND);
     assert_eq!(signal(&agent, "token=x").await, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_command_naming_no_directory_starts_where_the_agent_started_or_in_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let pwd = || exec(&["pwd"], json!({"PATH": "/usr/bin:/bin"}), "", "d1", false);
+    let agent = start_in(dir.path()).await;
+    let (_, frames) = call(&agent, "/exec", pwd(), b"").await;
+    assert_eq!(split(&frames).0, format!("{}\n", dir.path().display()));
+    drop(agent);
+    // Started in `/`, as in a container whose image has no WorkingDir: `/workspace`.
+    let agent = start_in(Path::new("/")).await;
+    let (_, frames) = call(&agent, "/exec", pwd(), b"").await;
+    let (out, err, end) = split(&frames);
+    if Path::new("/workspace").is_dir() {
+        assert_eq!(out, "/workspace\n");
+    } else {
+        assert_eq!(exit_of(&end), (127, 0));
+        assert!(err.contains("working directory /workspace does not exist"), "{err}");
+    }
 }
 
 #[tokio::test]

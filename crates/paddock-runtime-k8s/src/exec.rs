@@ -37,6 +37,7 @@ use crate::objects::CONTAINER;
 /// for `OOM_SCRIPT`.
 pub const WRAPPER: &str = r#"t=$1 d=$2 prog=$3; shift 3
 if [ "$#" = 0 ]; then a="/tmp/.paddock-exec/$t.args"; . "$a" || exit 126; rm -f "$a"; fi
+if [ -z "$d" ]; then d=${PWD:-/}; [ "$d" = / ] && d=/workspace; fi
 if ! cd "$d" 2>/dev/null; then
   printf 'paddock: cannot run "%s": working directory %s does not exist\n' "$prog" "$d" >&2; exit 127
 fi
@@ -116,10 +117,12 @@ pub fn wrap(token: &str, cwd: &str, env: &BTreeMap<String, String>, argv: &[Stri
     Wrapped { argv: out, staged: Some(format!("set -- {}\n", quoted.join(" "))) }
 }
 
-/// Resolves an exec working directory: relative paths start at `/workspace`.
+/// Resolves an exec working directory: relative paths start at `/workspace`; none is `""`,
+/// which the wrapper and the agent read as the container's own working directory (the
+/// image's `WorkingDir`), or `/workspace` when that is `/`.
 pub fn resolve_cwd(cwd: Option<&str>) -> Result<String, RuntimeError> {
     match cwd {
-        None | Some("") => Ok("/workspace".into()),
+        None | Some("") => Ok(String::new()),
         Some(c) if c.contains('\0') => {
             Err(RuntimeError::InvalidArgument(format!("working directory {c:?} contains a NUL byte")))
         }
@@ -574,7 +577,7 @@ mod tests {
 
     #[test]
     fn cwd_is_resolved_under_the_workspace() {
-        assert_eq!(resolve_cwd(None).unwrap(), "/workspace");
+        assert_eq!(resolve_cwd(None).unwrap(), "");
         assert_eq!(resolve_cwd(Some("a b")).unwrap(), "/workspace/a b");
         assert_eq!(resolve_cwd(Some("/tmp")).unwrap(), "/tmp");
         assert!(resolve_cwd(Some("a\0")).is_err());
@@ -631,6 +634,20 @@ mod tests {
         assert_eq!(out.status.code(), Some(127));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("cannot run \"true\": working directory /no/such/dir does not exist"), "{err}");
+        // No directory: the wrapper's own (the container's `WorkingDir`), or /workspace for /.
+        let here = std::env::temp_dir().join(format!("paddock-wrapper-cwd-{}", std::process::id()));
+        std::fs::create_dir_all(&here).unwrap();
+        let pwd = wrap("unit-test-5", "", &BTreeMap::new(), &["sh".into(), "-c".into(), "pwd".into()]).argv;
+        let out = std::process::Command::new(&bb).args(&pwd).current_dir(&here).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), here.to_str().unwrap());
+        std::fs::remove_dir(&here).unwrap();
+        let out = std::process::Command::new(&bb).args(&pwd).current_dir("/").output().unwrap();
+        if std::path::Path::new("/workspace").is_dir() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "/workspace\n");
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("working directory /workspace does not exist"), "{err}");
+        }
         // Words too long for a URL go through a staged file, quotes and newlines intact.
         let value = "it's \"odd\"\n$(no) `no` \\".repeat(1000);
         let env = BTreeMap::from([("V".to_owned(), value.clone())]);

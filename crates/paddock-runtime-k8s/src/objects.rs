@@ -207,7 +207,8 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             "image": shape.image,
             "imagePullPolicy": shape.image_pull_policy,
             "command": KEEPER_COMMAND,
-            "workingDir": "/workspace",
+            // No workingDir: the image's `WorkingDir` is where commands that name no
+            // directory start (`/workspace` when it is `/`), as on the local runtime.
             "env": env,
             "resources": {
                 "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()},

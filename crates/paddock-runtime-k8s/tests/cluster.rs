@@ -1,6 +1,7 @@
 //! Tests against a real cluster, run only with `PADDOCK_K8S_TESTS=1` and a `KUBECONFIG` (see
 //! dev/k8s/README.md). Each test makes its own namespace `paddock-test-<random>` and deletes it.
-//! The sandbox image is `paddock.local/sandbox:1` (busybox), never pulled.
+//! The sandbox images are `paddock.local/sandbox:1` (busybox) and `paddock.local/sandbox-workdir:1`
+//! (the same with a WorkingDir), never pulled.
 //!
 //! PADDOCK_K8S_TESTS=1 KUBECONFIG=/var/lib/paddock-k8s/admin.kubeconfig \
 //!     cargo test -p paddock-runtime-k8s --test cluster -- --test-threads 2
@@ -23,6 +24,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GATE: &str = "PADDOCK_K8S_TESTS";
 const IMAGE: &str = "paddock.local/sandbox:1";
+/// The same with `WorkingDir` `/srv/app`.
+const WORKDIR_IMAGE: &str = "paddock.local/sandbox-workdir:1";
 
 fn enabled(test: &str) -> bool {
     let on = std::env::var(GATE).as_deref() == Ok("1");
@@ -237,6 +240,8 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
         req.cwd = Some("sub".into());
         let o = run(&rt, &id, req, None).await;
         assert_eq!(o.stdout, "/workspace/sub\n/workspace hi 'there'\n");
+        // No directory named: the image's WorkingDir, which is `/` here, so the workspace.
+        assert_eq!(sh(&rt, &id, "pwd").await.stdout, "/workspace\n");
 
         let started = std::time::Instant::now();
         let mut req = ExecRequest::shell("sleep 30");
@@ -328,6 +333,23 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
         assert!(pods_in(&client, &ns).await.is_empty(), "no Pod is left");
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
         assert!(policies.list(&ListParams::default()).await.unwrap().items.is_empty(), "no NetworkPolicy is left");
+    }
+    {
+        // An image with a WorkingDir: commands that name no directory start there, as in a
+        // container of that image; relative directories still start at the workspace.
+        let spec = SandboxSpec { image: Some(WORKDIR_IMAGE.into()), ..small_spec() };
+        let id = rt.create(spec).await.expect("create from an image with a WorkingDir").id;
+        if agent {
+            let pod = rt.pod_name(&id).await.unwrap();
+            assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came up");
+        }
+        let o = sh(&rt, &id, "pwd").await;
+        assert_eq!(o.stdout, "/srv/app\n", "{}", o.stderr);
+        sh(&rt, &id, "mkdir -p /workspace/sub").await;
+        let mut req = ExecRequest::shell("pwd");
+        req.cwd = Some("sub".into());
+        assert_eq!(run(&rt, &id, req, None).await.stdout, "/workspace/sub\n");
+        rt.destroy(&id).await.unwrap();
     }
     if agent {
         // A sandbox that kills the agent loses only speed: commands go on over pods/exec,

@@ -17,7 +17,6 @@ use paddock_core::runtime::{
     Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState,
 };
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef};
-use paddock_sys::cgroup::CgroupLayout;
 use paddock_sys::fdpass;
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tokio::io::unix::AsyncFd;
@@ -27,7 +26,6 @@ use tokio::sync::oneshot;
 
 use crate::layout::DataDir;
 use crate::protocol::{self, Control, FileCall, Ready, Record, Reply, Request};
-use crate::supervisor::CGROUP_PARENT;
 use paddock_core::egress::{EgressPolicy, EgressStatus};
 use paddock_egress::control::Request as ControlRequest;
 
@@ -361,21 +359,7 @@ impl LocalRuntime {
     async fn clean_dead(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         let record = self.read_record(id).ok();
         let (id, dir, dd) = (id.clone(), self.dd.sandbox(id), self.dd.clone());
-        blocking(move || {
-            if let Ok(layout) = CgroupLayout::detect() {
-                let cg = layout.existing(CGROUP_PARENT, id.as_str());
-                cg.kill_all(Duration::from_secs(10))
-                    .map_err(|e| RuntimeError::System(format!("killing what is left of {id}: {e}")))?;
-                cg.remove(Duration::from_secs(5))
-                    .map_err(|e| RuntimeError::System(format!("removing the cgroup of {id}: {e}")))?;
-            }
-            fs::remove_dir_all(&dir).map_err(sys_err(format!("removing {}", dir.display())))?;
-            if let Some(record) = record {
-                crate::supervisor::release_scratch_identity(&dd, &record);
-            }
-            Ok(())
-        })
-        .await
+        blocking(move || crate::remains::remove(&dd, &id, &dir, record.as_ref()).map_err(RuntimeError::System)).await
     }
 
     /// Runs a file call on a fresh connection; `data` is the pipe a read or write moves
@@ -640,6 +624,13 @@ impl Runtime for LocalRuntime {
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+        // A listing is where remains of a destroy whose supervisor died half-way are noticed.
+        let dd = self.dd.clone();
+        blocking(move || {
+            crate::remains::sweep(&dd);
+            Ok(())
+        })
+        .await?;
         let dir = self.dd.sandboxes();
         let mut entries = tokio::fs::read_dir(&dir).await.map_err(sys_err(format!("listing {}", dir.display())))?;
         // Every supervisor is asked at once: one slow sandbox must not make the list slow.

@@ -8,6 +8,8 @@
 //! <data>/images/                      the image store (paddock-image), 0700
 //! <data>/sandboxes/<id>/workspace/    `/workspace` of a sandbox without a persistent one or a cap
 //! <data>/sandboxes/<id>/supervisor.log
+//! <data>/gone/<id>/                   a destroyed sandbox's directory while its supervisor
+//!                                     removes the rest after answering (see `remains`)
 //! <data>/workspaces/<name>/files/     a thread's persistent `/workspace` (or files.img, size-capped)
 //! <data>/workspaces/<name>/thread.json, sandbox   its thread id; the id of its live sandbox
 //! <data>/workspaces/<name>.lock       serialises acquire/release/destroy of one workspace
@@ -37,6 +39,11 @@ pub struct DataDir {
 /// The data directory used when none is given: `$PADDOCK_DATA_DIR`, else `/var/lib/paddock`.
 pub fn default_data_dir() -> PathBuf {
     std::env::var_os("PADDOCK_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/paddock"))
+}
+
+/// Where a sandbox's image root is mounted, for its directory wherever it is.
+pub fn image_mounts_in(sandbox_dir: &Path) -> PathBuf {
+    sandbox_dir.join("image")
 }
 
 /// Longest path a Unix socket address can hold.
@@ -69,7 +76,15 @@ impl DataDir {
     /// Where an image root's layers, upper layer and overlay are mounted (in the supervisor's
     /// own mount namespace only).
     pub fn image_mounts(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox(id).join("image")
+        image_mounts_in(&self.sandbox(id))
+    }
+    /// Destroyed sandboxes whose remains are still being removed (same filesystem as
+    /// `sandboxes/`, so that a sandbox's directory moves here in one rename).
+    pub fn gone_dir(&self) -> PathBuf {
+        self.root.join("gone")
+    }
+    pub fn gone(&self, id: &SandboxId) -> PathBuf {
+        self.gone_dir().join(id.as_str())
     }
     /// Shared root skeletons (`paddock_sys::mounts::shared_skeleton`).
     pub fn skeletons(&self) -> PathBuf {

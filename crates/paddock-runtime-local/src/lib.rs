@@ -16,6 +16,7 @@ pub mod layout;
 mod ownership;
 mod protocol;
 pub mod registry;
+mod remains;
 pub mod supervisor;
 pub mod volumes;
 mod wsimage;

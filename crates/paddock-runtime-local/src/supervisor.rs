@@ -605,12 +605,29 @@ impl Supervisor {
                 write_record(&self.dd, &self.record).map(|()| Reply::Info { info: Box::new(self.info()) })
             }
             Request::Destroy => {
-                self.teardown();
-                send(&conn, &Reply::Ok);
-                drop(self.mount_ns.take());
-                // The caller need not wait for the image store's lease bookkeeping, only for
-                // the sandbox to be gone.
-                self.release_image();
+                // A sandbox that hands nothing on to a later one is gone for every caller once
+                // retired, so the answer need not wait for the kernel to tear it down.
+                let nothing_handed_on =
+                    self.record.info.spec.workspace.is_none() && self.record.info.spec.volumes.is_empty();
+                match nothing_handed_on.then(|| self.retire()).flatten() {
+                    Some(retired) => {
+                        send(&conn, &Reply::Ok);
+                        self.await_init();
+                        // Everything else before the directory goes, so that an empty `gone/`
+                        // means no destroyed sandbox's work is still running.
+                        drop(self.mount_ns.take());
+                        self.release_image();
+                        self.remove_remains(&retired.dir);
+                    }
+                    None => {
+                        self.teardown();
+                        send(&conn, &Reply::Ok);
+                        drop(self.mount_ns.take());
+                        // The caller need not wait for the image store's lease bookkeeping,
+                        // only for the sandbox to be gone.
+                        self.release_image();
+                    }
+                }
                 return true;
             }
         };
@@ -650,7 +667,24 @@ impl Supervisor {
     /// Kills everything, removes the cgroups and the sandbox directory.
     fn teardown(&mut self) {
         let _ = fs::remove_file(self.dd.socket(&self.id));
-        self.kill_init();
+        if self.signal_init() {
+            self.await_init();
+        }
+        self.remove_remains(&self.dd.sandbox(&self.id));
+    }
+
+    /// Ends the sandbox for every caller without waiting for it to die: no socket, its init
+    /// killed, its directory moved out of `sandboxes/` (see `remains`). `None` when the
+    /// directory cannot move; the sandbox is then torn down as usual.
+    fn retire(&mut self) -> Option<crate::remains::Retired> {
+        let _ = fs::remove_file(self.dd.socket(&self.id));
+        self.signal_init();
+        crate::remains::retire(&self.dd, &self.id)
+    }
+
+    /// Everything of the sandbox once its init is gone or dying: what is left in its cgroups,
+    /// the cgroups, its mounts, its directory `dir` and then its scratch identity.
+    fn remove_remains(&self, dir: &Path) {
         if let Err(e) = self.cgroup.kill_all(Duration::from_secs(10)) {
             eprintln!("killing the sandbox: {e}");
         }
@@ -659,9 +693,9 @@ impl Supervisor {
             eprintln!("removing the sandbox cgroup: {e}");
         }
         crate::wsimage::unmount(&self.dd.workspace_mount(&self.id));
-        paddock_sys::mounts::unmount_scratch(&self.dd.image_mounts(&self.id));
+        paddock_sys::mounts::unmount_scratch(&crate::layout::image_mounts_in(dir));
         crate::volumes::unstage(&self.dd, &self.id, &self.record.info.spec);
-        if fs::remove_dir_all(self.dd.sandbox(&self.id)).is_ok() {
+        if fs::remove_dir_all(dir).is_ok() {
             release_scratch_identity(&self.dd, &self.record);
         }
     }
@@ -673,18 +707,20 @@ impl Supervisor {
         }
     }
 
-    /// Kills the init and waits, without polling, until it is gone. It is PID 1 of the
-    /// sandbox's pid namespace, and the kernel reaps every other process of a namespace before
-    /// its init's exit is reported, so the cgroup is empty by then and the cgroup's own kill
-    /// loop (still run, for anything unexpected) finds nothing left instead of sleeping.
-    fn kill_init(&self) {
+    /// Kills the init; false when it could not be signalled (it is gone already).
+    fn signal_init(&self) -> bool {
         // A frozen process dies only once thawed.
         if self.cgroup.is_frozen() {
             let _ = self.cgroup.thaw();
         }
-        if rustix::process::pidfd_send_signal(&self.init_pidfd, rustix::process::Signal::KILL).is_err() {
-            return;
-        }
+        rustix::process::pidfd_send_signal(&self.init_pidfd, rustix::process::Signal::KILL).is_ok()
+    }
+
+    /// Waits, without polling, until the killed init is gone (10 s at most). It is PID 1 of
+    /// the sandbox's pid namespace, and the kernel reaps every other process of a namespace
+    /// before its init's exit is reported, so the cgroup is empty by then and the cgroup's own
+    /// kill loop (still run, for anything unexpected) finds nothing left instead of sleeping.
+    fn await_init(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

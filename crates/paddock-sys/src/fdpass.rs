@@ -65,7 +65,13 @@ pub fn send_waiting(
 /// Receives one message; returns its body (empty at end of stream) and the attached
 /// descriptors, which arrive close-on-exec.
 pub fn recv(socket: impl AsFd, flags: RecvFlags) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut body = vec![0u8; MAX_MESSAGE];
+    // The message's length first (a peek with `MSG_TRUNC` reports a sequenced packet's whole
+    // length), so that the buffer is the message's size: a zeroed `MAX_MESSAGE` buffer per
+    // message cost every process 64 page faults and a 256 KiB memset for a request of a
+    // hundred bytes. Peeking leaves the message and its descriptors queued.
+    let (_, len) = rustix::net::recv(&socket, &mut [0u8; 0][..], flags | RecvFlags::PEEK | RecvFlags::TRUNC)?;
+    // One too large is still taken off the queue (into no room), then refused below.
+    let mut body = vec![0u8; if len <= MAX_MESSAGE { len } else { 0 }];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg =
@@ -103,5 +109,29 @@ mod tests {
         drop(a);
         let (eof, fds) = recv(&b, RecvFlags::empty()).unwrap();
         assert!(eof.is_empty() && fds.is_empty());
+    }
+
+    #[test]
+    fn each_message_arrives_whole_and_alone_and_an_oversized_one_is_refused_and_dropped() {
+        let (a, b) = seqpacket_pair().unwrap();
+        // Sockets on this machine may queue less than MAX_MESSAGE + 1 bytes by default.
+        rustix::net::sockopt::set_socket_send_buffer_size(&a, 4 * MAX_MESSAGE).unwrap();
+        let big = vec![7u8; MAX_MESSAGE];
+        send(&a, &big, &[]).unwrap();
+        send(&a, b"", &[]).unwrap();
+        send(&a, &vec![1u8; MAX_MESSAGE + 1], &[]).unwrap();
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        send(&a, b"after", &[r.as_fd()]).unwrap();
+        drop((r, w));
+        let (body, fds) = recv(&b, RecvFlags::empty()).unwrap();
+        assert!(body == big && fds.is_empty(), "a message of MAX_MESSAGE bytes arrives whole");
+        let (body, _) = recv(&b, RecvFlags::empty()).unwrap();
+        assert!(body.is_empty(), "an empty message is empty");
+        let err = recv(&b, RecvFlags::empty()).unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+        let (body, fds) = recv(&b, RecvFlags::empty()).unwrap();
+        assert_eq!((body.as_slice(), fds.len()), (&b"after"[..], 1), "the oversized one is gone, the next intact");
+        let err = recv(&b, RecvFlags::DONTWAIT).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock, "nothing is left queued");
     }
 }

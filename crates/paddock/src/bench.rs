@@ -261,6 +261,7 @@ async fn cold_start(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live
         Progress::new(&format!("[1/{}] cold start (create → first output → destroy)", cfg.sections), total);
     for i in 0..total {
         let p = paddock_cold_once(rt, cfg, live).await?;
+        settle(rt).await?;
         let b = match bwrap {
             Some(b) => Some(b.run_once(&["echo", "x"], true).await?),
             None => None,
@@ -376,6 +377,7 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
     }
     .await;
     let destroyed = destroy(rt, live, &id).await;
+    settle(rt).await?;
     let (round, start, host, b) = measured?;
     destroyed?;
     let paddock_round_trip = Stats::of(&round);
@@ -490,6 +492,7 @@ async fn paddock_idle_round(rt: &LocalRuntime, cfg: &Config, live: &Live, label:
             destroyed = Err(e);
         }
     }
+    settle(rt).await?;
     if let Some(cg) = cgroup {
         cg.leave();
     }
@@ -787,6 +790,12 @@ async fn density(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &
         removed += 1;
         progress.tick(removed);
     }
+    // Down means gone: the supervisors finish removing their sandboxes after answering.
+    if failure.is_none()
+        && let Err(e) = settle(rt).await
+    {
+        failure = Some(e);
+    }
     let down = t1.elapsed();
     if let Some(e) = failure {
         return Err(e);
@@ -851,6 +860,29 @@ async fn create(rt: &LocalRuntime, cfg: &Config, live: &Live) -> Result<SandboxI
     let info = within("creating a sandbox", rt.create(cfg.spec())).await?;
     live.insert(&info.id);
     Ok(info.id)
+}
+
+/// Waits until the supervisors of destroyed sandboxes have finished what they do after
+/// answering (see `remains` in the local runtime): their directories in `<data>/gone/` are
+/// the last thing they remove. Measurements call it outside their timing, so that this work
+/// never runs inside the next measurement, bubblewrap's included.
+async fn settle(rt: &LocalRuntime) -> Result<()> {
+    settle_gone(&rt.data_dir().gone_dir()).await
+}
+
+/// [`settle`] for the data directory whose `gone/` is `gone` (a server's).
+async fn settle_gone(gone: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(gone).is_ok_and(|mut d| d.next().is_some()) {
+        if Instant::now() > deadline {
+            bail!(
+                "destroyed sandboxes were still being removed after 60 s: see {} (`paddock ls` removes what a dead supervisor left)",
+                gone.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 async fn destroy(rt: &LocalRuntime, live: &Live, id: &SandboxId) -> Result<()> {
@@ -996,6 +1028,7 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
         let (mut p, mut b) = (Vec::new(), Vec::new());
         for i in 0..total {
             let t = cli_once(&exe, &args).await?;
+            settle(rt).await?;
             let bt = match bwrap {
                 Some(bw) => Some(bw.run_once(&["echo", "x"], true).await?.1),
                 None => None,

@@ -140,10 +140,61 @@ async fn destroy_leaves_nothing_behind() {
     let info = env.create(SandboxSpec::default()).await;
     let out = sh(&env.rt, &info.id, "sleep 300 >/dev/null 2>&1 & sleep 300 >/dev/null 2>&1 & echo started").await;
     assert_eq!(out.stdout, "started\n");
+    let slot = host_identity_slot(env.data(), &info.id);
+    assert!(slot.is_file(), "the identity of a live sandbox is not recorded");
     env.rt.destroy(&info.id).await.unwrap();
-    assert_nothing_left(env.data(), &info.id);
+    // Gone for every caller the moment destroy answers, though its supervisor may still be
+    // removing what is left on the host.
     assert!(matches!(env.rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
     assert!(matches!(env.rt.destroy(&info.id).await, Err(RuntimeError::NotFound(_))));
+    assert!(env.rt.list().await.unwrap().is_empty());
+    let exec = env.rt.exec(&info.id, ExecRequest::shell("true")).await;
+    assert!(matches!(exec, Err(RuntimeError::NotFound(_))), "{:?}", exec.err());
+    assert_nothing_left(env.data(), &info.id);
+    common::eventually("a destroyed sandbox's identity was not given back", || !slot.exists());
+}
+
+/// The file that claims the sandbox's host identity in the data directory.
+fn host_identity_slot(data: &std::path::Path, id: &paddock_core::runtime::SandboxId) -> std::path::PathBuf {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id.as_str()).join("record.json")).unwrap())
+            .unwrap();
+    let uid = record["host_ids"]["uid"].as_u64().unwrap() as u32;
+    data.join("ids").join((uid - paddock_runtime_local::identity::BASE).to_string())
+}
+
+/// A supervisor that dies after moving a destroyed sandbox's directory out of `sandboxes/`
+/// leaves it in `gone/`: the next listing removes it with the sandbox's cgroups and identity,
+/// unless a supervisor still holds its lock. Simulated by killing a supervisor and moving its
+/// directory by hand, which is the state such a death leaves.
+#[tokio::test]
+async fn remains_of_a_destroy_cut_short_are_swept_by_the_next_listing() {
+    let env = Env::new();
+    let info = env.create(SandboxSpec::default()).await;
+    let slot = host_identity_slot(env.data(), &info.id);
+    let dir = env.data().join("sandboxes").join(info.id.as_str());
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("record.json")).unwrap()).unwrap();
+    let supervisor = record["supervisor_pid"].as_u64().unwrap() as i32;
+    rustix::process::kill_process(rustix::process::Pid::from_raw(supervisor).unwrap(), rustix::process::Signal::KILL)
+        .unwrap();
+    common::eventually("the killed supervisor's sandbox is still running", || {
+        std::process::Command::new("pgrep").args(["-f", info.id.as_str()]).output().unwrap().stdout.is_empty()
+    });
+    let gone = env.data().join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    std::fs::rename(&dir, gone.join(info.id.as_str())).unwrap();
+
+    // Locked: a supervisor is still at work on it.
+    let lock = std::fs::File::open(gone.join(info.id.as_str())).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    assert!(env.rt.list().await.unwrap().is_empty());
+    assert!(gone.join(info.id.as_str()).exists(), "a locked directory in gone/ was swept");
+    assert!(slot.is_file(), "the identity of a sandbox still being removed was given back");
+    drop(lock);
+
+    assert!(env.rt.list().await.unwrap().is_empty());
+    assert!(!slot.exists(), "the identity of the swept sandbox was not given back");
+    assert_nothing_left(env.data(), &info.id);
 }
 
 #[tokio::test]

@@ -123,28 +123,43 @@ pub async fn sh(rt: &LocalRuntime, id: &SandboxId, script: &str) -> Output {
     exec(rt, id, ExecRequest::shell(script), None).await
 }
 
+/// Waits (3 s at most) until `done` holds: for what a destroy's supervisor removes right after
+/// answering.
+pub fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Host-side check that nothing of a destroyed sandbox is left.
 pub fn assert_nothing_left(data: &Path, id: &SandboxId) {
     assert!(!data.join("sandboxes").join(id.as_str()).exists(), "state directory of {id} left behind");
-    for ctl in ["memory", "pids", "cpu", "freezer", "unified"] {
-        let p = PathBuf::from("/sys/fs/cgroup").join(ctl).join("paddock").join(id.as_str());
-        assert!(!p.exists(), "cgroup {} left behind", p.display());
-    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(id.as_str()), "a mount of {id} is left on the host");
-    // The sandbox's own processes are gone before destroy answers; its supervisor exits right
-    // after answering, so give that exit a moment on a loaded machine.
+    // A destroy answers once the sandbox is unreachable and killed; its supervisor removes its
+    // processes, cgroups and directory right after, so give that a moment on a loaded machine.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
+        let mut left = Vec::new();
+        if data.join("gone").join(id.as_str()).exists() {
+            left.push(format!("its directory in {}", data.join("gone").display()));
+        }
+        for ctl in ["memory", "pids", "cpu", "freezer", "unified"] {
+            let p = PathBuf::from("/sys/fs/cgroup").join(ctl).join("paddock").join(id.as_str());
+            if p.exists() {
+                left.push(format!("cgroup {}", p.display()));
+            }
+        }
         let procs = std::process::Command::new("pgrep").args(["-f", id.as_str()]).output().unwrap();
-        if procs.stdout.is_empty() {
+        if !procs.stdout.is_empty() {
+            left.push(format!("processes {}", String::from_utf8_lossy(&procs.stdout).trim()));
+        }
+        if left.is_empty() {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "processes of {id} left: {}",
-            String::from_utf8_lossy(&procs.stdout)
-        );
+        assert!(std::time::Instant::now() < deadline, "{id} left behind: {left:?}");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
