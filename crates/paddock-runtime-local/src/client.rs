@@ -624,13 +624,16 @@ impl Runtime for LocalRuntime {
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
-        // A listing is where remains of a destroy whose supervisor died half-way are noticed.
-        let dd = self.dd.clone();
-        blocking(move || {
-            crate::remains::sweep(&dd);
-            Ok(())
-        })
-        .await?;
+        // A listing is where remains of a destroy whose supervisor died half-way are noticed;
+        // only a listing that finds some goes to the blocking pool.
+        if self.dd.anything_gone() {
+            let dd = self.dd.clone();
+            blocking(move || {
+                crate::remains::sweep(&dd);
+                Ok(())
+            })
+            .await?;
+        }
         let dir = self.dd.sandboxes();
         let mut entries = tokio::fs::read_dir(&dir).await.map_err(sys_err(format!("listing {}", dir.display())))?;
         // Every supervisor is asked at once: one slow sandbox must not make the list slow.

@@ -86,6 +86,10 @@ impl DataDir {
     pub fn gone(&self, id: &SandboxId) -> PathBuf {
         self.gone_dir().join(id.as_str())
     }
+    /// Whether a destroyed sandbox's supervisor is still removing it (or died doing so).
+    pub fn anything_gone(&self) -> bool {
+        std::fs::read_dir(self.gone_dir()).is_ok_and(|mut d| d.next().is_some())
+    }
     /// Shared root skeletons (`paddock_sys::mounts::shared_skeleton`).
     pub fn skeletons(&self) -> PathBuf {
         self.root.join("skeletons")

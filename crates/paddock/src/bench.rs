@@ -37,6 +37,7 @@ use clap::Args;
 use paddock_core::runtime::{ExecRequest, Runtime, SandboxId};
 use paddock_core::spec::SandboxSpec;
 use paddock_runtime_local::LocalRuntime;
+use paddock_runtime_local::layout::DataDir;
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinSet;
@@ -261,7 +262,7 @@ async fn cold_start(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live
         Progress::new(&format!("[1/{}] cold start (create → first output → destroy)", cfg.sections), total);
     for i in 0..total {
         let p = paddock_cold_once(rt, cfg, live).await?;
-        settle(rt).await?;
+        settle(rt.data_dir()).await?;
         let b = match bwrap {
             Some(b) => Some(b.run_once(&["echo", "x"], true).await?),
             None => None,
@@ -377,7 +378,7 @@ async fn exec_round_trip(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>,
     }
     .await;
     let destroyed = destroy(rt, live, &id).await;
-    settle(rt).await?;
+    settle(rt.data_dir()).await?;
     let (round, start, host, b) = measured?;
     destroyed?;
     let paddock_round_trip = Stats::of(&round);
@@ -492,7 +493,7 @@ async fn paddock_idle_round(rt: &LocalRuntime, cfg: &Config, live: &Live, label:
             destroyed = Err(e);
         }
     }
-    settle(rt).await?;
+    settle(rt.data_dir()).await?;
     if let Some(cg) = cgroup {
         cg.leave();
     }
@@ -792,7 +793,7 @@ async fn density(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &
     }
     // Down means gone: the supervisors finish removing their sandboxes after answering.
     if failure.is_none()
-        && let Err(e) = settle(rt).await
+        && let Err(e) = settle(rt.data_dir()).await
     {
         failure = Some(e);
     }
@@ -865,19 +866,15 @@ async fn create(rt: &LocalRuntime, cfg: &Config, live: &Live) -> Result<SandboxI
 /// Waits until the supervisors of destroyed sandboxes have finished what they do after
 /// answering (see `remains` in the local runtime): their directories in `<data>/gone/` are
 /// the last thing they remove. Measurements call it outside their timing, so that this work
-/// never runs inside the next measurement, bubblewrap's included.
-async fn settle(rt: &LocalRuntime) -> Result<()> {
-    settle_gone(&rt.data_dir().gone_dir()).await
-}
-
-/// [`settle`] for the data directory whose `gone/` is `gone` (a server's).
-async fn settle_gone(gone: &Path) -> Result<()> {
+/// never runs inside the next measurement, bubblewrap's included. `data` is the bench's own
+/// (`rt.data_dir()`) or its server's.
+async fn settle(data: &DataDir) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_dir(gone).is_ok_and(|mut d| d.next().is_some()) {
+    while data.anything_gone() {
         if Instant::now() > deadline {
             bail!(
                 "destroyed sandboxes were still being removed after 60 s: see {} (`paddock ls` removes what a dead supervisor left)",
-                gone.display()
+                data.gone_dir().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -1028,7 +1025,7 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
         let (mut p, mut b) = (Vec::new(), Vec::new());
         for i in 0..total {
             let t = cli_once(&exe, &args).await?;
-            settle(rt).await?;
+            settle(rt.data_dir()).await?;
             let bt = match bwrap {
                 Some(bw) => Some(bw.run_once(&["echo", "x"], true).await?.1),
                 None => None,

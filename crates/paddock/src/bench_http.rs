@@ -30,12 +30,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use paddock_core::runtime::Runtime;
 use paddock_runtime_local::LocalRuntime;
+use paddock_runtime_local::layout::DataDir;
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{
     Aim, ColdOut, ColdSamples, Config, ExecOut, LABEL, Live, Progress, Stats, cleanup, create, destroy, ms,
-    paddock_cold_once, paddock_true_once, ratio, settle, settle_gone, times,
+    paddock_cold_once, paddock_true_once, ratio, settle, times,
 };
 
 /// The execd port the server answers itself.
@@ -74,20 +75,20 @@ struct Client {
     agent: ureq::Agent,
     base: String,
     label: String,
-    /// The server's `<data>/gone`, for [`settle_gone`].
-    gone: PathBuf,
+    /// The server's data directory, for [`settle`].
+    data: DataDir,
 }
 
 impl Client {
-    fn new(base: &str, label: &str, gone: PathBuf) -> Self {
+    fn new(base: &str, label: &str, data: DataDir) -> Self {
         let agent: ureq::Agent =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(HTTP_TIMEOUT)).build().into();
-        Self { agent, base: base.to_owned(), label: label.to_owned(), gone }
+        Self { agent, base: base.to_owned(), label: label.to_owned(), data }
     }
 
     /// Another client of the same server, with a connection of its own.
     fn fresh(&self) -> Self {
-        Self::new(&self.base, &self.label, self.gone.clone())
+        Self::new(&self.base, &self.label, self.data.clone())
     }
 
     fn url(&self, path: &str) -> String {
@@ -295,7 +296,7 @@ impl Server {
             child,
             dir: dir.to_owned(),
             command,
-            client: Client::new(&format!("http://{listen}"), label, dir.join("gone")),
+            client: Client::new(&format!("http://{listen}"), label, DataDir::new(dir)),
             done: false,
         })
     }
@@ -514,10 +515,10 @@ async fn cold_start(
     let mut progress = Progress::new("[5/5] HTTP: create → first output → destroy (HTTP and library interleaved)", n);
     for i in 0..n {
         let l = paddock_cold_once(rt, cfg, live).await?;
-        settle(rt).await?;
+        settle(rt.data_dir()).await?;
         let c = client.clone();
         let h = blocking(move || http_cold_once(&c)).await?;
-        settle_gone(&client.gone).await?;
+        settle(&client.data).await?;
         if i >= cfg.warmup {
             lib.push(l);
             total.push(h.total);
