@@ -489,6 +489,19 @@ pub trait Runtime: Send + Sync {
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError>;
     /// Starts a command; its output streams back through the returned `Process`.
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError>;
+    /// Creates a sandbox and starts a command in it, as `create` then `exec` do; a runtime may
+    /// start the command sooner by asking for both at once. The outer error is the create's;
+    /// once the sandbox exists it is returned with the exec's result, so the caller can
+    /// remove it whatever became of the command.
+    async fn create_and_exec(
+        &self,
+        spec: SandboxSpec,
+        request: ExecRequest,
+    ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+        let info = self.create(spec).await?;
+        let process = self.exec(&info.id, request).await;
+        Ok((info, process))
+    }
     /// Runs a file operation that moves no contents.
     async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError>;
     /// Opens a regular file for reading; errors opening it (missing, a directory, no

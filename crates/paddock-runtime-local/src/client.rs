@@ -195,6 +195,17 @@ impl LocalRuntime {
 
     /// Starts a supervisor and waits until the sandbox is ready (or failed to start).
     async fn spawn_supervisor(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        Ok(self.spawn_supervisor_with(spec, None).await?.0)
+    }
+
+    /// [`Self::spawn_supervisor`], handing it `first`, a connection to serve once the sandbox
+    /// is ready (see [`crate::supervisor::main`]); also whether it took it (only a launched
+    /// supervisor can).
+    async fn spawn_supervisor_with(
+        &self,
+        spec: &SandboxSpec,
+        first: Option<OwnedFd>,
+    ) -> Result<(SandboxInfo, bool), RuntimeError> {
         let mut spec = spec.clone();
         let id = Self::new_id()?;
         let dir = self.dd.sandbox(&id);
@@ -213,11 +224,11 @@ impl LocalRuntime {
         // Once it may be running, only a failure it reported cleans up: a supervisor that
         // started keeps its directory until it ends.
         unstarted.armed = false;
-        let result = self.run_supervisor(&id, &spec, image.map(|(root, _)| root)).await;
+        let result = self.run_supervisor(&id, &spec, image.map(|(root, _)| root), first).await;
         if result.is_err() {
             unstarted.clean();
         }
-        let info = result?;
+        let (info, took_first) = result?;
         if let NetworkPolicy::Egress(policy) = &spec.network
             && let Err(e) = self.apply_egress(&id, policy).await
         {
@@ -225,7 +236,7 @@ impl LocalRuntime {
             let _ = self.destroy(&id).await;
             return Err(e);
         }
-        Ok(info)
+        Ok((info, took_first))
     }
 
     async fn run_supervisor(
@@ -233,7 +244,8 @@ impl LocalRuntime {
         id: &SandboxId,
         spec: &SandboxSpec,
         image: Option<crate::protocol::ImageRoot>,
-    ) -> Result<SandboxInfo, RuntimeError> {
+        first: Option<OwnedFd>,
+    ) -> Result<(SandboxInfo, bool), RuntimeError> {
         let start = protocol::encode(&protocol::Start { spec: spec.clone(), image });
         if let Some(launcher) = &self.launcher {
             let (spec_in, spec_out) = pipe_fds()?;
@@ -245,12 +257,16 @@ impl LocalRuntime {
                 Ok(()) => rustix::io::write(&spec_out, &start).unwrap_or(0),
                 Err(_) => 0,
             };
-            match launcher.launch(id, self.dd.root(), spec_in.as_fd(), ready_out.as_fd()).await {
+            match launcher
+                .launch(id, self.dd.root(), spec_in.as_fd(), ready_out.as_fd(), first.as_ref().map(|f| f.as_fd()))
+                .await
+            {
                 Some(Ok(())) => {
                     // Only the supervisor holds these ends now, so its exit is an end of file.
-                    drop((spec_in, ready_out));
+                    drop((spec_in, ready_out, first));
                     let (spec_out, ready_in) = (pipe_writer(spec_out)?, pipe_reader(ready_in)?);
-                    return self.handshake(id, &start[early..], spec_out, ready_in, None).await;
+                    let info = self.handshake(id, &start[early..], spec_out, ready_in, None).await?;
+                    return Ok((info, true));
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "the supervisor launcher failed; sandbox supervisors are exec'd from now on")
@@ -274,7 +290,7 @@ impl LocalRuntime {
             .map_err(sys_err(format!("starting the sandbox supervisor {}", self.exe.display())))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        self.handshake(id, &start, stdin, stdout, Some(child)).await
+        Ok((self.handshake(id, &start, stdin, stdout, Some(child)).await?, false))
     }
 
     /// Sends a supervisor its spec and waits for its readiness line. `child` is the exec'd
@@ -656,39 +672,55 @@ impl Runtime for LocalRuntime {
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process, RuntimeError> {
         request.validate()?;
-        let (out_r, out_w) = pipe_fds()?;
-        let (err_r, err_w) = pipe_fds()?;
-        let stdin = if request.stdin { Some(pipe_fds()?) } else { None };
+        let pipes = ExecPipes::new(request.stdin)?;
         let has_stdin = request.stdin;
-        let conn = {
-            let mut fds = Vec::new();
-            if let Some((r, _)) = &stdin {
-                fds.push(r.as_fd());
-            }
-            fds.push(out_w.as_fd());
-            fds.push(err_w.as_fd());
-            self.request(id, &Request::Exec { request, has_stdin }, &fds).await?
-        };
-        // The sandbox holds its own copies now; ours would keep the output open forever.
-        drop((out_w, err_w));
-        let stdin = match stdin {
-            Some((r, w)) => {
-                drop(r);
-                Some(Box::new(pipe_writer(w)?) as ByteWriter)
-            }
-            None => None,
-        };
-        match conn.recv().await? {
-            Some(Reply::Started { pid }) => Ok(Process {
-                stdin,
-                stdout: Box::new(pipe_reader(out_r)?),
-                stderr: Box::new(pipe_reader(err_r)?),
-                control: Box::new(LocalExecution { conn, pid }),
-            }),
-            Some(Reply::Error { error }) => Err(error.into()),
-            None => Err(RuntimeError::Unavailable(format!("sandbox {id} closed the exec without answering"))),
-            other => Err(RuntimeError::System(format!("unexpected answer to an exec: {other:?}"))),
+        let conn = self.request(id, &Request::Exec { request, has_stdin }, &pipes.theirs()).await?;
+        pipes.started(conn, id).await
+    }
+
+    async fn create_and_exec(
+        &self,
+        mut spec: SandboxSpec,
+        request: ExecRequest,
+    ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+        // Asked at once only where the supervisor's readiness is the sandbox's: a workspace's
+        // sandbox is created under its lock, and an egress policy is put in force after the
+        // start, before any command may run.
+        let at_once = self.launcher.is_some()
+            && spec.workspace.is_none()
+            && !matches!(spec.network, NetworkPolicy::Egress(_))
+            && request.validate().is_ok();
+        if !at_once {
+            let info = self.create(spec).await?;
+            let process = self.exec(&info.id, request).await;
+            return Ok((info, process));
         }
+        spec.image = self.images.apply_alias(spec.image.as_deref());
+        spec.validate()?;
+        crate::image::resolve(spec.image.as_deref())?;
+        // The request waits in a connection of our own, whose other end the supervisor serves
+        // as soon as the sandbox is ready.
+        let pipes = ExecPipes::new(request.stdin)?;
+        let (ours, theirs) = fdpass::seqpacket_pair().map_err(sys_err("creating a connection for the command"))?;
+        let exec = Request::Exec { request: request.clone(), has_stdin: request.stdin };
+        // Non-blocking: nobody reads the other end yet, so a send that would wait is an error.
+        rustix::io::ioctl_fionbio(&ours, true)
+            .map_err(|e| RuntimeError::from_io("the command's connection", &e.into()))?;
+        fdpass::send(&ours, &protocol::encode(&exec), &pipes.theirs())
+            .map_err(sys_err("queueing the command for the sandbox"))?;
+        let (info, took) = self.spawn_supervisor_with(&spec, Some(theirs)).await?;
+        if !took {
+            // An exec'd supervisor: the queued request went with its connection.
+            drop((ours, pipes));
+            let process = self.exec(&info.id, request).await;
+            return Ok((info, process));
+        }
+        let process = async {
+            let conn = Conn { fd: paddock_sys::asyncfd::register(ours).map_err(sys_err("registering a connection"))? };
+            pipes.started(conn, &info.id).await
+        }
+        .await;
+        Ok((info, process))
     }
 
     async fn file(&self, id: &SandboxId, op: FileOp) -> Result<FileReply, RuntimeError> {
@@ -874,6 +906,51 @@ impl AsyncRead for ReadToEnd {
             Ok(Ok(_)) => Poll::Ready(Ok(())),
             Ok(Err(e)) => Poll::Ready(Err(std::io::Error::other(e.to_string()))),
             Err(_) => Poll::Ready(Err(std::io::Error::other("the file read ended without an answer"))),
+        }
+    }
+}
+
+/// The pipes of a command being started: the sandbox's ends go with the request.
+struct ExecPipes {
+    stdin: Option<(OwnedFd, OwnedFd)>,
+    stdout: (OwnedFd, OwnedFd),
+    stderr: (OwnedFd, OwnedFd),
+}
+
+impl ExecPipes {
+    fn new(stdin: bool) -> Result<Self, RuntimeError> {
+        Ok(Self { stdin: if stdin { Some(pipe_fds()?) } else { None }, stdout: pipe_fds()?, stderr: pipe_fds()? })
+    }
+
+    /// The descriptors an exec request carries: [stdin]? stdout stderr.
+    fn theirs(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        let mut fds: Vec<_> = self.stdin.iter().map(|(r, _)| r.as_fd()).collect();
+        fds.extend([self.stdout.1.as_fd(), self.stderr.1.as_fd()]);
+        fds
+    }
+
+    /// Once the request is sent on `conn`: the command, when the sandbox says it started.
+    async fn started(self, conn: Conn, id: &SandboxId) -> Result<Process, RuntimeError> {
+        // The sandbox holds its own copies now; ours would keep the output open forever.
+        let (out_r, err_r) = (self.stdout.0, self.stderr.0);
+        drop((self.stdout.1, self.stderr.1));
+        let stdin = match self.stdin {
+            Some((r, w)) => {
+                drop(r);
+                Some(Box::new(pipe_writer(w)?) as ByteWriter)
+            }
+            None => None,
+        };
+        match conn.recv().await? {
+            Some(Reply::Started { pid }) => Ok(Process {
+                stdin,
+                stdout: Box::new(pipe_reader(out_r)?),
+                stderr: Box::new(pipe_reader(err_r)?),
+                control: Box::new(LocalExecution { conn, pid }),
+            }),
+            Some(Reply::Error { error }) => Err(error.into()),
+            None => Err(RuntimeError::Unavailable(format!("sandbox {id} closed the exec without answering"))),
+            other => Err(RuntimeError::System(format!("unexpected answer to an exec: {other:?}"))),
         }
     }
 }

@@ -99,6 +99,9 @@ fn build(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
     sp::stdio_to_null().map_err(|e| e.to_string())?;
+    // Commands start with every signal's default action, however the sandbox's starter was
+    // started (a shell's background job ignores SIGINT and SIGQUIT).
+    sp::default_ignored_signals().map_err(|e| e.to_string())?;
     let mut byte = [0u8; 1];
     if !matches!(File::from(go).read(&mut byte), Ok(1)) {
         return Err("the supervisor went away before the sandbox was set up".into());
@@ -321,6 +324,11 @@ impl Init {
                 .stderr(Stdio::from(stderr))
                 .spawn()
         };
+        // The command inherits this process's signal mask, in which SIGCHLD is blocked for
+        // the signalfd: a command started with it blocked never hears of its own children's
+        // exits (dash's `wait` sleeps forever). Unblocked for the spawn; an exit it drops
+        // meanwhile is reaped below.
+        let unblocked = sp::unblock_all_signals().is_ok();
         // A first try at the path found (with copies of the stdio, kept for a second try);
         // where execvp would go on from its failure, the second try is execvp's own search.
         let first = program_path(&argv[0], env.get("PATH")).and_then(|found| {
@@ -334,6 +342,10 @@ impl Init {
             Some(started) => started,
             None => start(&argv[0], stdin, stdout, stderr),
         };
+        if unblocked && sp::block_signals(&[Signal::CHILD.as_raw()]).is_err() {
+            // Without SIGCHLD blocked the signalfd stays silent: nothing could be reaped.
+            std::process::exit(1);
+        }
         match spawned {
             Ok(child) => {
                 let pid = child.id();
@@ -342,6 +354,8 @@ impl Init {
                 reply(&connection, &Reply::Started { pid });
                 let deadline = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
                 self.running.insert(pid, Exec { connection, listening: true, deadline, timed_out: false, oom_before });
+                // Its SIGCHLD may have come while unblocked, and gone.
+                self.reap();
             }
             Err(e) => {
                 // Like a shell: say why on the command's stderr, exit 127 or 126.

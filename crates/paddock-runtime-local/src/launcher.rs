@@ -152,7 +152,8 @@ impl Launcher {
     }
 
     /// Starts the supervisor of `id` (of the data directory `data_dir`), its stdin and stdout
-    /// being `stdin` and `stdout`. `None`
+    /// being `stdin` and `stdout`; `first` is a connection it serves as if accepted once the
+    /// sandbox is ready (see [`crate::supervisor::main`]). `None`
     /// when the launcher was given up before; an error says it could not now (and is given up).
     /// Either way the caller execs a supervisor instead.
     pub(crate) async fn launch(
@@ -161,18 +162,21 @@ impl Launcher {
         data_dir: &Path,
         stdin: BorrowedFd<'_>,
         stdout: BorrowedFd<'_>,
+        first: Option<BorrowedFd<'_>>,
     ) -> Option<Result<(), String>> {
         let mut state = self.state.lock().await;
         if let State::Gone | State::Supervising = &*state {
             return None;
         }
-        let result =
-            match tokio::time::timeout(LAUNCH_TIMEOUT, exchange(&mut state, &request(id, data_dir), stdin, stdout))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}")),
-            };
+        let result = match tokio::time::timeout(
+            LAUNCH_TIMEOUT,
+            exchange(&mut state, &request(id, data_dir), stdin, stdout, first),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}")),
+        };
         if result.is_err() {
             // Requests and answers may be out of step now: stop using it (dropping the
             // socket ends the launcher).
@@ -203,6 +207,7 @@ async fn exchange(
     request: &[u8],
     stdin: BorrowedFd<'_>,
     stdout: BorrowedFd<'_>,
+    first: Option<BorrowedFd<'_>>,
 ) -> Result<(), String> {
     if let State::Unregistered(_) = state {
         let State::Unregistered(fd) = std::mem::replace(state, State::Gone) else { unreachable!() };
@@ -214,7 +219,9 @@ async fn exchange(
     let State::Ready(fd) = &*state else { return Err("the launcher is gone".into()) };
     loop {
         let mut guard = fd.writable().await.map_err(|e| e.to_string())?;
-        match guard.try_io(|fd| fdpass::send(fd.get_ref(), request, &[stdin, stdout])) {
+        match guard.try_io(|fd| {
+            fdpass::send(fd.get_ref(), request, &[stdin, stdout].into_iter().chain(first).collect::<Vec<_>>())
+        }) {
             Ok(r) => break r.map_err(|e| format!("sending to the launcher: {e}"))?,
             Err(_would_block) => continue,
         }
@@ -279,9 +286,12 @@ fn serve(once: bool) -> i32 {
             return 0;
         }
         let (id, data_dir) = match parse_request(&body) {
-            Some(r) if fds.len() == 2 => r,
+            Some(r) if matches!(fds.len(), 2 | 3) => r,
             _ => {
-                if answer(sock.as_fd(), b"a launch request is a sandbox id and a data directory with two descriptors")
+                if answer(
+                    sock.as_fd(),
+                    b"a launch request is a sandbox id and a data directory with two descriptors (and maybe a first connection)",
+                )
                     .is_err()
                 {
                     return 1;
@@ -323,8 +333,9 @@ fn answer(sock: BorrowedFd<'_>, body: &[u8]) -> std::io::Result<()> {
 
 /// The supervisor, forked (or, `once`, the launcher itself): stdio as `paddock __supervise`
 /// gets it (the spec on stdin, in place of the launcher's socket; the readiness on stdout; no
-/// stderr), then the supervisor itself.
-fn run_supervisor(data_dir: &Path, id: &SandboxId, fds: Vec<OwnedFd>) -> ! {
+/// stderr), then the supervisor itself, with the first connection if one came along.
+fn run_supervisor(data_dir: &Path, id: &SandboxId, mut fds: Vec<OwnedFd>) -> ! {
+    let first = if fds.len() > 2 { fds.pop() } else { None };
     let Ok(null) = std::fs::File::open("/dev/null") else { sp::exit_now(1) };
     let redirected = rustix::stdio::dup2_stdin(&fds[0])
         .and_then(|()| rustix::stdio::dup2_stdout(&fds[1]))
@@ -344,7 +355,7 @@ fn run_supervisor(data_dir: &Path, id: &SandboxId, fds: Vec<OwnedFd>) -> ! {
     if let Ok(name) = std::ffi::CString::new(id.as_str()) {
         let _ = rustix::thread::set_name(&name);
     }
-    let code = crate::supervisor::main(data_dir, id);
+    let code = crate::supervisor::main(data_dir, id, first);
     std::process::exit(code)
 }
 

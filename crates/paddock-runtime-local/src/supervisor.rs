@@ -50,7 +50,12 @@ const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Entry point of `paddock __supervise`: reads the spec from stdin, reports readiness as one
 /// JSON line on stdout, then serves until the sandbox ends. Returns the process exit code.
-pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
+///
+/// `first` (a launched supervisor's, [`crate::LocalRuntime::create_and_exec`]) is a client's
+/// connection whose request waits in it already: served as soon as the sandbox is ready, as
+/// if accepted then, so the request does not wait for the readiness to reach the client and
+/// a connection to come back.
+pub fn main(data_dir: &Path, id: &SandboxId, mut first: Option<OwnedFd>) -> i32 {
     // The starter passed stdio only (`inherit_only_stdio`); this also covers a supervisor
     // started by hand, so its commands never receive a descriptor of its starter.
     if let Err(e) = sp::cloexec_inherited_fds() {
@@ -64,7 +69,7 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
         .and_then(|_| {
             serde_json::from_str::<protocol::Start>(&input).map_err(|e| RuntimeError::InvalidArgument(e.to_string()))
         })
-        .and_then(|start| Supervisor::start(DataDir::new(data_dir), id.clone(), start.spec, start.image));
+        .and_then(|start| Supervisor::start(DataDir::new(data_dir), id.clone(), start.spec, start.image, &mut first));
     let mut out = std::io::stdout();
     match started {
         Ok(mut sup) => {
@@ -76,7 +81,7 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
                     let _ = sp::redirect_stdio(&null, &log);
                 }
             }
-            sup.serve()
+            sup.serve(first)
         }
         Err(e) => {
             let line = protocol::encode(&Ready::Failed { error: WireError::from(&e) });
@@ -119,7 +124,14 @@ fn sys(context: &str) -> impl Fn(paddock_sys::SysError) -> RuntimeError + '_ {
 pub const SANDBOX_NOFILE: (u64, u64) = (4096, 16384);
 
 impl Supervisor {
-    fn start(dd: DataDir, id: SandboxId, spec: SandboxSpec, image: Option<ImageRoot>) -> Result<Self, RuntimeError> {
+    /// `first` is a client's connection, kept out of the sandbox's init.
+    fn start(
+        dd: DataDir,
+        id: SandboxId,
+        spec: SandboxSpec,
+        image: Option<ImageRoot>,
+        first: &mut Option<OwnedFd>,
+    ) -> Result<Self, RuntimeError> {
         spec.validate()?;
         // A session of its own first, also for the child below: a terminal's Ctrl-C or hang-up
         // is for the command that started the sandbox.
@@ -146,7 +158,7 @@ impl Supervisor {
             .create_before_clone(CGROUP_PARENT, id.as_str(), &limits)
             .map_err(sys("creating the sandbox cgroup"))?;
         let name = id.as_str().to_owned();
-        match Self::start_in_cgroup(dd, id, spec, image, Cgroups { made: cgroup, layout: &layout, limits }) {
+        match Self::start_in_cgroup(dd, id, spec, image, Cgroups { made: cgroup, layout: &layout, limits }, first) {
             Ok(s) => Ok(s),
             Err(e) => {
                 // Whatever of the sandbox's cgroups exists by now: the v1 ones are made after
@@ -167,13 +179,14 @@ impl Supervisor {
         spec: SandboxSpec,
         image: Option<(ImageRoot, PendingUserns)>,
         cgroup: Cgroups<'_>,
+        first: &mut Option<OwnedFd>,
     ) -> Result<Self, RuntimeError> {
         let ids = match &spec.workspace {
             Some(w) => identity::of_workspace(&dd, &resource_name(&w.thread, w.naming), &spec.user, false)?,
             None => identity::allocate(&dd, id.as_str())?,
         };
         let scratch = spec.workspace.is_none();
-        let started = Self::start_as(dd.clone(), id, spec, image, cgroup, ids);
+        let started = Self::start_as(dd.clone(), id, spec, image, cgroup, ids, first);
         if started.is_err() && scratch {
             identity::release(&dd, &ids);
         }
@@ -187,6 +200,7 @@ impl Supervisor {
         image: Option<(ImageRoot, PendingUserns)>,
         cgroups: Cgroups<'_>,
         ids: HostIds,
+        first: &mut Option<OwnedFd>,
     ) -> Result<Self, RuntimeError> {
         let mut cgroup = cgroups.made;
         // Only root and the sandbox's own group may pass: other host users never reach its
@@ -345,7 +359,8 @@ impl Supervisor {
         let (forked, in_cgroup2) = forked.map_err(sys("creating the sandbox namespaces"))?;
         let init_pid = match forked {
             Forked::Child => {
-                drop((control, go_w, status_r, cgroup2));
+                // The client's connection reaches the init as every request does, forwarded.
+                drop((control, go_w, status_r, cgroup2, first.take()));
                 child_main(ChildSetup {
                     go: go_r,
                     status: status_w,
@@ -443,9 +458,9 @@ impl Supervisor {
         })
     }
 
-    fn serve(&mut self) -> i32 {
+    fn serve(&mut self, first: Option<OwnedFd>) -> i32 {
         // Connections accepted but not yet asked anything; a client that never asks is dropped.
-        let mut pending: Vec<(OwnedFd, Instant)> = Vec::new();
+        let mut pending: Vec<(OwnedFd, Instant)> = first.map(|c| (c, Instant::now())).into_iter().collect();
         loop {
             let now = Instant::now();
             pending.retain(|(_, at)| now.duration_since(*at) < PENDING_TIMEOUT);

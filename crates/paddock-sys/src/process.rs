@@ -210,10 +210,23 @@ pub fn exit_now(code: i32) -> ! {
 /// Blocks `signals` for this thread and returns a signalfd that becomes readable when one
 /// arrives, so a poll loop can handle them (SIGCHLD included) without signal handlers.
 pub fn signal_fd(signals: &[i32]) -> Result<OwnedFd> {
+    let set = block_signals(signals)?;
+    // SAFETY: -1 asks for a new signalfd; `set` is initialised.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(SysError::call("signalfd", std::io::Error::last_os_error()));
+    }
+    // SAFETY: signalfd returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Blocks `signals` for this thread (again, after [`unblock_all_signals`]: the signals a
+/// [`signal_fd`] reads must stay blocked to reach it); returns them as a set.
+pub fn block_signals(signals: &[i32]) -> Result<libc::sigset_t> {
     // SAFETY: sigset_t is plain data; all-zero is a valid (empty) value before sigemptyset.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the signal numbers are checked
-    // by the kernel-facing calls below, sigaddset only writes into `set`.
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; sigaddset only writes into it
+    // (and refuses a number that is no signal).
     unsafe {
         libc::sigemptyset(&mut set);
         for s in signals {
@@ -224,13 +237,37 @@ pub fn signal_fd(signals: &[i32]) -> Result<OwnedFd> {
     if unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
         return Err(SysError::call("block signals", std::io::Error::last_os_error()));
     }
-    // SAFETY: -1 asks for a new signalfd; `set` is initialised.
-    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(SysError::call("signalfd", std::io::Error::last_os_error()));
+    Ok(set)
+}
+
+/// Gives every standard signal this process ignores (but SIGPIPE) its default action back: a
+/// process started from a shell's background job ignores SIGINT and SIGQUIT, one started by
+/// `nohup` SIGHUP, and ignored signals stay ignored through fork and exec, down to every
+/// command. SIGPIPE stays as Rust's runtime set it (`std::process::Command` gives it back
+/// its default in the child).
+pub fn default_ignored_signals() -> Result<()> {
+    for signal in 1..32 {
+        if [libc::SIGKILL, libc::SIGSTOP, libc::SIGPIPE].contains(&signal) {
+            continue;
+        }
+        // SAFETY: sigaction is plain data; all-zero is a valid value to be filled in.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: only reads the disposition (no new action) into `current`.
+        if unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } != 0 {
+            continue;
+        }
+        if current.sa_sigaction != libc::SIG_IGN {
+            continue;
+        }
+        // SAFETY: as above; SIG_DFL with no flags and an empty mask installs no handler.
+        let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
+        default.sa_sigaction = libc::SIG_DFL;
+        // SAFETY: `default` is initialised; the old action is not requested (null).
+        if unsafe { libc::sigaction(signal, &default, std::ptr::null_mut()) } != 0 {
+            return Err(SysError::call("restore a signal's default action", std::io::Error::last_os_error()));
+        }
     }
-    // SAFETY: signalfd returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(())
 }
 
 /// Unblocks every signal for this thread: what a child forked from a process that blocked

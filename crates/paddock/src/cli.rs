@@ -570,22 +570,37 @@ pub async fn run(cli: Cli) -> Result<u8> {
                 request.validate()?;
             }
             let before = now_ms();
-            let info = match &thread {
-                Some(t) => rt.acquire(t, spec).await?,
-                None => rt.create(spec).await?,
+            let signals = Signals::catch()?;
+            let (info, result) = match &thread {
+                // A command to start with the sandbox: asked for in one go.
+                None if !request.argv.is_empty() => {
+                    let (info, process) = rt.create_and_exec(spec, request).await?;
+                    let result = match process {
+                        Ok(p) => run_to_exit(p, signals).await,
+                        Err(e) => Err(e.into()),
+                    };
+                    (info, result)
+                }
+                _ => {
+                    let info = match &thread {
+                        Some(t) => rt.acquire(t, spec).await?,
+                        None => rt.create(spec).await?,
+                    };
+                    if request.argv.is_empty() {
+                        request.argv = info.spec.image_command.clone();
+                    }
+                    let result = if request.argv.is_empty() {
+                        Err(anyhow::anyhow!(
+                            "no command: the image names none (no Entrypoint or Cmd); give one after --, e.g. `paddock run --image IMAGE -- sh -c 'echo hi'`"
+                        ))
+                    } else {
+                        exec_to_exit(rt, &info.id, request, signals).await
+                    };
+                    (info, result)
+                }
             };
             // A live sandbox of the thread that acquire handed back belongs to whoever made it.
             let ours = info.created_unix_ms >= before;
-            if request.argv.is_empty() {
-                request.argv = info.spec.image_command.clone();
-            }
-            let result = if request.argv.is_empty() {
-                Err(anyhow::anyhow!(
-                    "no command: the image names none (no Entrypoint or Cmd); give one after --, e.g. `paddock run --image IMAGE -- sh -c 'echo hi'`"
-                ))
-            } else {
-                run_to_exit(rt, &info.id, request).await
-            };
             // A sandbox we made goes either way; a workspace stays.
             let removed = if ours { rt.destroy(&info.id).await } else { Ok(()) };
             let outcome = result?;
@@ -616,7 +631,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             if request.argv.is_empty() {
                 missing_command("exec");
             }
-            let outcome = run_to_exit(rt, &sandbox_id(&id)?, request).await?;
+            let outcome = exec_to_exit(rt, &sandbox_id(&id)?, request, Signals::catch()?).await?;
             Ok(report_outcome(&outcome, timeout))
         }
         Command::Cp { src, dst } => copy(rt, &src, &dst, json).await,
@@ -797,18 +812,38 @@ fn missing_command(subcommand: &str) -> ! {
 
 /// Runs a command to its end, relaying its standard streams and forwarding SIGINT, SIGTERM
 /// and SIGHUP to it.
-async fn run_to_exit(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest) -> Result<ExecOutcome> {
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let Process { stdin, stdout, stderr, control: mut exec } = rt.exec(id, request).await?;
+/// The terminal's signals, caught from before a command starts so that none that arrives
+/// meanwhile ends this process instead of reaching the command.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn catch() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+async fn exec_to_exit(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest, signals: Signals) -> Result<ExecOutcome> {
+    run_to_exit(rt.exec(id, request).await?, signals).await
+}
+
+/// Relays a started command's stdio and the signals this process gets until it ends.
+async fn run_to_exit(process: Process, mut signals: Signals) -> Result<ExecOutcome> {
+    let Process { stdin, stdout, stderr, control: mut exec } = process;
     let relays = Relays::start(stdin, stdout, stderr);
     let outcome = loop {
         let forward = tokio::select! {
             outcome = exec.wait() => break outcome,
-            _ = sigint.recv() => SignalKind::interrupt(),
-            _ = sigterm.recv() => SignalKind::terminate(),
-            _ = sighup.recv() => SignalKind::hangup(),
+            _ = signals.int.recv() => SignalKind::interrupt(),
+            _ = signals.term.recv() => SignalKind::terminate(),
+            _ = signals.hup.recv() => SignalKind::hangup(),
         };
         exec.signal(forward.as_raw_value()).await?;
     };

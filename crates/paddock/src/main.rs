@@ -110,7 +110,7 @@ fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    ExitCode::from(paddock_runtime_local::supervisor::main(data_dir, &id) as u8)
+    ExitCode::from(paddock_runtime_local::supervisor::main(data_dir, &id, None) as u8)
 }
 
 #[cfg(test)]

@@ -739,3 +739,37 @@ async fn a_file_the_caller_redirects_output_to_is_never_handed_to_the_sandbox() 
     );
     cli.ok(&["rm", &id]).await;
 }
+
+/// A command starts with no signal blocked and none ignored, however `paddock run` itself was
+/// started: here from a shell's background job, which ignores SIGINT and SIGQUIT, while the
+/// sandbox's init blocks SIGCHLD for itself. A shell that waits for its background child hears
+/// of its exit (with SIGCHLD blocked, dash's `wait` slept forever).
+#[tokio::test]
+async fn commands_start_with_no_signal_blocked_or_ignored_however_the_cli_was_started() {
+    let cli = Cli::new();
+    // `grep` leaves its signal mask and dispositions as it got them; `timeout` bounds a hang.
+    let script = format!(
+        "{EXE} run -- grep -E '^Sig(Blk|Ign):' /proc/self/status & wait $!; \
+         {EXE} run -- sh -c 'sleep 0.2 & wait; echo waited' & wait $!"
+    );
+    let mut c = tokio::process::Command::new("timeout");
+    c.args(["60", "sh", "-c", &script])
+        .env_clear()
+        .env("PADDOCK_DATA_DIR", cli.data())
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir(cli.data())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = finish(c.spawn().expect("starting sh"), &[&script]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let field = |name: &str| {
+        let line = out.stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}: {out:?}"));
+        u64::from_str_radix(line[name.len()..].trim(), 16).expect("a hex signal set")
+    };
+    assert_eq!(field("SigBlk:"), 0, "the command started with signals blocked: {out:?}");
+    // SIGINT is 2, SIGQUIT 3: bits 1 and 2.
+    assert_eq!(field("SigIgn:") & 0b110, 0, "the command started ignoring SIGINT or SIGQUIT: {out:?}");
+    assert!(out.stdout.ends_with("waited\n"), "{out:?}");
+}

@@ -154,6 +154,42 @@ async fn destroy_leaves_nothing_behind() {
     common::eventually("a destroyed sandbox's identity was not given back", || !slot.exists());
 }
 
+/// A command asked for together with its sandbox (a launched supervisor serves it the moment
+/// the sandbox is ready; without a launcher it is a create, then an exec) runs confined like
+/// any other, with its stdio and exit code; the sandbox exists whatever became of the command
+/// and is the caller's to remove.
+#[tokio::test]
+async fn a_command_asked_for_with_its_sandbox_runs_in_it_confined_and_the_sandbox_is_the_callers() {
+    let env = Env::new();
+    for (how, rt) in [("launched", env.rt.clone().with_launcher()), ("exec'd", env.rt.clone())] {
+        let mut request = ExecRequest::shell(
+            "id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; cat; ls /proc/self/fd | wc -l; exit 7",
+        );
+        request.stdin = true;
+        let (info, process) = rt.create_and_exec(SandboxSpec::default(), request).await.expect("create");
+        let process = process.unwrap_or_else(|e| panic!("{how}: the command did not start: {e}"));
+        let paddock_core::runtime::Process { stdin, stdout, stderr, mut control } = process;
+        let mut stdin = stdin.expect("asked for stdin");
+        stdin.write_all(b"fed\n").await.unwrap();
+        drop(stdin);
+        let (stdout, stderr, outcome) = tokio::join!(common::drain(stdout), common::drain(stderr), control.wait());
+        assert_eq!(outcome.unwrap().exit_code, 7, "{how}: {stderr}");
+        // stdin, stdout, stderr and the directory `ls` reads: no connection came along.
+        assert_eq!(stdout, "1000\nCapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nfed\n4\n", "{how}: {stderr}");
+        assert_eq!(rt.get(&info.id).await.unwrap().state, SandboxState::Running, "{how}");
+        // Other requests reach it as usual, on connections of their own.
+        assert_eq!(sh(&rt, &info.id, "echo again").await.stdout, "again\n", "{how}");
+        rt.destroy(&info.id).await.unwrap();
+        assert_nothing_left(env.data(), &info.id);
+
+        // A command the sandbox cannot start: the sandbox is made all the same, and said so.
+        let (info, process) = rt.create_and_exec(SandboxSpec::default(), ExecRequest::default()).await.unwrap();
+        assert!(matches!(process, Err(RuntimeError::InvalidArgument(_))), "{how}: {:?}", process.err());
+        assert_eq!(rt.get(&info.id).await.unwrap().state, SandboxState::Running, "{how}");
+        rt.destroy(&info.id).await.unwrap();
+    }
+}
+
 /// The file that claims the sandbox's host identity in the data directory.
 fn host_identity_slot(data: &std::path::Path, id: &paddock_core::runtime::SandboxId) -> std::path::PathBuf {
     let record: serde_json::Value =
