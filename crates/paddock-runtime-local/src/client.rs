@@ -193,6 +193,17 @@ impl LocalRuntime {
         Ok(SandboxId::from_random(bits))
     }
 
+    /// `create_and_exec` the trait's way, one after the other.
+    async fn create_then_exec(
+        &self,
+        spec: SandboxSpec,
+        request: ExecRequest,
+    ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+        let info = self.create(spec).await?;
+        let process = self.exec(&info.id, request).await;
+        Ok((info, process))
+    }
+
     /// Starts a supervisor and waits until the sandbox is ready (or failed to start).
     async fn spawn_supervisor(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         Ok(self.spawn_supervisor_with(spec, None).await?.0)
@@ -691,9 +702,7 @@ impl Runtime for LocalRuntime {
             && !matches!(spec.network, NetworkPolicy::Egress(_))
             && request.validate().is_ok();
         if !at_once {
-            let info = self.create(spec).await?;
-            let process = self.exec(&info.id, request).await;
-            return Ok((info, process));
+            return self.create_then_exec(spec, request).await;
         }
         spec.image = self.images.apply_alias(spec.image.as_deref());
         spec.validate()?;

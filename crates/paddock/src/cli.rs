@@ -810,8 +810,6 @@ fn missing_command(subcommand: &str) -> ! {
     err.exit()
 }
 
-/// Runs a command to its end, relaying its standard streams and forwarding SIGINT, SIGTERM
-/// and SIGHUP to it.
 /// The terminal's signals, caught from before a command starts so that none that arrives
 /// meanwhile ends this process instead of reaching the command.
 struct Signals {
@@ -834,7 +832,8 @@ async fn exec_to_exit(rt: &dyn Runtime, id: &SandboxId, request: ExecRequest, si
     run_to_exit(rt.exec(id, request).await?, signals).await
 }
 
-/// Relays a started command's stdio and the signals this process gets until it ends.
+/// Runs a started command to its end, relaying its standard streams and forwarding SIGINT,
+/// SIGTERM and SIGHUP to it.
 async fn run_to_exit(process: Process, mut signals: Signals) -> Result<ExecOutcome> {
     let Process { stdin, stdout, stderr, control: mut exec } = process;
     let relays = Relays::start(stdin, stdout, stderr);
