@@ -52,6 +52,16 @@ const LABEL: &str = "paddock.bench";
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pause before reading `MemAvailable`, so freed namespaces and page tables are settled.
 const SETTLE: Duration = Duration::from_millis(1000);
+/// Pause before each command of the CLI section, Paddock's and bubblewrap's alike: the kernel
+/// frees an exited sandbox's network namespace after its last process is reaped, in a
+/// workqueue, so without it each command pays for the one before (the same as `dev/bench/cli-ab
+/// --settle 20`).
+const CLI_PAUSE: Duration = Duration::from_millis(20);
+/// [`quiet_host`]: a reading's length, the busy share (of all CPUs) below which it counts as
+/// quiet, and the longest wait.
+const QUIET_WINDOW: Duration = Duration::from_millis(250);
+const QUIET_BUSY: f64 = 0.10;
+const QUIET_MAX: Duration = Duration::from_secs(30);
 
 /// The aims from the issue.
 const AIM_COLD_RATIO: f64 = 2.0;
@@ -215,6 +225,7 @@ async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Li
     let exec = exec_round_trip(rt, cfg, bwrap, live).await?;
     let memory = idle_memory(rt, cfg, bwrap, live).await?;
     let density = density(rt, cfg, bwrap, live).await?;
+    quiet_host("the density section's namespaces and cgroups").await?;
     let cli = cli_run(rt, cfg, bwrap).await?;
     let mut aims = aims(&cold, &memory, &density);
     aims.extend(cli.aims());
@@ -696,6 +707,53 @@ fn mem_available() -> Result<u64> {
         .ok_or_else(|| anyhow!("/proc/meminfo has no MemAvailable line; a kernel of 3.14 or later is needed"))
 }
 
+/// Waits until the host's CPUs have been mostly idle for two readings in a row, or
+/// [`QUIET_MAX`] has passed (then it says so and goes on). After hundreds of sandboxes went
+/// down the kernel goes on freeing their network namespaces and cgroups in its workqueues for
+/// seconds; a measurement taken meanwhile reads that work as its own (`paddock run` read 1.76×
+/// bubblewrap's time straight after the density section, 1.44× on a quiet host).
+async fn quiet_host(what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    let mut last = cpu_times()?;
+    let mut quiet_in_a_row = 0;
+    let mut busy = 1.0;
+    eprintln!("paddock bench: waiting for the kernel to finish freeing {what}...");
+    while quiet_in_a_row < 2 {
+        if t0.elapsed() > QUIET_MAX {
+            eprintln!(
+                "paddock bench: the host is still {:.0}% busy after {} s; measuring anyway (other work on this machine?)",
+                busy * 100.0,
+                QUIET_MAX.as_secs()
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(QUIET_WINDOW).await;
+        let now = cpu_times()?;
+        let (total, idle) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+        busy = if total == 0 { 0.0 } else { 1.0 - idle as f64 / total as f64 };
+        quiet_in_a_row = if busy < QUIET_BUSY { quiet_in_a_row + 1 } else { 0 };
+        last = now;
+    }
+    eprintln!("paddock bench: quiet after {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// All CPUs' time and idle time (idle and iowait) in clock ticks, from `/proc/stat`.
+fn cpu_times() -> Result<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let fields: Vec<u64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .ok_or_else(|| anyhow!("/proc/stat has no aggregate `cpu` line"))?
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is counted in user already).
+    let total = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Ok((total, idle))
+}
+
 /// Parent links of every process on the host.
 struct ProcTree {
     children: HashMap<u32, Vec<u32>>,
@@ -1024,8 +1082,10 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
         let mut progress = Progress::new(&label, total);
         let (mut p, mut b) = (Vec::new(), Vec::new());
         for i in 0..total {
+            tokio::time::sleep(CLI_PAUSE).await;
             let t = cli_once(&exe, &args).await?;
             settle(rt.data_dir()).await?;
+            tokio::time::sleep(CLI_PAUSE).await;
             let bt = match bwrap {
                 Some(bw) => Some(bw.run_once(&["echo", "x"], true).await?.1),
                 None => None,

@@ -81,8 +81,19 @@ struct Client {
 
 impl Client {
     fn new(base: &str, label: &str, data: DataDir) -> Self {
-        let agent: ureq::Agent =
-            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(HTTP_TIMEOUT)).build().into();
+        // Every phase but name resolution has a timeout: with a global one, ureq resolves
+        // `127.0.0.1` on a thread it spawns for every request (to time it out), which added
+        // 0.3-0.5 ms to each measured request here, none of it the server's.
+        let t = Some(HTTP_TIMEOUT);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(t)
+            .timeout_send_request(t)
+            .timeout_send_body(t)
+            .timeout_recv_response(t)
+            .timeout_recv_body(t)
+            .build()
+            .into();
         Self { agent, base: base.to_owned(), label: label.to_owned(), data }
     }
 

@@ -87,10 +87,11 @@ impl EgressOpts {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Images (local runtime)")]
 pub struct ImageOpts {
-    /// Pull REGISTRY's images from MIRROR instead (`docker.io=mirror.example.com:5000`);
-    /// repeatable.
-    #[arg(long = "registry-mirror", global = true, value_name = "REGISTRY=MIRROR", value_parser = parse_pair)]
-    pub mirrors: Vec<(String, String)>,
+    /// Pull REGISTRY's images from MIRROR first (`docker.io=mirror.example.com:5000`); a bare
+    /// MIRROR is Docker Hub's, as in Docker's `registry-mirrors`. MIRROR is `host[:port]` or a
+    /// URL (`http://host:port` speaks plain HTTP to it). Repeatable.
+    #[arg(long = "registry-mirror", global = true, value_name = "[REGISTRY=]MIRROR", value_parser = parse_mirror)]
+    pub mirrors: Vec<Mirror>,
     /// Speak plain HTTP to this registry (`host[:port]`); registries on loopback addresses
     /// always do. Repeatable.
     #[arg(long = "insecure-registry", global = true, value_name = "HOST")]
@@ -120,8 +121,10 @@ impl ImageOpts {
     pub fn options(&self) -> paddock_runtime_local::ImageOptions {
         paddock_runtime_local::ImageOptions {
             registries: paddock_image::RegistryConfig {
-                mirrors: self.mirrors.clone(),
-                insecure: self.insecure.clone(),
+                mirrors: self.mirrors.iter().map(|m| (m.registry.clone(), m.host.clone())).collect(),
+                insecure: (self.insecure.iter().cloned())
+                    .chain(self.mirrors.iter().filter(|m| m.plain_http).map(|m| m.host.clone()))
+                    .collect(),
                 cas: self.cas.clone(),
             },
             aliases: self.aliases.iter().cloned().collect(),
@@ -134,6 +137,37 @@ fn parse_registry_ca(s: &str) -> Result<paddock_image::RegistryCa, String> {
     let (host, file) =
         parse_pair(s).map_err(|_| format!("{s:?} is not HOST=FILE (registry.lan:5000=/etc/paddock/ca.pem)"))?;
     paddock_image::RegistryCa::load(&host, std::path::Path::new(&file)).map_err(|e| e.to_string())
+}
+
+/// A `--registry-mirror`: pulls from `registry` try `host` first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    pub registry: String,
+    pub host: String,
+    /// Given as an `http://` URL.
+    pub plain_http: bool,
+}
+
+fn parse_mirror(s: &str) -> Result<Mirror, String> {
+    let (registry, mirror) = match s.split_once('=') {
+        Some((r, m)) => (r.trim(), m.trim()),
+        None => ("docker.io", s.trim()),
+    };
+    let (plain_http, rest) = match (mirror.strip_prefix("http://"), mirror.strip_prefix("https://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => (false, mirror),
+    };
+    let host = rest.trim_end_matches('/');
+    let valid = |h: &str| {
+        !h.is_empty() && h.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+    };
+    if registry.is_empty() || !valid(registry) || !valid(host) {
+        return Err(format!(
+            "{s:?} is not [REGISTRY=]MIRROR: give a mirror's host[:port] or URL, such as mirror.example.com:5000 (for docker.io) or ghcr.io=http://127.0.0.1:5000; a mirror serves the registry's paths from its root"
+        ));
+    }
+    Ok(Mirror { registry: registry.to_owned(), host: host.to_owned(), plain_http })
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -482,6 +516,23 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
                 rt.spawn_reaper();
             }
             Ok(rt)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mirror_is_for_a_registry_or_docker_hub_and_may_be_a_url() {
+        let m = |r: &str, h: &str, plain_http| Mirror { registry: r.into(), host: h.into(), plain_http };
+        assert_eq!(parse_mirror("mirror.example.com:5000"), Ok(m("docker.io", "mirror.example.com:5000", false)));
+        assert_eq!(parse_mirror("http://127.0.0.1:5000/"), Ok(m("docker.io", "127.0.0.1:5000", true)));
+        assert_eq!(parse_mirror("https://m.example"), Ok(m("docker.io", "m.example", false)));
+        assert_eq!(parse_mirror("ghcr.io=http://[::1]:5000"), Ok(m("ghcr.io", "[::1]:5000", true)));
+        for bad in ["", "docker.io=", "=m:5000", "http://", "m.example/v2/library", "a b"] {
+            assert!(parse_mirror(bad).unwrap_err().contains("[REGISTRY=]MIRROR"), "{bad:?}");
         }
     }
 }

@@ -135,6 +135,23 @@ fn two_pull_processes_download_each_layer_once() {
     }
 }
 
+/// As with Docker's `registry-mirrors`: a bare mirror serves Docker Hub's names, so `python:3.11`
+/// (docker.io/library/python) comes from it. Given here as a URL, the form Docker's daemon.json
+/// takes.
+#[test]
+fn a_docker_hub_short_name_is_pulled_from_a_bare_mirror() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = testutil::Registry::start(&dir.path().join("registry").tap_mkdir(), false);
+    let tars = vec![Layer::new().file("m", b"from the mirror").tar()];
+    let digest = runtime().block_on(reg.push("library/mirrored:3.11", &tars, None));
+    let data = dir.path().join("data");
+    let mirror = format!("http://{}/", reg.host);
+    let out = ok(paddock(&data, &["--registry-mirror", &mirror, "image", "pull", "mirrored:3.11"], None));
+    assert_eq!(out.stdout.trim(), format!("docker.io/library/mirrored:3.11 {digest}"), "{}", out.stderr);
+    assert_eq!(reg.blob_gets(&testutil::sha256(&testutil::gzip(&tars[0]))), 1, "{}", reg.log());
+}
+
 #[test]
 fn pull_with_password_stdin() {
     require_root();
@@ -169,7 +186,8 @@ fn import_a_docker_save_archive_and_bad_input() {
     for (args, code, says) in [
         (vec!["image", "pull", "Not A Name"], 125, "invalid image reference"),
         (vec!["image", "pull", "127.0.0.1:1/x/y:1"], 125, "cannot reach registry 127.0.0.1:1"),
-        (vec!["image", "--registry-mirror", "nope", "pull", "x"], 2, "REGISTRY=MIRROR"),
+        (vec!["image", "--registry-mirror", "docker.io=", "pull", "x"], 2, "is not [REGISTRY=]MIRROR"),
+        (vec!["image", "--registry-mirror", "http://mirror/v2/library", "pull", "x"], 2, "is not [REGISTRY=]MIRROR"),
         (vec!["image", "import", "/nonexistent/file.tar"], 125, "/nonexistent/file.tar"),
     ] {
         let out = paddock(&data, &args, None);
