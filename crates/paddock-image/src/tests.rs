@@ -435,16 +435,7 @@ fn a_lease_of_an_image_pruned_meanwhile_is_refused() {
 fn a_full_disk_gives_no_space_and_no_corrupt_store() {
     let t = tempfile::tempdir().unwrap();
     let mnt = t.path().join("small");
-    fs::create_dir(&mnt).unwrap();
-    rustix::mount::mount("tmpfs", &mnt, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m")
-        .expect("mounting a small tmpfs (the tests run as root)");
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = rustix::mount::unmount(self.0, rustix::mount::UnmountFlags::DETACH);
-        }
-    }
-    let _unmount = Unmount(&mnt);
+    let _small = crate::testutil::SmallTmpfs::mount(&mnt);
     let store = Store::open(&mnt.join("images")).unwrap();
     let layout = t.path().join("layout");
     let small = Layer::new().file("small", b"fits").tar();

@@ -403,3 +403,22 @@ impl Drop for Registry {
         let _ = self.child.wait();
     }
 }
+
+/// A 1 MiB tmpfs mounted at `dir` (created here) for tests of a full disk, unmounted on drop.
+/// Needs root.
+pub struct SmallTmpfs(std::path::PathBuf);
+
+impl SmallTmpfs {
+    pub fn mount(dir: &std::path::Path) -> SmallTmpfs {
+        std::fs::create_dir(dir).unwrap();
+        rustix::mount::mount("tmpfs", dir, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m")
+            .expect("mounting a small tmpfs (the tests run as root)");
+        SmallTmpfs(dir.to_owned())
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}

@@ -321,6 +321,37 @@ async fn a_pull_killed_half_way_leaves_nothing_complete_and_the_next_pull_succee
     assert!(left.is_empty(), "stale temp entries remain: {left:?}");
 }
 
+/// A disk that fills during a pull (the store on a 1 MiB tmpfs, a 3 MB incompressible layer):
+/// a NoSpace error that says what to do; nothing of the image published or left in `tmp`; the
+/// store still pulls what fits.
+#[tokio::test]
+async fn a_disk_that_fills_during_a_pull_gives_no_space_and_no_corrupt_store() {
+    let reg = Registry::start(false);
+    reg.push("full/small:1", &[Layer::new().file("small", b"fits").tar()], None).await;
+    let big = vec![Layer::new().file("small", b"fits").tar(), Layer::new().file("big", &noise(5, 3_000_000)).tar()];
+    reg.push("full/big:1", &big, None).await;
+    let t = tempfile::tempdir().unwrap();
+    let mnt = t.path().join("small");
+    let _small = testutil::SmallTmpfs::mount(&mnt);
+    let store = Store::open(&mnt.join("images")).unwrap();
+    let (small, big_name) = (format!("{}/full/small:1", reg.host), format!("{}/full/big:1", reg.host));
+
+    let err = store.pull(&big_name, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::NoSpace(_)), "{err}");
+    assert!(err.to_string().contains("paddock image prune"), "{err}");
+    assert_eq!(store.lookup(&big_name).unwrap(), None, "a pull that ran out of disk must not look complete");
+    let left: Vec<_> = fs::read_dir(store.dir().join("tmp")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "a pull that ran out of disk left {left:?}");
+    assert!(
+        !store.dir().join("layers").join(&sha256(&big[1])[7..]).exists(),
+        "the layer that did not fit was published"
+    );
+
+    let img = store.pull(&small, &opts(), &no_progress).await.unwrap();
+    assert_eq!(fs::read(img.layers[0].join("small")).unwrap(), b"fits");
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn prune_keeps_a_leased_image_and_removes_it_after_release() {
     let reg = Registry::start(false);

@@ -1087,7 +1087,7 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
             settle(rt.data_dir()).await?;
             tokio::time::sleep(CLI_PAUSE).await;
             let bt = match bwrap {
-                Some(bw) => Some(bw.run_once(&["echo", "x"], true).await?.1),
+                Some(bw) => Some(spawn_to_exit(bw.command(&["echo", "x"]), "bwrap … -- echo x").await?),
                 None => None,
             };
             if i >= cfg.warmup {
@@ -1133,13 +1133,21 @@ fn cli_args(rt: &LocalRuntime, image: Option<&str>) -> Vec<String> {
 
 /// One `paddock ARGS` process, spawn to exit; it must print `x`.
 async fn cli_once(exe: &Path, args: &[String]) -> Result<Duration> {
-    let t0 = Instant::now();
     let mut command = tokio::process::Command::new(exe);
     command.args(args).stdin(Stdio::null()).kill_on_drop(true);
-    let out = within("running `paddock run`", command.output()).await?;
+    spawn_to_exit(command, &format!("paddock {}", args.join(" "))).await
+}
+
+/// One whole process that must print `x`: from spawn to its exit and the end of its stdout
+/// and stderr. Both sides of the CLI comparison are timed here, the same way (as a shell's
+/// `$(…)` or Python's `subprocess.run` would wait for them).
+async fn spawn_to_exit(mut command: tokio::process::Command, what: &str) -> Result<Duration> {
+    let doing = format!("running `{what}`");
+    let t0 = Instant::now();
+    let out = within(&doing, command.output()).await?;
     let took = t0.elapsed();
     if !out.status.success() || out.stdout != b"x\n" {
-        bail!("`paddock {}` failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!("`{what}` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(took)
 }
