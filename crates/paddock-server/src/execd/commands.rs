@@ -38,6 +38,12 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// After a background command exits, how long output still in its pipes is read before they
 /// are closed: processes it left behind must not hold the server's descriptors for ever.
 const DRAIN_BACKGROUND_AFTER_EXIT: Duration = Duration::from_secs(1);
+/// Past [`DRAIN_AFTER_EXIT`], how long a read may take and still count as output that was
+/// already there.
+const ALREADY_THERE: Duration = Duration::from_millis(10);
+/// The most a Linux pipe holds (`/proc/sys/fs/pipe-max-size`'s default): the most output taken
+/// from a stream past [`DRAIN_AFTER_EXIT`].
+const PIPE_MAX: usize = 1 << 20;
 /// Most commands running at once in one sandbox through this server. Each holds descriptors
 /// and a task in the server; a sandbox must not be able to take all of them from the others.
 pub const MAX_RUNNING_PER_SANDBOX: usize = 128;
@@ -558,39 +564,64 @@ async fn read_some(pipe: &mut Option<ByteReader>, buf: &mut [u8]) -> std::io::Re
 /// Sends the output of a foreground command as it arrives, then its end. Stops (killing the
 /// command's process group) as soon as the client goes away.
 async fn stream_output(state: AppState, started: Started, tx: mpsc::Sender<Bytes>, t0: Instant) {
-    let Started { command, stdout, stderr, mut done } = started;
+    let Started { command, stdout, stderr, done } = started;
+    let relayed = relay_output(stdout, stderr, done, &tx).await;
+    if relayed.client_gone {
+        if relayed.outcome.is_none() {
+            let _ = command.signals.send(SIGKILL);
+        }
+        return;
+    }
+    let elapsed = t0.elapsed();
+    state.metrics.exec_seconds.observe(elapsed.as_secs_f64());
+    let last = match relayed.outcome {
+        Some(Ok(o)) if o.exit_code == 0 => Event::complete(elapsed.as_millis() as u64, now_ms()),
+        Some(Ok(o)) => Event::exec_error(o.exit_code.to_string(), now_ms()),
+        // The sandbox went away under the command; there is no exit code to report.
+        Some(Err(e)) => Event::exec_error(e.to_string(), now_ms()),
+        None => Event::exec_error("the command ended without an exit status".into(), now_ms()),
+    };
+    let _ = tx.send(last.frame()).await;
+}
+
+/// How a command's output stream ended.
+struct Relayed {
+    /// How the command ended, when that became known.
+    outcome: Option<Result<ExecOutcome, RuntimeError>>,
+    /// The client went away before the end.
+    client_gone: bool,
+}
+
+/// Sends a command's output, line by line as events, until its streams end and its exit is
+/// known.
+async fn relay_output(
+    stdout: ByteReader,
+    stderr: ByteReader,
+    mut done: oneshot::Receiver<Result<ExecOutcome, RuntimeError>>,
+    tx: &mpsc::Sender<Bytes>,
+) -> Relayed {
     let (mut stdout, mut stderr) = (Some(stdout), Some(stderr));
     let (mut out_lines, mut err_lines) = (LineSplitter::default(), LineSplitter::default());
     let (mut out_buf, mut err_buf) = (vec![0u8; 32 << 10], vec![0u8; 32 << 10]);
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     let mut outcome = None;
     let mut drain_until: Option<tokio::time::Instant> = None;
-    let mut gone = false;
-    // The lines of one read go out as one chunk: each line is its own event, but a burst of
-    // output costs one write instead of one per line.
-    let send_lines = async |tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<String>| {
-        if lines.is_empty() {
-            return Ok(());
-        }
-        let ts = now_ms();
-        let chunk: Vec<u8> = lines.into_iter().flat_map(|line| Event::text(kind, line, ts).frame()).collect();
-        tx.send(Bytes::from(chunk)).await.map_err(drop)
-    };
+    let gone = |outcome| Relayed { outcome, client_gone: true };
     while outcome.is_none() || stdout.is_some() || stderr.is_some() {
         let sent = tokio::select! {
             _ = tx.closed() => Err(()),
             r = read_some(&mut stdout, &mut out_buf) => match r {
-                Ok(n @ 1..) => send_lines(&tx, "stdout", out_lines.push(&out_buf[..n])).await,
+                Ok(n @ 1..) => send_lines(tx, "stdout", out_lines.push(&out_buf[..n])).await,
                 _ => {
                     stdout = None;
-                    send_lines(&tx, "stdout", out_lines.finish().into_iter().collect()).await
+                    send_lines(tx, "stdout", out_lines.finish().into_iter().collect()).await
                 }
             },
             r = read_some(&mut stderr, &mut err_buf) => match r {
-                Ok(n @ 1..) => send_lines(&tx, "stderr", err_lines.push(&err_buf[..n])).await,
+                Ok(n @ 1..) => send_lines(tx, "stderr", err_lines.push(&err_buf[..n])).await,
                 _ => {
                     stderr = None;
-                    send_lines(&tx, "stderr", err_lines.finish().into_iter().collect()).await
+                    send_lines(tx, "stderr", err_lines.finish().into_iter().collect()).await
                 }
             },
             r = &mut done, if outcome.is_none() => {
@@ -602,32 +633,56 @@ async fn stream_output(state: AppState, started: Started, tx: mpsc::Sender<Bytes
             _ = ping.tick() => tx.send(Event::ping(now_ms()).frame()).await.map_err(drop),
         };
         if sent.is_err() {
-            gone = true;
-            break;
+            return gone(outcome);
         }
     }
-    if gone {
-        if outcome.is_none() {
-            let _ = command.signals.send(SIGKILL);
+    // The wait after the exit is over, but what is already in the streams is still sent: a
+    // slow client may have held the loop up while the command's last output sat there. Only
+    // waiting for more stops here (processes the command left behind may hold the streams
+    // open for ever), and no stream gives more than a pipe can hold.
+    let (mut out_late, mut err_late) = (0usize, 0usize);
+    while stdout.is_some() || stderr.is_some() {
+        let streams = [
+            (&mut stdout, &mut out_lines, &mut out_buf, "stdout", &mut out_late),
+            (&mut stderr, &mut err_lines, &mut err_buf, "stderr", &mut err_late),
+        ];
+        for (pipe, lines, buf, kind, taken) in streams {
+            let Some(p) = pipe.as_mut() else { continue };
+            let sent = match tokio::time::timeout(ALREADY_THERE, p.read(buf)).await {
+                Ok(Ok(n @ 1..)) if *taken < PIPE_MAX => {
+                    *taken += n;
+                    send_lines(tx, kind, lines.push(&buf[..n])).await
+                }
+                _ => {
+                    *pipe = None;
+                    Ok(())
+                }
+            };
+            if sent.is_err() {
+                return gone(outcome);
+            }
         }
-        return;
     }
     // Output still in flight from processes that outlived the command ends here.
-    let tails = send_lines(&tx, "stdout", out_lines.finish().into_iter().collect())
-        .await
-        .and(send_lines(&tx, "stderr", err_lines.finish().into_iter().collect()).await);
-    let elapsed = t0.elapsed();
-    state.metrics.exec_seconds.observe(elapsed.as_secs_f64());
-    let last = match outcome {
-        Some(Ok(o)) if o.exit_code == 0 => Event::complete(elapsed.as_millis() as u64, now_ms()),
-        Some(Ok(o)) => Event::exec_error(o.exit_code.to_string(), now_ms()),
-        // The sandbox went away under the command; there is no exit code to report.
-        Some(Err(e)) => Event::exec_error(e.to_string(), now_ms()),
-        None => Event::exec_error("the command ended without an exit status".into(), now_ms()),
+    let tails = match send_lines(tx, "stdout", out_lines.finish().into_iter().collect()).await {
+        Ok(()) => send_lines(tx, "stderr", err_lines.finish().into_iter().collect()).await,
+        Err(()) => Err(()),
     };
-    if tails.is_ok() {
-        let _ = tx.send(last.frame()).await;
+    match tails {
+        Ok(()) => Relayed { outcome, client_gone: false },
+        Err(()) => gone(outcome),
     }
+}
+
+/// Sends the lines of one read as one chunk: each line is its own event, but a burst of output
+/// costs one write instead of one per line.
+async fn send_lines(tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<String>) -> Result<(), ()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let ts = now_ms();
+    let chunk: Vec<u8> = lines.into_iter().flat_map(|line| Event::text(kind, line, ts).frame()).collect();
+    tx.send(Bytes::from(chunk)).await.map_err(drop)
 }
 
 /// `DELETE /command?id=`: kills the command's process group.
@@ -742,6 +797,52 @@ mod tests {
         let r: RunCommandRequest = serde_json::from_slice(br#"{"argv":["python3","-c","print(1)"]}"#).unwrap();
         assert_eq!(r.argv.unwrap().len(), 3);
         assert!(!r.background);
+    }
+
+    /// As the Kubernetes runtime hands output over: all of it written into the streams, their
+    /// end, then the exit; a client slower than the wait after the exit still gets every line
+    /// of both streams. (The server once raced that wait against output already waiting, and
+    /// lost the race half the time: the Kubernetes lane lost 399 of 20000 lines in one run and
+    /// the last line of stderr in another.)
+    #[tokio::test]
+    async fn a_slow_client_gets_all_the_output_left_in_the_streams_at_the_exit() {
+        use tokio::io::AsyncWriteExt;
+        const LINES: usize = 60000;
+        let (mut out_w, out_r) = tokio::io::duplex(1 << 20);
+        let (mut err_w, err_r) = tokio::io::duplex(64 << 10);
+        let (done_tx, done) = oneshot::channel();
+        tokio::spawn(async move {
+            let text: String = (1..=LINES).map(|i| format!("{i}\n")).collect();
+            out_w.write_all(text.as_bytes()).await.unwrap();
+            out_w.shutdown().await.unwrap();
+            err_w.write_all(b"done\n").await.unwrap();
+            err_w.shutdown().await.unwrap();
+            let ok = ExecOutcome { exit_code: 0, signal: None, timed_out: false, oom_killed: false };
+            let _ = done_tx.send(Ok(ok));
+        });
+        let (tx, mut rx) = mpsc::channel(1);
+        let relay = tokio::spawn(async move { relay_output(Box::new(out_r), Box::new(err_r), done, &tx).await });
+        let mut got = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            tokio::time::sleep(DRAIN_AFTER_EXIT * 3 / 2).await;
+            got.extend_from_slice(&chunk);
+        }
+        let relayed = relay.await.unwrap();
+        assert!(!relayed.client_gone);
+        assert!(matches!(relayed.outcome, Some(Ok(ExecOutcome { exit_code: 0, .. }))));
+        let events: Vec<serde_json::Value> = String::from_utf8(got)
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|frame| frame.strip_prefix("data: "))
+            .map(|json| serde_json::from_str(json).unwrap())
+            .collect();
+        let text_of = |kind: &str| -> Vec<String> {
+            events.iter().filter(|e| e["type"] == kind).map(|e| e["text"].as_str().unwrap().to_owned()).collect()
+        };
+        let lines = text_of("stdout");
+        assert_eq!(text_of("stderr"), ["done"], "the stderr written last was lost");
+        assert_eq!(lines.len(), LINES, "lines lost; the last one that arrived: {:?}", lines.last());
+        assert!(lines.iter().enumerate().all(|(i, l)| *l == (i + 1).to_string()), "lines out of order");
     }
 
     #[test]
