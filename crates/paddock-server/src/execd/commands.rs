@@ -32,17 +32,17 @@ const LOG_CAP: usize = 1 << 20;
 const KEEP_FINISHED: usize = 64;
 /// How often a running foreground command's stream carries a keep-alive.
 const PING_EVERY: Duration = Duration::from_secs(3);
-/// After a command exits, how long output still in the pipes is read. Background processes it
-/// started may hold the pipes open forever; they must not hold the stream.
+/// After a command exits, how long in all its stream waits for more output. Background
+/// processes it started may hold the pipes open forever; they must not hold the stream. Only
+/// waiting counts, not the time a slow client takes to accept what was already there: output
+/// left in the pipes at the exit is never lost to the clock.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// After a background command exits, how long output still in its pipes is read before they
 /// are closed: processes it left behind must not hold the server's descriptors for ever.
 const DRAIN_BACKGROUND_AFTER_EXIT: Duration = Duration::from_secs(1);
-/// Past [`DRAIN_AFTER_EXIT`], how long a read may take and still count as output that was
-/// already there.
-const ALREADY_THERE: Duration = Duration::from_millis(10);
-/// The most a Linux pipe holds (`/proc/sys/fs/pipe-max-size`'s default): the most output taken
-/// from a stream past [`DRAIN_AFTER_EXIT`].
+/// The most a Linux pipe holds (`/proc/sys/fs/pipe-max-size`'s default): the most output a
+/// stream gives after the command's exit, so a process it left flooding the pipe cannot
+/// hold the stream either.
 const PIPE_MAX: usize = 1 << 20;
 /// Most commands running at once in one sandbox through this server. Each holds descriptors
 /// and a task in the server; a sandbox must not be able to take all of them from the others.
@@ -592,86 +592,103 @@ struct Relayed {
     client_gone: bool,
 }
 
+/// One of a command's output streams, sent line by line as events.
+struct Stream {
+    pipe: Option<ByteReader>,
+    kind: &'static str,
+    lines: LineSplitter,
+    buf: Vec<u8>,
+    /// Bytes read after the command's exit was known.
+    after_exit: usize,
+}
+
+impl Stream {
+    fn new(pipe: ByteReader, kind: &'static str) -> Self {
+        Stream { pipe: Some(pipe), kind, lines: LineSplitter::default(), buf: vec![0u8; 32 << 10], after_exit: 0 }
+    }
+
+    /// Sends the complete lines of what a read gave. A stream that ended, failed, or gave its
+    /// share after the exit is closed.
+    async fn take(&mut self, read: std::io::Result<usize>, exited: bool, tx: &mpsc::Sender<Bytes>) -> Result<(), ()> {
+        let Ok(n @ 1..) = read else { return self.close(tx).await };
+        send_lines(tx, self.kind, self.lines.push(&self.buf[..n])).await?;
+        if exited {
+            self.after_exit += n;
+            if self.after_exit >= PIPE_MAX {
+                return self.close(tx).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops reading and sends the last line, even without its newline.
+    async fn close(&mut self, tx: &mpsc::Sender<Bytes>) -> Result<(), ()> {
+        self.pipe = None;
+        send_lines(tx, self.kind, self.lines.finish().into_iter().collect()).await
+    }
+}
+
 /// Sends a command's output, line by line as events, until its streams end and its exit is
-/// known.
+/// known, or its streams waited [`DRAIN_AFTER_EXIT`] in all after the exit.
 async fn relay_output(
     stdout: ByteReader,
     stderr: ByteReader,
     mut done: oneshot::Receiver<Result<ExecOutcome, RuntimeError>>,
     tx: &mpsc::Sender<Bytes>,
 ) -> Relayed {
-    let (mut stdout, mut stderr) = (Some(stdout), Some(stderr));
-    let (mut out_lines, mut err_lines) = (LineSplitter::default(), LineSplitter::default());
-    let (mut out_buf, mut err_buf) = (vec![0u8; 32 << 10], vec![0u8; 32 << 10]);
+    let (mut stdout, mut stderr) = (Stream::new(stdout, "stdout"), Stream::new(stderr, "stderr"));
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     let mut outcome = None;
-    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut wait_left = DRAIN_AFTER_EXIT;
     let gone = |outcome| Relayed { outcome, client_gone: true };
-    while outcome.is_none() || stdout.is_some() || stderr.is_some() {
-        let sent = tokio::select! {
-            _ = tx.closed() => Err(()),
-            r = read_some(&mut stdout, &mut out_buf) => match r {
-                Ok(n @ 1..) => send_lines(tx, "stdout", out_lines.push(&out_buf[..n])).await,
-                _ => {
-                    stdout = None;
-                    send_lines(tx, "stdout", out_lines.finish().into_iter().collect()).await
-                }
-            },
-            r = read_some(&mut stderr, &mut err_buf) => match r {
-                Ok(n @ 1..) => send_lines(tx, "stderr", err_lines.push(&err_buf[..n])).await,
-                _ => {
-                    stderr = None;
-                    send_lines(tx, "stderr", err_lines.finish().into_iter().collect()).await
-                }
-            },
-            r = &mut done, if outcome.is_none() => {
-                outcome = Some(r.unwrap_or_else(|_| Err(RuntimeError::System("the command's supervisor ended".into()))));
-                drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+    while outcome.is_none() || stdout.pipe.is_some() || stderr.pipe.is_some() {
+        let exited = outcome.is_some();
+        let waiting_since = tokio::time::Instant::now();
+        let step = tokio::select! {
+            _ = tx.closed() => Step::ClientGone,
+            r = read_some(&mut stdout.pipe, &mut stdout.buf) => Step::Stdout(r),
+            r = read_some(&mut stderr.pipe, &mut stderr.buf) => Step::Stderr(r),
+            r = &mut done, if !exited => Step::Exited(r),
+            _ = tokio::time::sleep(wait_left), if exited => break,
+            _ = ping.tick() => Step::Ping,
+        };
+        if exited {
+            // Only the wait counts: what follows (a send to a slow client) costs nothing here.
+            wait_left = wait_left.saturating_sub(waiting_since.elapsed());
+        }
+        let sent = match step {
+            Step::ClientGone => Err(()),
+            Step::Stdout(r) => stdout.take(r, exited, tx).await,
+            Step::Stderr(r) => stderr.take(r, exited, tx).await,
+            Step::Exited(r) => {
+                outcome =
+                    Some(r.unwrap_or_else(|_| Err(RuntimeError::System("the command's supervisor ended".into()))));
                 Ok(())
             }
-            _ = async { match drain_until { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => break,
-            _ = ping.tick() => tx.send(Event::ping(now_ms()).frame()).await.map_err(drop),
+            Step::Ping => tx.send(Event::ping(now_ms()).frame()).await.map_err(drop),
         };
         if sent.is_err() {
             return gone(outcome);
         }
     }
-    // The wait after the exit is over, but what is already in the streams is still sent: a
-    // slow client may have held the loop up while the command's last output sat there. Only
-    // waiting for more stops here (processes the command left behind may hold the streams
-    // open for ever), and no stream gives more than a pipe can hold.
-    let (mut out_late, mut err_late) = (0usize, 0usize);
-    while stdout.is_some() || stderr.is_some() {
-        let streams = [
-            (&mut stdout, &mut out_lines, &mut out_buf, "stdout", &mut out_late),
-            (&mut stderr, &mut err_lines, &mut err_buf, "stderr", &mut err_late),
-        ];
-        for (pipe, lines, buf, kind, taken) in streams {
-            let Some(p) = pipe.as_mut() else { continue };
-            let sent = match tokio::time::timeout(ALREADY_THERE, p.read(buf)).await {
-                Ok(Ok(n @ 1..)) if *taken < PIPE_MAX => {
-                    *taken += n;
-                    send_lines(tx, kind, lines.push(&buf[..n])).await
-                }
-                _ => {
-                    *pipe = None;
-                    Ok(())
-                }
-            };
-            if sent.is_err() {
-                return gone(outcome);
-            }
-        }
-    }
     // Output still in flight from processes that outlived the command ends here.
-    let tails = match send_lines(tx, "stdout", out_lines.finish().into_iter().collect()).await {
-        Ok(()) => send_lines(tx, "stderr", err_lines.finish().into_iter().collect()).await,
+    let tails = match stdout.close(tx).await {
+        Ok(()) => stderr.close(tx).await,
         Err(()) => Err(()),
     };
     match tails {
         Ok(()) => Relayed { outcome, client_gone: false },
         Err(()) => gone(outcome),
     }
+}
+
+/// What woke [`relay_output`] up.
+enum Step {
+    ClientGone,
+    Stdout(std::io::Result<usize>),
+    Stderr(std::io::Result<usize>),
+    Exited(Result<Result<ExecOutcome, RuntimeError>, oneshot::error::RecvError>),
+    Ping,
 }
 
 /// Sends the lines of one read as one chunk: each line is its own event, but a burst of output
@@ -843,6 +860,51 @@ mod tests {
         assert_eq!(text_of("stderr"), ["done"], "the stderr written last was lost");
         assert_eq!(lines.len(), LINES, "lines lost; the last one that arrived: {:?}", lines.last());
         assert!(lines.iter().enumerate().all(|(i, l)| *l == (i + 1).to_string()), "lines out of order");
+    }
+
+    /// Processes a command left behind that go on writing after its exit, one a line every
+    /// 5 ms on stderr and one as fast as it can on stdout, hold its stream neither by the clock
+    /// nor by the amount: it ends, with at most about a pipe's worth more of the flood.
+    #[tokio::test]
+    async fn output_that_goes_on_after_the_exit_does_not_hold_the_stream() {
+        use tokio::io::AsyncWriteExt;
+        let (mut out_w, out_r) = tokio::io::duplex(64 << 10);
+        let (mut err_w, err_r) = tokio::io::duplex(64 << 10);
+        let (done_tx, done) = oneshot::channel();
+        let ok = ExecOutcome { exit_code: 0, signal: None, timed_out: false, oom_killed: false };
+        done_tx.send(Ok(ok)).unwrap();
+        let flood = tokio::spawn(async move {
+            let line = [b'y', b'\n'].repeat(4096);
+            let mut written = 0usize;
+            while out_w.write_all(&line).await.is_ok() {
+                written += line.len();
+            }
+            written
+        });
+        let trickle = tokio::spawn(async move {
+            while err_w.write_all(b"tick\n").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let (tx, mut rx) = mpsc::channel(8);
+        let relay = tokio::spawn(async move { relay_output(Box::new(out_r), Box::new(err_r), done, &tx).await });
+        let mut got = 0usize;
+        let counted = async {
+            while let Some(chunk) = rx.recv().await {
+                got += chunk.len();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), counted)
+            .await
+            .expect("output written after the exit held the stream open");
+        let relayed = relay.await.unwrap();
+        assert!(!relayed.client_gone);
+        // The relay dropped the pipes' ends: both writers stop.
+        let flooded = flood.await.unwrap();
+        trickle.await.unwrap();
+        assert!(flooded >= PIPE_MAX, "the flood stopped at {flooded} bytes: the stream ended for another reason");
+        // Each 2-byte line becomes an event of about 60 bytes.
+        assert!(got < 100 * PIPE_MAX, "{got} bytes of events for a cap of {PIPE_MAX} bytes of output");
     }
 
     #[test]
