@@ -265,7 +265,7 @@ async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
         // the agent's group reaches it.
         .process_group(0);
     let before = exec.as_ref().map(|_| oom::Counters::read());
-    let mut child = match command.spawn() {
+    let mut child = match oom::spawn_first_to_kill(&mut command) {
         Ok(c) => c,
         Err(e) if exec.is_some() => {
             // A shell reports a program it cannot run as 127 (missing) or 126 (not runnable).

@@ -32,7 +32,9 @@ use crate::objects::CONTAINER;
 /// shell gives a background job `/dev/null` as stdin, hence the detour through fd 3. `setsid`
 /// succeeds without forking because a background job never leads a process group, so the pid
 /// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
-/// exit 127 for a missing program like a shell does. A command killed while the container's
+/// exit 127 for a missing program like a shell does. The command runs at `oom_score_adj` 1000
+/// (the wrapper and the keeper keep theirs), so the kernel takes it, not the keeper, when the
+/// container's memory runs out. A command killed while the container's
 /// OOM-kill counter moved, or its memory peak rose to the limit, leaves a `TOKEN.oom` marker
 /// for `OOM_SCRIPT`.
 pub const WRAPPER: &str = r#"t=$1 d=$2 prog=$3; shift 3
@@ -49,7 +51,7 @@ oom() { n= m= l= x=; for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/c
   for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max; do [ -r "$f" ] && read -r l <"$f"; done; }
 oom; o=$n op=$m ox=$x
 exec 3<&0
-setsid env -i "$@" <&3 3<&- &
+( { echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null; exec setsid env -i "$@" ) <&3 3<&- &
 p=$!
 exec 3<&-
 echo "$p" >"/tmp/.paddock-exec/$t" 2>/dev/null

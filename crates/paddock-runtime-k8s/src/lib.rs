@@ -69,7 +69,8 @@ pub struct KubeConfig {
     pub storage_class: Option<String>,
     /// How long a new Pod may take to be Running and Ready.
     pub ready_timeout: Duration,
-    /// CPU request per Pod, at most its limit; `None` requests the limit (Guaranteed QoS).
+    /// CPU request per Pod, at most its limit; `None` requests the limit (Guaranteed QoS,
+    /// whose keeper the OOM killer spares: commands run at `oom_score_adj` 1000).
     pub cpu_request_millicpus: Option<u32>,
     /// How often `spawn_reaper` looks for expired sandboxes.
     pub reap_interval: Duration,

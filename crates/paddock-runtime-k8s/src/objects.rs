@@ -295,8 +295,10 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             "imagePullPolicy": shape.image_pull_policy,
             "command": command,
             "resources": {
-                // No more than the sandbox container asks for, so it adds nothing to scheduling.
-                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.min(16 << 20).to_string()},
+                // What the sandbox container asks for: it adds nothing to scheduling, and the
+                // Pod keeps the sandbox container's QoS class. A Guaranteed Pod's keeper has
+                // an OOM score (-997) far below its commands' (1000): see `exec::WRAPPER`.
+                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()},
                 "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
             },
             // Root only for these chowns: no other capability, no escalation.
@@ -774,6 +776,10 @@ mod tests {
         assert_eq!(init["securityContext"]["capabilities"], json!({"drop": ["ALL"], "add": ["CHOWN"]}));
         assert_eq!(init["volumeMounts"], json!([{"name": "workspace", "mountPath": "/workspace"}]));
         assert_eq!(init["command"].as_array().unwrap().len(), 5, "no volume directories");
+        // Requests equal to limits in both containers: the Pod stays Guaranteed.
+        let sandbox = &p["spec"]["containers"][0]["resources"];
+        assert_eq!(init["resources"], *sandbox);
+        assert_eq!(sandbox["requests"], sandbox["limits"]);
         let no_ws = SandboxSpec::default();
         let p = to_json(&pod(&chown, &id(), &sandbox_names(&id(), &no_ws), &no_ws, 1, None).unwrap());
         assert!(p["spec"].get("initContainers").is_none(), "an emptyDir needs no chown");

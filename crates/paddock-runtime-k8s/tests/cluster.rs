@@ -663,7 +663,9 @@ async fn cluster_oom_kill_is_reported() {
         return;
     }
     with_namespace(|client, ns| async move {
-        let rt = KubeRuntime::new(client.clone(), config(&ns));
+        // The server's default: CPU requested as limited, so the Pod is Guaranteed and its
+        // keeper's OOM score far below its commands'.
+        let rt = KubeRuntime::new(client.clone(), KubeConfig { cpu_request_millicpus: None, ..config(&ns) });
         let mut spec = small_spec();
         spec.resources.memory_bytes = 48 << 20;
         let sbx = rt.create(spec).await.unwrap();
@@ -674,6 +676,14 @@ async fn cluster_oom_kill_is_reported() {
                 assert!(std::env::var_os("PADDOCK_K8S_AGENT").is_none(), "the agent did not come up");
                 break;
             }
+            // A command is the kernel's first choice, the keeper (PID 1) its last: after the
+            // command's kill frees its memory, a charge already under way may still call the
+            // OOM killer once more, and that must not take the keeper and the whole sandbox.
+            // The keeper has the kubelet's -997 for a Guaranteed Pod, or 0 where containerd
+            // may not go below its own score (dev/k8s: no CAP_SYS_RESOURCE).
+            let o = sh(&rt, &sbx.id, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj").await;
+            let scores: Vec<i32> = o.stdout.lines().map(|l| l.parse().unwrap()).collect();
+            assert!(scores[0] == 1000 && scores[1] <= 0, "through the agent: {through_agent}: {scores:?}");
             let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
             assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
             let o = sh(&rt, &sbx.id, "echo still here").await;

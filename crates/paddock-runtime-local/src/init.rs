@@ -47,10 +47,10 @@ pub fn child_main(setup: ChildSetup) -> ! {
     let ChildSetup { go, status, control, plan, seccomp, uid, gid, hostname } = setup;
     let mut status = File::from(status);
     match build(go, &control, &plan, &seccomp, uid, gid, &hostname) {
-        Ok((sigchld, readiness, oom_counter)) => {
+        Ok((sigchld, readiness, oom_counter, oom_score)) => {
             let _ = status.write_all(b"ok\n");
             drop(status);
-            let code = Init { control, sigchld, readiness, oom_counter, running: HashMap::new() }.run();
+            let code = Init { control, sigchld, readiness, oom_counter, oom_score, running: HashMap::new() }.run();
             sp::exit_now(code)
         }
         Err(message) => {
@@ -61,30 +61,45 @@ pub fn child_main(setup: ChildSetup) -> ! {
 }
 
 /// Hands the sandbox's init the `tasks` files of its v1 cgroups (opened by the supervisor, for
-/// [`join_v1`](paddock_sys::cgroup::join_v1)) and a read-only handle on its OOM counter, to
-/// tell an OOM kill from other kills. Sent once, after `go`.
-pub fn send_cgroups(control: &OwnedFd, v1_tasks: &[File], oom_counter: Option<&File>) -> std::io::Result<()> {
-    let fds: Vec<_> = v1_tasks.iter().chain(oom_counter).map(|f| f.as_fd()).collect();
+/// [`join_v1`](paddock_sys::cgroup::join_v1)), a read-only handle on its OOM counter, to
+/// tell an OOM kill from other kills, and a writable handle on its own `oom_score_adj` (see
+/// [`OomScore`]; the init cannot open it itself once its credentials changed, which makes it
+/// non-dumpable). Sent once, after `go`.
+pub fn send_cgroups(
+    control: &OwnedFd,
+    v1_tasks: &[File],
+    oom_counter: Option<&File>,
+    oom_score: Option<&File>,
+) -> std::io::Result<()> {
+    let fds: Vec<_> = v1_tasks.iter().chain(oom_counter).chain(oom_score).map(|f| f.as_fd()).collect();
     let count = u8::try_from(v1_tasks.len()).expect("a handful of cgroup hierarchies");
-    fdpass::send(control, &[count], &fds)
+    fdpass::send(control, &[count, u8::from(oom_counter.is_some()), u8::from(oom_score.is_some())], &fds)
 }
 
-/// What [`send_cgroups`] sent: the `tasks` files and the OOM counter.
-fn receive_cgroups(control: &OwnedFd) -> Result<(Vec<File>, Option<File>), String> {
+/// What [`send_cgroups`] sends.
+struct Cgroups {
+    v1_tasks: Vec<File>,
+    oom_counter: Option<File>,
+    oom_score: Option<File>,
+}
+
+fn receive_cgroups(control: &OwnedFd) -> Result<Cgroups, String> {
     let (body, fds) = fdpass::recv(control, RecvFlags::empty())
         .map_err(|e| format!("receiving the sandbox cgroups from the supervisor: {e}"))?;
-    let [count] = body[..] else {
+    let [count, has_counter, has_score] = body[..] else {
         return Err("the supervisor went away before passing the sandbox its cgroups".into());
     };
     let mut files: Vec<File> = fds.into_iter().map(File::from).collect();
-    let oom_counter = if files.len() > usize::from(count) { files.pop() } else { None };
-    if files.len() != usize::from(count) {
-        return Err(format!("the supervisor passed {} of {count} cgroups", files.len()));
+    let expected = usize::from(count) + usize::from(has_counter) + usize::from(has_score);
+    if files.len() != expected {
+        return Err(format!("the supervisor passed {} of {expected} descriptors", files.len()));
     }
-    Ok((files, oom_counter))
+    let oom_score = if has_score == 1 { files.pop() } else { None };
+    let oom_counter = if has_counter == 1 { files.pop() } else { None };
+    Ok(Cgroups { v1_tasks: files, oom_counter, oom_score })
 }
 
-type Built = (OwnedFd, Option<OwnedFd>, Option<File>);
+type Built = (OwnedFd, Option<OwnedFd>, Option<File>, Option<OomScore>);
 
 fn build(
     go: OwnedFd,
@@ -117,7 +132,7 @@ fn build(
     sp::bring_up_loopback().map_err(|e| e.to_string())?;
     // Made by the supervisor meanwhile; joined before anything of the sandbox's own runs,
     // and before the cgroup namespace is made, so that they are its root.
-    let (v1_tasks, oom_counter) = receive_cgroups(control)?;
+    let Cgroups { v1_tasks, oom_counter, oom_score } = receive_cgroups(control)?;
     paddock_sys::cgroup::join_v1(&v1_tasks).map_err(|e| format!("joining the sandbox cgroups: {e}"))?;
     // Written with root's credentials: never kept past this point.
     drop(v1_tasks);
@@ -130,12 +145,38 @@ fn build(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
     paddock_sys::fence::set_no_new_privs().map_err(|e| e.to_string())?;
+    let oom_score = oom_score.and_then(OomScore::new);
     let mut landlock = LandlockPolicy::default();
     landlock.writable_dirs.extend(writable_root_dirs.iter().cloned());
     paddock_sys::fence::apply_landlock(&landlock).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
-    Ok((sigchld, readiness, oom_counter))
+    Ok((sigchld, readiness, oom_counter, oom_score))
+}
+
+/// The init's own `oom_score_adj`, raised to 1000 while it spawns a command so that the
+/// command (and all it starts) inherits it, then put back. The OOM killer then takes a
+/// command's process before the init, including in the extra kill the kernel sometimes makes
+/// when a charge was under way as its first victim died: the init's death would end the
+/// sandbox. Done in the init rather than between fork and exec in the child, because a
+/// `pre_exec` hook makes `Command` fork (copying the init's page tables) instead of using
+/// `vfork`; the init is single-threaded, so nothing else is started meanwhile. (While it is
+/// raised, the init is still no likelier a victim than any command's process of its size.)
+struct OomScore {
+    file: File,
+    own: Vec<u8>,
+}
+
+impl OomScore {
+    fn new(mut file: File) -> Option<Self> {
+        let mut own = Vec::new();
+        file.read_to_end(&mut own).ok()?;
+        Some(Self { file, own: own.trim_ascii().to_vec() })
+    }
+
+    fn set(&self, value: &[u8]) -> bool {
+        self.file.write_at(value, 0).is_ok()
+    }
 }
 
 /// The port the code-interpreter SDK probes (`bash -c 'exec 3<>/dev/tcp/127.0.0.1/44771'`)
@@ -175,6 +216,7 @@ struct Init {
     /// See [`readiness_listener`].
     readiness: Option<OwnedFd>,
     oom_counter: Option<File>,
+    oom_score: Option<OomScore>,
     running: HashMap<u32, Exec>,
 }
 
@@ -329,6 +371,7 @@ impl Init {
         // exits (dash's `wait` sleeps forever). Unblocked for the spawn; an exit it drops
         // meanwhile is reaped below.
         let unblocked = sp::unblock_all_signals().is_ok();
+        let raised = self.oom_score.as_ref().is_some_and(|s| s.set(b"1000"));
         // A first try at the path found (with copies of the stdio, kept for a second try);
         // where execvp would go on from its failure, the second try is execvp's own search.
         let first = program_path(&argv[0], env.get("PATH")).and_then(|found| {
@@ -342,6 +385,9 @@ impl Init {
             Some(started) => started,
             None => start(&argv[0], stdin, stdout, stderr),
         };
+        if raised && let Some(score) = &self.oom_score {
+            score.set(&score.own);
+        }
         if unblocked && sp::block_signals(&[Signal::CHILD.as_raw()]).is_err() {
             // Without SIGCHLD blocked the signalfd stays silent: nothing could be reaped.
             std::process::exit(1);

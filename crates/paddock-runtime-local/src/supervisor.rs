@@ -399,7 +399,9 @@ impl Supervisor {
                 .map_err(sys("creating the sandbox cgroup"))?;
             let v1_tasks = cgroup.v1_task_files().map_err(sys("opening the sandbox cgroup"))?;
             let oom_counter = cgroup.oom_counter_path().and_then(|p| File::open(p).ok());
-            let sent = crate::init::send_cgroups(&control, &v1_tasks, oom_counter.as_ref());
+            let oom_score =
+                std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{init_pid}/oom_score_adj")).ok();
+            let sent = crate::init::send_cgroups(&control, &v1_tasks, oom_counter.as_ref(), oom_score.as_ref());
             if sent.is_err() {
                 // An init still waiting for this message would never report: end it, then read
                 // what it reported before (its own failure is the usual cause of a failed send).
