@@ -44,6 +44,7 @@ const USAGE: &str = "usage: paddock-agent --id ID [--port PORT]";
 
 fn main() -> ExitCode {
     default_cwd();
+    oom::settle_own_score();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (id, port) = match args.as_slice() {
         [flag, id] if flag == "--id" => (id.clone(), PORT),

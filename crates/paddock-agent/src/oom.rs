@@ -12,37 +12,58 @@ use std::sync::{Mutex, OnceLock};
 /// Slack below the limit that still counts as reaching it: the kernel reclaims before it kills.
 const NEAR_LIMIT: u64 = 4 << 20;
 
-/// The agent's own `oom_score_adj`, and a lock that spawns hold while it is raised.
+/// The agent's own score, at least this: above the keeper's, so that when the kernel has no
+/// command's process left to take, it takes the agent (which the runtime brings back) before
+/// the keeper (whose death ends the Pod).
+const AGENT_SCORE: i32 = 500;
+
+/// The agent's `oom_score_adj` file, and the score it puts back after each spawn.
 struct OwnScore {
     file: fs::File,
     own: Vec<u8>,
-    spawning: Mutex<()>,
 }
 
-static OWN_SCORE: OnceLock<Option<OwnScore>> = OnceLock::new();
+impl OwnScore {
+    fn open() -> Option<Self> {
+        let file = fs::OpenOptions::new().read(true).write(true).open("/proc/self/oom_score_adj").ok()?;
+        let mut now = vec![0; 16];
+        let n = file.read_at(&mut now, 0).ok()?;
+        let now: i32 = std::str::from_utf8(&now[..n]).ok()?.trim().parse().ok()?;
+        let own = now.max(AGENT_SCORE).to_string().into_bytes();
+        file.write_at(&own, 0).ok()?;
+        Some(Self { file, own })
+    }
+}
+
+static OWN_SCORE: OnceLock<Mutex<Option<OwnScore>>> = OnceLock::new();
+
+fn own_score() -> &'static Mutex<Option<OwnScore>> {
+    OWN_SCORE.get_or_init(|| Mutex::new(OwnScore::open()))
+}
+
+/// Raises the agent's own score to [`AGENT_SCORE`] (if it is lower), at its start.
+pub fn settle_own_score() {
+    own_score();
+}
 
 /// Spawns `command` at `oom_score_adj` 1000, so it and all it starts are the OOM killer's
-/// first choice in the container, while the agent keeps its own score. Otherwise the kernel
-/// may take the agent, or the keeper (whose death ends the Pod), in the extra kill it sometimes
-/// makes when a charge was under way as its first victim died. The agent raises its own score
-/// for the spawn (the child inherits it) and puts it back, under a lock so that concurrent
-/// spawns see one raise: a hook between fork and exec would do it in the child alone, but
-/// makes `Command` fork (about 0.15 ms of every exec here) instead of using `vfork`. Where
-/// `/proc` refuses, commands start with the agent's score, as before.
+/// first choice in the container, before the agent and the keeper: otherwise the kernel may
+/// take one of them in the extra kill it sometimes makes when a charge was under way as its
+/// first victim died. The agent raises its own score for the spawn (the child inherits it) and
+/// puts it back, under a lock so that spawns never overlap a raise: a hook between fork and
+/// exec would do it in the child alone, but makes every spawn fork (about 0.15 ms of every
+/// exec here). Where `/proc` refuses, or a score could not be put back, commands start with
+/// the agent's score.
 pub fn spawn_first_to_kill(command: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
-    let score = OWN_SCORE.get_or_init(|| {
-        let file = fs::OpenOptions::new().read(true).write(true).open("/proc/self/oom_score_adj").ok()?;
-        let mut own = vec![0; 16];
-        let n = file.read_at(&mut own, 0).ok()?;
-        own.truncate(n);
-        Some(OwnScore { own: own.trim_ascii().to_vec(), file, spawning: Mutex::new(()) })
-    });
-    let Some(score) = score else { return command.spawn() };
-    let _spawning = score.spawning.lock().unwrap_or_else(|p| p.into_inner());
-    let raised = score.file.write_at(b"1000", 0).is_ok();
+    let mut score = own_score().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(own) = score.as_ref() else { return command.spawn() };
+    let raised = own.file.write_at(b"1000", 0).is_ok();
     let child = command.spawn();
-    if raised {
-        let _ = score.file.write_at(&score.own, 0);
+    if raised && let Err(e) = own.file.write_at(&own.own, 0) {
+        // The agent stays at 1000 (only privilege could lower it now): say so, and stop
+        // raising, so it is not tried for every command.
+        eprintln!("paddock-agent: putting back its OOM score: {e}; commands now start with the agent's");
+        *score = None;
     }
     child
 }

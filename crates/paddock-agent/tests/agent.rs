@@ -132,12 +132,14 @@ async fn commands_get_exactly_what_was_asked_and_report_as_a_shell_would() {
     assert_eq!(split(&frames).0, "ONLY=1\n");
 
     // The kernel's first choice when the container's memory runs out is the command (and what
-    // it starts), never the agent, which keeps the score it was started with.
-    let argv = ["sh", "-c", "cat /proc/self/oom_score_adj /proc/$$/oom_score_adj"];
+    // it starts), before the agent, which keeps its own score: at least 500, so that it goes
+    // before the keeper.
+    let argv = ["sh", "-c", "cat /proc/self/oom_score_adj; cat /proc/$$/oom_score_adj"];
     let (_, frames) = call(&agent, "/exec", exec(&argv, json!({"PATH": "/usr/bin:/bin"}), cwd, "t6", false), b"").await;
     assert_eq!(split(&frames).0, "1000\n1000\n");
-    let own = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap();
-    assert_eq!(std::fs::read_to_string(format!("/proc/{}/oom_score_adj", agent.pid)).unwrap(), own);
+    let own: i32 = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap().trim().parse().unwrap();
+    let agents = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", agent.pid)).unwrap();
+    assert_eq!(agents.trim(), own.max(500).to_string());
 
     // A missing directory or program: the command never starts, and says why.
     let (_, frames) = call(&agent, "/exec", exec(&["true"], json!({}), "/no/such/dir", "t3", false), b"").await;

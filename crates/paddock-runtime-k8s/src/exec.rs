@@ -33,7 +33,7 @@ use crate::objects::CONTAINER;
 /// succeeds without forking because a background job never leads a process group, so the pid
 /// is the session id. `env -i` makes the environment exactly the requested one; it and `setsid`
 /// exit 127 for a missing program like a shell does. The command runs at `oom_score_adj` 1000
-/// (the wrapper and the keeper keep theirs), so the kernel takes it, not the keeper, when the
+/// (the wrapper and the keeper keep theirs), so the kernel takes it before the keeper when the
 /// container's memory runs out. A command killed while the container's
 /// OOM-kill counter moved, or its memory peak rose to the limit, leaves a `TOKEN.oom` marker
 /// for `OOM_SCRIPT`.

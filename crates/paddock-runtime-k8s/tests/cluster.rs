@@ -684,6 +684,11 @@ async fn cluster_oom_kill_is_reported() {
             let o = sh(&rt, &sbx.id, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj").await;
             let scores: Vec<i32> = o.stdout.lines().map(|l| l.parse().unwrap()).collect();
             assert!(scores[0] == 1000 && scores[1] <= 0, "through the agent: {through_agent}: {scores:?}");
+            if through_agent {
+                // The agent between them: taken after the commands, before the keeper.
+                let agent = "for p in /proc/[0-9]*; do case $(readlink $p/exe) in /tmp/.paddock-agent/*) cat $p/oom_score_adj;; esac; done";
+                assert_eq!(sh(&rt, &sbx.id, agent).await.stdout, "500\n");
+            }
             let o = sh(&rt, &sbx.id, "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}").await;
             assert_eq!((o.outcome.exit_code, o.outcome.oom_killed), (137, true), "{:?} {}", o.outcome, o.stdout);
             let o = sh(&rt, &sbx.id, "echo still here").await;

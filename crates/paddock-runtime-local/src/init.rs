@@ -385,8 +385,13 @@ impl Init {
             Some(started) => started,
             None => start(&argv[0], stdin, stdout, stderr),
         };
-        if raised && let Some(score) = &self.oom_score {
-            score.set(&score.own);
+        if raised
+            && let Some(score) = &self.oom_score
+            && !score.set(&score.own)
+        {
+            // Left at 1000 (only privilege could lower it now): stop raising, so that at
+            // least it is not tried for every command.
+            self.oom_score = None;
         }
         if unblocked && sp::block_signals(&[Signal::CHILD.as_raw()]).is_err() {
             // Without SIGCHLD blocked the signalfd stays silent: nothing could be reaped.

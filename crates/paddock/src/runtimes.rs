@@ -215,9 +215,10 @@ pub struct KubeOpts {
     pub chown_workspace: bool,
     /// CPU each sandbox Pod requests from the scheduler (e.g. 100m), at most its limit; without
     /// it a Pod requests its whole limit (Guaranteed QoS), so a node holds as many sandboxes as
-    /// it has CPUs. With it a Pod is Burstable: its keeper's OOM score (about 999) is then
-    /// barely below its commands' (1000), so a command that runs the Pod out of memory can
-    /// take the whole sandbox with it, where a Guaranteed keeper (-997) is spared.
+    /// it has CPUs. With it a Pod is Burstable: its keeper's OOM score (999 for a small
+    /// sandbox) is then barely below its commands' (1000), so a command that runs the Pod out
+    /// of memory can take the whole sandbox with it, where a Guaranteed keeper (-997) is
+    /// spared.
     #[arg(long, global = true, value_parser = parse_cpus)]
     pub cpu_request: Option<u32>,
     /// How long a new sandbox Pod may take to be Running and Ready.
