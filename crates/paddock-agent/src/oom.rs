@@ -6,8 +6,9 @@
 //! limit is hit.
 
 use std::fs;
-use std::os::unix::fs::FileExt;
 use std::sync::{Mutex, OnceLock};
+
+use paddock_sys::oom_score::SpawnScore;
 
 /// Slack below the limit that still counts as reaching it: the kernel reclaims before it kills.
 const NEAR_LIMIT: u64 = 4 << 20;
@@ -17,28 +18,10 @@ const NEAR_LIMIT: u64 = 4 << 20;
 /// the keeper (whose death ends the Pod).
 const AGENT_SCORE: i32 = 500;
 
-/// The agent's `oom_score_adj` file, and the score it puts back after each spawn.
-struct OwnScore {
-    file: fs::File,
-    own: Vec<u8>,
-}
+static OWN_SCORE: OnceLock<Mutex<Option<SpawnScore>>> = OnceLock::new();
 
-impl OwnScore {
-    fn open() -> Option<Self> {
-        let file = fs::OpenOptions::new().read(true).write(true).open("/proc/self/oom_score_adj").ok()?;
-        let mut now = vec![0; 16];
-        let n = file.read_at(&mut now, 0).ok()?;
-        let now: i32 = std::str::from_utf8(&now[..n]).ok()?.trim().parse().ok()?;
-        let own = now.max(AGENT_SCORE).to_string().into_bytes();
-        file.write_at(&own, 0).ok()?;
-        Some(Self { file, own })
-    }
-}
-
-static OWN_SCORE: OnceLock<Mutex<Option<OwnScore>>> = OnceLock::new();
-
-fn own_score() -> &'static Mutex<Option<OwnScore>> {
-    OWN_SCORE.get_or_init(|| Mutex::new(OwnScore::open()))
+fn own_score() -> &'static Mutex<Option<SpawnScore>> {
+    OWN_SCORE.get_or_init(|| Mutex::new(SpawnScore::own(AGENT_SCORE)))
 }
 
 /// Raises the agent's own score to [`AGENT_SCORE`] (if it is lower), at its start.
@@ -46,23 +29,16 @@ pub fn settle_own_score() {
     own_score();
 }
 
-/// Spawns `command` at `oom_score_adj` 1000, so it and all it starts are the OOM killer's
-/// first choice in the container, before the agent and the keeper: otherwise the kernel may
-/// take one of them in the extra kill it sometimes makes when a charge was under way as its
-/// first victim died. The agent raises its own score for the spawn (the child inherits it) and
-/// puts it back, under a lock so that spawns never overlap a raise: a hook between fork and
-/// exec would do it in the child alone, but makes every spawn fork (about 0.15 ms of every
-/// exec here). Where `/proc` refuses, or a score could not be put back, commands start with
-/// the agent's score.
+/// Spawns `command` at the top OOM score (see [`SpawnScore`]), before the agent and the
+/// keeper. Where `/proc` refuses, or the agent's score could not be put back once, commands
+/// start with the agent's score.
 pub fn spawn_first_to_kill(command: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    // Held across the spawn: another spawn meanwhile must not put the score back early.
     let mut score = own_score().lock().unwrap_or_else(|p| p.into_inner());
     let Some(own) = score.as_ref() else { return command.spawn() };
-    let raised = own.file.write_at(b"1000", 0).is_ok();
-    let child = command.spawn();
-    if raised && let Err(e) = own.file.write_at(&own.own, 0) {
-        // The agent stays at 1000 (only privilege could lower it now): say so, and stop
-        // raising, so it is not tried for every command.
-        eprintln!("paddock-agent: putting back its OOM score: {e}; commands now start with the agent's");
+    let (child, kept) = own.spawn_at_top(|| command.spawn());
+    if !kept {
+        eprintln!("paddock-agent: could not put back its OOM score after a spawn; commands now start with the agent's");
         *score = None;
     }
     child

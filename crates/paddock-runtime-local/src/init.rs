@@ -19,6 +19,7 @@ use paddock_core::runtime::{ExecOutcome, FileReply, RuntimeError};
 use paddock_sys::fdpass;
 use paddock_sys::fence::{LandlockPolicy, SeccompProgram};
 use paddock_sys::mounts::RootPlan;
+use paddock_sys::oom_score::SpawnScore;
 use paddock_sys::process::{self as sp, Forked};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::RecvFlags;
@@ -63,7 +64,7 @@ pub fn child_main(setup: ChildSetup) -> ! {
 /// Hands the sandbox's init the `tasks` files of its v1 cgroups (opened by the supervisor, for
 /// [`join_v1`](paddock_sys::cgroup::join_v1)), a read-only handle on its OOM counter, to
 /// tell an OOM kill from other kills, and a writable handle on its own `oom_score_adj` (see
-/// [`OomScore`]; the init cannot open it itself once its credentials changed, which makes it
+/// [`SpawnScore`]; the init cannot open it itself once its credentials changed, which makes it
 /// non-dumpable). Sent once, after `go`.
 pub fn send_cgroups(
     control: &OwnedFd,
@@ -99,7 +100,7 @@ fn receive_cgroups(control: &OwnedFd) -> Result<Cgroups, String> {
     Ok(Cgroups { v1_tasks: files, oom_counter, oom_score })
 }
 
-type Built = (OwnedFd, Option<OwnedFd>, Option<File>, Option<OomScore>);
+type Built = (OwnedFd, Option<OwnedFd>, Option<File>, Option<SpawnScore>);
 
 fn build(
     go: OwnedFd,
@@ -145,38 +146,13 @@ fn build(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| format!("set death signal: {e}"))?;
     paddock_sys::fence::set_no_new_privs().map_err(|e| e.to_string())?;
-    let oom_score = oom_score.and_then(OomScore::new);
+    let oom_score = oom_score.and_then(|f| SpawnScore::from_file(f, i32::MIN));
     let mut landlock = LandlockPolicy::default();
     landlock.writable_dirs.extend(writable_root_dirs.iter().cloned());
     paddock_sys::fence::apply_landlock(&landlock).map_err(|e| e.to_string())?;
     paddock_sys::fence::apply_seccomp(seccomp).map_err(|e| e.to_string())?;
     rustix::process::chdir("/workspace").map_err(|e| format!("chdir /workspace: {e}"))?;
     Ok((sigchld, readiness, oom_counter, oom_score))
-}
-
-/// The init's own `oom_score_adj`, raised to 1000 while it spawns a command so that the
-/// command (and all it starts) inherits it, then put back. The OOM killer then takes a
-/// command's process before the init, including in the extra kill the kernel sometimes makes
-/// when a charge was under way as its first victim died: the init's death would end the
-/// sandbox. Done in the init rather than between fork and exec in the child, because a
-/// `pre_exec` hook makes `Command` fork (copying the init's page tables) instead of using
-/// `vfork`; the init is single-threaded, so nothing else is started meanwhile. (While it is
-/// raised, the init is still no likelier a victim than any command's process of its size.)
-struct OomScore {
-    file: File,
-    own: Vec<u8>,
-}
-
-impl OomScore {
-    fn new(mut file: File) -> Option<Self> {
-        let mut own = Vec::new();
-        file.read_to_end(&mut own).ok()?;
-        Some(Self { file, own: own.trim_ascii().to_vec() })
-    }
-
-    fn set(&self, value: &[u8]) -> bool {
-        self.file.write_at(value, 0).is_ok()
-    }
 }
 
 /// The port the code-interpreter SDK probes (`bash -c 'exec 3<>/dev/tcp/127.0.0.1/44771'`)
@@ -216,7 +192,9 @@ struct Init {
     /// See [`readiness_listener`].
     readiness: Option<OwnedFd>,
     oom_counter: Option<File>,
-    oom_score: Option<OomScore>,
+    /// Commands start at the top OOM score, so a sandbox out of memory loses the init (and
+    /// with it the whole sandbox) only when no command's process is left to take.
+    oom_score: Option<SpawnScore>,
     running: HashMap<u32, Exec>,
 }
 
@@ -371,28 +349,32 @@ impl Init {
         // exits (dash's `wait` sleeps forever). Unblocked for the spawn; an exit it drops
         // meanwhile is reaped below.
         let unblocked = sp::unblock_all_signals().is_ok();
-        let raised = self.oom_score.as_ref().is_some_and(|s| s.set(b"1000"));
-        // A first try at the path found (with copies of the stdio, kept for a second try);
-        // where execvp would go on from its failure, the second try is execvp's own search.
-        let first = program_path(&argv[0], env.get("PATH")).and_then(|found| {
-            match (stdin.as_ref().map(|f| f.try_clone()).transpose(), stdout.try_clone(), stderr.try_clone()) {
-                (Ok(i), Ok(o), Ok(e)) => Some(start(&found, i, o, e)),
-                _ => None,
+        let spawn = || {
+            // A first try at the path found (with copies of the stdio, kept for a second
+            // try); where execvp would go on from its failure, the second try is execvp's
+            // own search.
+            let first = program_path(&argv[0], env.get("PATH")).and_then(|found| {
+                match (stdin.as_ref().map(|f| f.try_clone()).transpose(), stdout.try_clone(), stderr.try_clone()) {
+                    (Ok(i), Ok(o), Ok(e)) => Some(start(&found, i, o, e)),
+                    _ => None,
+                }
+            });
+            match first {
+                Some(Err(e)) if execvp_goes_on(&e) => start(&argv[0], stdin, stdout, stderr),
+                Some(started) => started,
+                None => start(&argv[0], stdin, stdout, stderr),
             }
-        });
-        let spawned = match first {
-            Some(Err(e)) if execvp_goes_on(&e) => start(&argv[0], stdin, stdout, stderr),
-            Some(started) => started,
-            None => start(&argv[0], stdin, stdout, stderr),
         };
-        if raised
-            && let Some(score) = &self.oom_score
-            && !score.set(&score.own)
-        {
-            // Left at 1000 (only privilege could lower it now): stop raising, so that at
-            // least it is not tried for every command.
-            self.oom_score = None;
-        }
+        let spawned = match &self.oom_score {
+            Some(score) => {
+                let (spawned, kept) = score.spawn_at_top(spawn);
+                if !kept {
+                    self.oom_score = None;
+                }
+                spawned
+            }
+            None => spawn(),
+        };
         if unblocked && sp::block_signals(&[Signal::CHILD.as_raw()]).is_err() {
             // Without SIGCHLD blocked the signalfd stays silent: nothing could be reaped.
             std::process::exit(1);

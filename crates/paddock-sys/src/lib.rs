@@ -11,6 +11,7 @@ pub mod fdpass;
 pub mod fence;
 pub mod ids;
 pub mod mounts;
+pub mod oom_score;
 pub mod overlay;
 pub mod process;
 

@@ -239,8 +239,8 @@ async fn memory_hog_is_oom_killed_inside_and_the_sandbox_survives() {
     let mut s = spec();
     s.resources.memory_bytes = 64 << 20;
     let id = env.confined(s).await;
-    // The kernel's first choice is a command and what it starts, never the init (PID 1),
-    // whose death would end the sandbox.
+    // The kernel's first choice is a command and what it starts; the init (PID 1), whose
+    // death would end the sandbox, goes only when nothing else is left.
     let scores = sh(&env.rt, &id, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj").await.stdout;
     let scores: Vec<i32> = scores.lines().map(|l| l.parse().unwrap()).collect();
     assert!(scores[0] == 1000 && scores[1] < 1000, "{scores:?}");
