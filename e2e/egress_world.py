@@ -4,16 +4,18 @@
     python3 e2e/egress_world.py --name NAME --net 10.77.5
 
 As root, makes a network namespace `pdkw-NAME` joined to the host by a veth pair (host end
-NET.1/24; the namespace has NET.2 and NET.3), a test CA and a certificate for the test names,
-and serves inside the namespace:
+NET.1/24; the namespace has NET.2 and NET.3, and the link-local LINK = 169.254.<third octet of
+NET>.4, routed to it from the host, which stands in for the cloud metadata address: no test
+aims at the real one), a test CA and a certificate for the test names, and serves inside the
+namespace:
 
 - DNS (UDP and TCP 53 on NET.2): allowed.test, other.test, denied.test and any name under
   wild.test are NET.2; rebind.test is 127.0.0.1; hostaddr.test is NET.1 (the host's own end);
-  metadata.test is 169.254.169.254; every other name is NXDOMAIN; AAAA answers are empty.
+  metadata.test is LINK; every other name is NXDOMAIN; AAAA answers are empty.
 - HTTP on port 80 and HTTPS (the test CA) on 443, on both addresses: `GET /` answers
   "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes.
 
-Prints one JSON line ({"ns", "ca", "dns", "ip", "raw_ip", "host_ip"}) once everything answers,
+Prints one JSON line ({"ns", "ca", "dns", "ip", "raw_ip", "host_ip", "link_local_ip"}) once everything answers,
 then runs until its stdin closes or it gets SIGTERM, and removes all of it.
 """
 
@@ -33,6 +35,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 NAMES_ON_SERVER = ("allowed.test", "other.test", "denied.test")
+
+
+def link_local(net: str) -> str:
+    """The world's link-local address: stands in for the cloud metadata address."""
+    return f"169.254.{net.split('.')[2]}.4"
 
 
 def sh(*args: str, check: bool = True) -> None:
@@ -56,7 +63,7 @@ def dns_answer(query: bytes, net: str) -> bytes | None:
     question = query[12:i + 5]
     name = ".".join(labels)
     table = {n: f"{net}.2" for n in NAMES_ON_SERVER}
-    table.update({"rebind.test": "127.0.0.1", "hostaddr.test": f"{net}.1", "metadata.test": "169.254.169.254"})
+    table.update({"rebind.test": "127.0.0.1", "hostaddr.test": f"{net}.1", "metadata.test": link_local(net)})
     addr = table.get(name) or (f"{net}.2" if name.endswith(".wild.test") else None)
     rd = flags & 0x0100
     if addr is None:
@@ -189,8 +196,10 @@ def main() -> int:
         sh("ip", "addr", "add", f"{net}.1/24", "dev", host_if)
         sh("ip", "link", "set", host_if, "up")
         for cmd in (["link", "set", "lo", "up"], ["addr", "add", f"{net}.2/24", "dev", ns_if],
-                    ["addr", "add", f"{net}.3/24", "dev", ns_if], ["link", "set", ns_if, "up"]):
+                    ["addr", "add", f"{net}.3/24", "dev", ns_if], ["addr", "add", f"{link_local(net)}/32", "dev", ns_if],
+                    ["link", "set", ns_if, "up"]):
             sh("ip", "-n", ns, *cmd)
+        sh("ip", "route", "add", f"{link_local(net)}/32", "dev", host_if)
         make_certs(d)
         server = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, os.path.abspath(__file__), "--serve", "--name", args.name,
@@ -213,7 +222,8 @@ def main() -> int:
         teardown()
         return 1
     print(json.dumps({"ns": ns, "ca": f"{d}/ca.pem", "dns": f"{net}.2", "ip": f"{net}.2",
-                      "raw_ip": f"{net}.3", "host_ip": f"{net}.1"}), flush=True)
+                      "raw_ip": f"{net}.3", "host_ip": f"{net}.1",
+                      "link_local_ip": link_local(net)}), flush=True)
     try:
         sys.stdin.read()
     finally:

@@ -213,7 +213,7 @@ EOF
   info "sandbox-labelled Pod: no connection; server-labelled Pod: connected"
 
   step "helm: paddock gate from a sandbox in the chart's namespace (its Pod Security, quota, LimitRange and backstop apply)"
-  "$bin" $serve_args --namespace "$helm_ns" gate || die "paddock gate failed in the chart-installed namespace $helm_ns"
+  "$bin" $serve_args --namespace "$helm_ns" gate "${gate_offline[@]}" || die "paddock gate failed in the chart-installed namespace $helm_ns"
 
   step "helm: the PVC reaper CronJob, run twice (kubectl create job --from=cronjob/paddock-pvc-reaper)"
   K -n "$helm_ns" apply -f - >/dev/null <<EOF
@@ -315,7 +315,7 @@ helm_claim() {
     PADDOCK_E2E_API_KEY="$key" "$REPO/e2e/run" -k "${PADDOCK_HELM_CLAIM_E2E:-test_lifecycle}" \
     || die "the SDK tests through the claim-model server failed"
   step "helm: paddock gate from a sandbox under Pod Security restricted"
-  "$bin" --runtime kubernetes --image-pull-policy Never --cpu-request 0.01 --namespace "$helm_ns" gate \
+  "$bin" --runtime kubernetes --image-pull-policy Never --cpu-request 0.01 --namespace "$helm_ns" gate "${gate_offline[@]}" \
     || die "paddock gate failed in the restricted namespace $helm_ns"
   kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   "$HELM" uninstall paddock -n "$helm_ns" --wait --timeout 60s >/dev/null || die "helm uninstall paddock (claim) failed"

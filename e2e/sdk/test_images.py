@@ -64,7 +64,7 @@ def test_a_registry_image_runs_with_its_config_and_a_writable_root(conn, registr
         ]
         run_ok(sb, "echo tool > /usr/local/bin/made-here && chmod +x /usr/local/bin/made-here")
         # Still confined: no route out, no privilege.
-        ex = sb.commands.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\"")
+        ex = sb.commands.run("python3 -c \"import socket; socket.create_connection(('192.0.2.1', 80), timeout=2)\"")
         assert ex.exit_code != 0
         assert run_ok(sb, "grep -E '^Cap(Eff|Prm)' /proc/self/status | awk '{print $2}'") == [
             "0000000000000000", "0000000000000000"

@@ -40,6 +40,17 @@ pub async fn infer() -> Result<Client, RuntimeError> {
     from_config(config)
 }
 
+/// A client for the kubeconfig's context `context` (`KUBECONFIG` / `~/.kube/config`).
+pub async fn for_context(context: &str) -> Result<Client, RuntimeError> {
+    let options = kube::config::KubeConfigOptions { context: Some(context.to_owned()), ..Default::default() };
+    let config = Config::from_kubeconfig(&options).await.map_err(|e| {
+        RuntimeError::Unavailable(format!(
+            "the kubeconfig context {context:?} cannot be used (see `kubectl config get-contexts`): {e}"
+        ))
+    })?;
+    from_config(config)
+}
+
 /// A client for `config` (its cluster, credentials, proxy-less).
 pub fn from_config(config: Config) -> Result<Client, RuntimeError> {
     let bad =

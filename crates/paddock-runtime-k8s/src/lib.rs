@@ -49,6 +49,9 @@ mod port;
 /// How the runtime uses the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeConfig {
+    /// The kubeconfig context to use; `None`: the in-cluster service account, else the
+    /// kubeconfig's current context.
+    pub context: Option<String>,
     /// The namespace every object lives in; it must exist.
     pub namespace: String,
     /// The image of sandboxes whose spec names none. It needs a POSIX `sh` and busybox-level
@@ -107,6 +110,7 @@ pub enum SandboxModel {
 impl Default for KubeConfig {
     fn default() -> Self {
         Self {
+            context: None,
             namespace: "paddock".into(),
             default_image: "paddock.local/sandbox:1".into(),
             image_pull_policy: "IfNotPresent".into(),
@@ -237,7 +241,10 @@ impl KubeRuntime {
 
     /// Connects with the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
     pub async fn from_default_kubeconfig(config: KubeConfig) -> Result<Self, RuntimeError> {
-        let client = client::infer().await?;
+        let client = match &config.context {
+            Some(context) => client::for_context(context).await?,
+            None => client::infer().await?,
+        };
         Ok(Self::new(client, config))
     }
 

@@ -1040,7 +1040,8 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
         assert_eq!(egress_of(policies.get(&name).await.unwrap()), serde_json::json!([]));
 
         // What a NetworkPolicy cannot enforce is refused, and changes nothing.
-        for target in ["pypi.org", "10.96.0.1", "169.254.169.254"] {
+        let refused = ["pypi.org", "10.96.0.1", "169.254.169.254"]; // not-a-probe: refused rules, nothing is sent
+        for target in refused {
             let bad = EgressPolicy {
                 default_action: Action::Deny,
                 egress: vec![EgressRule { action: Action::Allow, target: target.into() }],

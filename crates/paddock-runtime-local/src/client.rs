@@ -224,6 +224,11 @@ impl LocalRuntime {
         // Until the supervisor is started, a failure or a caller that gives up (a server's
         // deadline or a client gone, during a pull say) takes the directory and the lease away.
         let mut unstarted = Unstarted { dd: &self.dd, id: &id, armed: true };
+        // Held until the supervisor answers: a listing never takes a create under way for one
+        // whose creator died (`remains::retire_half_made`).
+        let creating = fs::File::open(&dir).map_err(sys_err(format!("opening {}", dir.display())))?;
+        rustix::fs::flock(&creating, rustix::fs::FlockOperation::LockShared)
+            .map_err(|e| RuntimeError::System(format!("locking {}: {e}", dir.display())))?;
         // Traversable (not readable) by the sandbox's host identity, which mounts the skeleton
         // inside it; what it holds is private by its own modes (socket, record, log: 0600).
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).map_err(sys_err("chmod"))?;
@@ -239,6 +244,7 @@ impl LocalRuntime {
         if result.is_err() {
             unstarted.clean();
         }
+        drop(creating);
         let (info, took_first) = result?;
         if let NetworkPolicy::Egress(policy) = &spec.network
             && let Err(e) = self.apply_egress(&id, policy).await
@@ -668,14 +674,31 @@ impl Runtime for LocalRuntime {
         while let Some(entry) = entries.next_entry().await.map_err(sys_err(format!("listing {}", dir.display())))? {
             let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
             let rt = self.clone();
-            asks.spawn(async move { rt.get(&id).await });
+            asks.spawn(async move {
+                let info = rt.get(&id).await;
+                (id, info)
+            });
         }
         let mut out = Vec::new();
+        let mut unready = Vec::new();
         while let Some(answer) = asks.join_next().await {
-            // A directory without a record is a sandbox still starting (or one that never did).
-            if let Ok(Ok(info)) = answer {
-                out.push(info);
+            // A directory without a record is a sandbox still starting (or one that never will:
+            // its creator died, retired below).
+            match answer {
+                Ok((_, Ok(info))) => out.push(info),
+                Ok((id, Err(RuntimeError::NotFound(_)))) => unready.push(id),
+                _ => {}
             }
+        }
+        if !unready.is_empty() {
+            let dd = self.dd.clone();
+            blocking(move || {
+                if crate::remains::retire_half_made(&dd, &unready) {
+                    crate::remains::sweep(&dd);
+                }
+                Ok(())
+            })
+            .await?;
         }
         out.sort_by(|a, b| a.created_unix_ms.cmp(&b.created_unix_ms).then_with(|| a.id.cmp(&b.id)));
         Ok(out)

@@ -270,7 +270,10 @@ fn serve(once: bool) -> i32 {
         let (request, ended) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
         if ended {
             sp::drain_signalfd(&sigchld);
-            while let Ok(Some(_)) = rustix::process::waitpid(None, rustix::process::WaitOptions::NOHANG) {}
+            // Every child, whatever its process group: `waitpid(None, ..)` is waitpid(0), which
+            // collects only this process group's, and each supervisor has a session of its own,
+            // so it left one zombie per sandbox until the launcher ended.
+            while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
         }
         if !request {
             continue;

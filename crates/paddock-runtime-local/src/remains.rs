@@ -66,6 +66,64 @@ pub fn sweep(dd: &DataDir) {
     }
 }
 
+/// The file in which a supervisor names itself (its pid) before anything else, so that a
+/// sandbox directory it is still making is never taken for a half-made one.
+pub const STARTING: &str = "starting";
+
+/// How old a directory with no record must be before it can be half-made: covers the moment
+/// between a launcher's fork and the supervisor's [`STARTING`] file.
+const HALF_MADE_AFTER: Duration = Duration::from_secs(5);
+
+/// Moves to `gone/` the directories of creates that will never finish: no record, its creator
+/// gone (the server or CLI that made the directory holds a shared lock on it until the
+/// supervisor answers), and its supervisor gone or never started. A `kill -9` of a server in
+/// the middle of a create leaves these; [`sweep`] then removes their cgroups and processes.
+/// Returns whether it moved any.
+pub fn retire_half_made(dd: &DataDir, ids: &[SandboxId]) -> bool {
+    let mut moved = false;
+    for id in ids {
+        let path = dd.sandbox(id);
+        let Ok(dir) = File::open(&path) else { continue };
+        let young = dir
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_or(true, |t| t.elapsed().unwrap_or_default() < HALF_MADE_AFTER);
+        if young || rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue;
+        }
+        let exists = |name: &str| rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if exists("record.json") || supervisor_alive(&dir) {
+            continue;
+        }
+        if fs::create_dir(dd.gone_dir()).is_err() && !dd.gone_dir().is_dir() {
+            continue;
+        }
+        if fs::rename(&path, dd.gone(id)).is_ok() {
+            crate::image::release(dd, id);
+            moved = true;
+        }
+    }
+    moved
+}
+
+/// Whether the supervisor named in the directory's [`STARTING`] file still runs.
+fn supervisor_alive(dir: &File) -> bool {
+    let Ok(fd) = rustix::fs::openat(dir, STARTING, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) else {
+        return false;
+    };
+    let mut text = String::new();
+    if File::from(fd).read_to_string(&mut text).is_err() {
+        // Being written this moment: alive.
+        return true;
+    }
+    // A pid that was reused since counts as alive: the directory waits, nothing is lost.
+    text.trim()
+        .parse::<i32>()
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
+}
+
 fn read_record_in(dir: &File) -> Option<Record> {
     let fd = rustix::fs::openat(dir, "record.json", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     let mut bytes = Vec::new();

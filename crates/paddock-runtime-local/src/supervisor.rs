@@ -62,6 +62,12 @@ pub fn main(data_dir: &Path, id: &SandboxId, mut first: Option<OwnedFd>) -> i32 
         eprintln!("{e}");
         return 1;
     }
+    // First of all, so that a listing never retires the directory this makes (see
+    // `remains::retire_half_made`).
+    let starting = DataDir::new(data_dir).sandbox(id).join(crate::remains::STARTING);
+    if let Err(e) = fs::write(&starting, std::process::id().to_string()) {
+        eprintln!("writing {}: {e}", starting.display());
+    }
     let mut input = String::new();
     let started = std::io::stdin()
         .read_to_string(&mut input)

@@ -2,6 +2,7 @@
 //! lifecycle and execd APIs (so the `opensandbox` SDK works unchanged), plus Paddock's own
 //! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
 
+mod boot;
 pub mod budget;
 pub mod config;
 pub mod deadline;
@@ -61,6 +62,8 @@ pub enum ServeError {
     Listen { addr: std::net::SocketAddr, cause: std::io::Error },
     #[error(transparent)]
     Secret(#[from] secrets::SecretError),
+    #[error("marking this server as alive in {path}: {cause}: check that the data directory is writable")]
+    Boot { path: String, cause: std::io::Error },
 }
 
 /// Builds the whole application around a runtime.
@@ -77,6 +80,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
     let config_budget = config.max_request_memory;
+    let config_data_dir = config.data_dir.clone();
     let state = AppState {
         rt: Arc::new(deadline::Deadlined::new(rt, config.deadlines)),
         store,
@@ -88,6 +92,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         tickets: Default::default(),
         pool: Default::default(),
         budget: budget::MemoryBudget::new(config_budget),
+        boot: Arc::new(boot::Boot::start(&config_data_dir)?),
     };
     lifecycle::reconcile(&state).await;
     Ok(state)

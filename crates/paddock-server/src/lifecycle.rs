@@ -473,6 +473,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     // Marks the sandbox as the API's, so that a reconcile never adopts it while its row is
     // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
     spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
+    spec.labels.insert(BOOT_LABEL.to_owned(), state.boot.id().to_owned());
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let thread = req
         .extensions
@@ -535,11 +536,19 @@ async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandb
     let started = Instant::now();
     let extensions = req.extensions.clone();
     let planned = plan(&state, req)?;
-    let info = match &planned.thread {
-        Some(t) => state.rt.acquire(t, planned.spec.clone()).await?,
-        None => state.rt.create(planned.spec.clone()).await?,
-    };
-    let row = record(&state, &info, &planned, extensions).await?;
+    // In a task of its own: a client that goes away mid-create must not leave a sandbox the
+    // runtime made and the store never heard of.
+    let made = tokio::spawn({
+        let state = state.clone();
+        async move {
+            let info = match &planned.thread {
+                Some(t) => state.rt.acquire(t, planned.spec.clone()).await?,
+                None => state.rt.create(planned.spec.clone()).await?,
+            };
+            record(&state, &info, &planned, extensions).await
+        }
+    });
+    let row = made.await.map_err(|e| ApiError::internal(format!("creating the sandbox failed: {e}")))??;
     state.metrics.create_seconds.observe(started.elapsed().as_secs_f64());
     let mut response = (StatusCode::ACCEPTED, axum::Json(sandbox_json(&row))).into_response();
     if let Ok(v) = format!("/v1/sandboxes/{}", row.id).parse() {
@@ -1015,6 +1024,9 @@ async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
 
 /// The label the server puts on the sandboxes it creates.
 const ORIGIN_LABEL: &str = "paddock.dev/origin";
+/// The label naming the start of the server that creates a sandboxes (`AppState::boot`).
+const BOOT_LABEL: &str = "paddock.dev/server";
+
 /// How long a sandbox the API made may lack a row before it counts as orphaned (its create
 /// died between the runtime and the store) and is adopted like any other: longer than a
 /// create may take.
@@ -1031,7 +1043,7 @@ fn user_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<SandboxRow>> {
     let from_api = info.spec.labels.get(ORIGIN_LABEL).is_some_and(|v| v == "api");
     let age = Duration::from_millis((now_ms() as u64).saturating_sub(info.created_unix_ms));
-    if from_api && age < ADOPT_API_SANDBOX_AFTER {
+    if from_api && age < ADOPT_API_SANDBOX_AFTER && create_may_be_under_way(state, info).await? {
         return Ok(None);
     }
     let (state_name, reason) = match info.state {
@@ -1062,6 +1074,21 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
     }
     tracing::info!(sandbox = %row.id, "adopted a sandbox made outside this server");
     Ok(Some(row))
+}
+
+/// Whether the server that is creating `info` (made by the API, with no row yet) may still
+/// record it: this server, or another one on this data directory that is alive, or one this
+/// server cannot tell about (a server with a data directory of its own, on a cluster they
+/// share). A sandbox whose server on this data directory died mid-create (`kill -9`, a crash)
+/// is adopted at once; the others wait out `ADOPT_API_SANDBOX_AFTER`.
+async fn create_may_be_under_way(state: &AppState, info: &SandboxInfo) -> ApiResult<bool> {
+    let Some(boot) = info.spec.labels.get(BOOT_LABEL).cloned() else { return Ok(true) };
+    if boot == state.boot.id() {
+        return Ok(true);
+    }
+    let data_dir = state.config.data_dir.clone();
+    let ended = tokio::task::spawn_blocking(move || crate::boot::ended(&data_dir, &boot)).await;
+    Ok(!matches!(ended, Ok(true)))
 }
 
 /// The row of a sandbox the runtime has but the store does not yet, adopted now.

@@ -30,6 +30,9 @@ pub struct AppState {
     pub tickets: Arc<crate::routes::Tickets>,
     /// What requests may hold in memory at once (`budget.rs`).
     pub budget: crate::budget::MemoryBudget,
+    /// This start of the server, random: the sandboxes it creates carry it, so that after a
+    /// crash the next start knows which creates no live server will finish (`lifecycle::adopt`).
+    pub boot: Arc<crate::boot::Boot>,
 }
 
 impl AppState {

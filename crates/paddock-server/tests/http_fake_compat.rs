@@ -142,7 +142,7 @@ async fn fake_runtime_egress_policy_api_follows_opensandbox_semantics() {
     let (_, got) = s.call("GET", &sidecar, None).await;
     assert_eq!(got["mode"], "allow_all");
     let mut bad_create = body.clone();
-    bad_create["networkPolicy"]["egress"][0]["target"] = json!("10.0.0.0/99");
+    bad_create["networkPolicy"]["egress"][0]["target"] = json!("10.0.0.0/99"); // not-a-probe: an invalid rule, refused
     let (status, got) = s.call("POST", "/v1/sandboxes", Some(bad_create)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{got}");
     assert!(message(&got).contains("egress rule 0"), "{got}");

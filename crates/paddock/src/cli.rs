@@ -164,6 +164,8 @@ pub enum Command {
         /// Probe from this existing sandbox instead of a new one.
         #[arg(long)]
         sandbox: Option<String>,
+        #[command(flatten)]
+        targets: crate::gate::TargetOptions,
     },
     /// Show a sandbox's egress policy, what it counted and its newest denials; with options,
     /// change the policy of the running sandbox (new connections follow it at once).
@@ -617,7 +619,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             output::created(&info, json);
             Ok(0)
         }
-        Command::Gate { sandbox } => crate::gate::run_bounded(rt, sandbox, json).await,
+        Command::Gate { sandbox, targets } => crate::gate::run_bounded(rt, sandbox, &targets, json).await,
         Command::Ls => {
             output::list(&rt.list().await?, json);
             Ok(0)

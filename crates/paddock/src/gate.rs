@@ -5,6 +5,11 @@
 //! kubelets; the host's own addresses), the cloud metadata address, the outside world and
 //! another sandbox; and no service-account token, no capabilities, not root.
 //!
+//! What the gate tries can be changed: `--reach` adds an address that must answer, `--forbid`
+//! and `--dns` add ones that must not, and `--no-outside-probes` leaves out the built-in outside
+//! targets (public addresses and the cloud metadata address), for CI and tests, which must never
+//! send a packet off the machine they run on.
+//!
 //! Probes run with what the image has: python3, else `nc` (busybox), else bash's `/dev/tcp`.
 //! A TCP target fails the gate when a connection to it is accepted. Every target is something
 //! that listens (the API server, kubelets, a listener the gate starts in the neighbour sandbox
@@ -136,6 +141,87 @@ async fn stop(listeners: Vec<paddock_core::runtime::Process>) {
     }
 }
 
+// What the gate tries besides what the runtime names (a plain comment: a doc comment here
+// would replace the gate command's own help text).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TargetOptions {
+    /// One more address a sandbox must reach (a gateway its policy allows, say), as
+    /// NAME=HOST:PORT or HOST:PORT; repeatable. Probed over TCP: a connection must be accepted.
+    #[arg(long, value_name = "NAME=HOST:PORT", value_parser = parse_named_target)]
+    pub reach: Vec<IsolationTarget>,
+    /// One more address a sandbox must not reach, as NAME=HOST:PORT or HOST:PORT; repeatable.
+    /// An accepted TCP connection fails the gate.
+    #[arg(long, value_name = "NAME=HOST:PORT", value_parser = parse_named_target)]
+    pub forbid: Vec<IsolationTarget>,
+    /// A DNS server the sandbox must get no answer from, as HOST or HOST:PORT (port 53);
+    /// repeatable.
+    #[arg(long = "dns", value_name = "HOST[:PORT]", value_parser = parse_dns_target)]
+    pub dns_servers: Vec<IsolationTarget>,
+    /// Leave out the built-in outside targets (the cloud metadata address 169.254.169.254:80,
+    /// 1.1.1.1:443 and the public resolver 8.8.8.8:53) and every resolver of the sandbox's
+    /// /etc/resolv.conf that is not an address of this machine: for CI and tests, which must
+    /// never send a packet off the machine. Give stand-ins with --forbid and --dns, e.g.
+    /// TEST-NET addresses (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24).
+    #[arg(long)]
+    pub no_outside_probes: bool,
+}
+
+/// `NAME=HOST:PORT` or `HOST:PORT` (an IPv6 host in brackets: `[2001:db8::1]:443`).
+fn parse_named_target(s: &str) -> Result<IsolationTarget, String> {
+    let (name, addr) = match s.split_once('=') {
+        Some((n, a)) if !n.trim().is_empty() => (Some(n.trim()), a),
+        Some(_) => return Err(format!("{s:?} has an empty NAME: give NAME=HOST:PORT or HOST:PORT")),
+        None => (None, s),
+    };
+    let (host, port) = split_host_port(addr)
+        .ok_or_else(|| format!("{addr:?} is not HOST:PORT (e.g. 192.0.2.1:443 or [2001:db8::1]:443)"))?;
+    let port = port.ok_or_else(|| format!("{addr:?} has no port: give HOST:PORT, e.g. {addr}:443"))?;
+    Ok(IsolationTarget { name: name.unwrap_or(addr).to_owned(), host, port, kind: TargetKind::Tcp })
+}
+
+/// `HOST` or `HOST:PORT`, a DNS server (port 53 when none is given).
+fn parse_dns_target(s: &str) -> Result<IsolationTarget, String> {
+    let (host, port) =
+        split_host_port(s).ok_or_else(|| format!("{s:?} is not HOST or HOST:PORT (e.g. 198.51.100.53)"))?;
+    Ok(IsolationTarget { name: format!("DNS server {s}"), host, port: port.unwrap_or(53), kind: TargetKind::Dns })
+}
+
+/// Splits `host[:port]`; a host is an IP address or a DNS name, nothing a probe's shell line
+/// could take for syntax.
+fn split_host_port(s: &str) -> Option<(String, Option<u16>)> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        h.parse::<std::net::Ipv6Addr>().ok()?;
+        match after {
+            "" => (h, None),
+            p => (h, Some(p.strip_prefix(':')?)),
+        }
+    } else if s.parse::<std::net::Ipv6Addr>().is_ok() {
+        (s, None)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    if !name_ok {
+        return None;
+    }
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p != 0)?),
+        None => None,
+    };
+    Some((host.to_owned(), port))
+}
+
+/// Whether `host` is an address of the machine the gate runs on: a probe of it stays here.
+fn on_this_machine(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>().is_ok_and(|ip| std::net::UdpSocket::bind((ip, 0)).is_ok())
+}
+
 fn common_targets() -> Vec<IsolationTarget> {
     let t = |name: &str, host: &str, port: u16, kind: TargetKind| IsolationTarget {
         name: name.into(),
@@ -151,16 +237,22 @@ fn common_targets() -> Vec<IsolationTarget> {
 }
 
 /// Runs the gate; exit 0 when every check passes, 1 when one fails, 2 when inconclusive.
-pub async fn run(rt: &dyn Runtime, sandbox: Option<String>, json: bool) -> Result<u8> {
+pub async fn run(rt: &dyn Runtime, sandbox: Option<String>, options: &TargetOptions, json: bool) -> Result<u8> {
     let mut made = Vec::new();
-    let result = gate(rt, sandbox, json, &mut made).await;
+    let result = gate(rt, sandbox, options, json, &mut made).await;
     for id in made {
         let _ = rt.destroy(&id).await;
     }
     result
 }
 
-async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut Vec<SandboxId>) -> Result<u8> {
+async fn gate(
+    rt: &dyn Runtime,
+    sandbox: Option<String>,
+    options: &TargetOptions,
+    json: bool,
+    made: &mut Vec<SandboxId>,
+) -> Result<u8> {
     let spec = || SandboxSpec { timeout_secs: Some(600), ..Default::default() };
     let a = match sandbox {
         Some(id) => SandboxId::parse(&id).with_context(|| format!("--sandbox {id}"))?,
@@ -235,8 +327,19 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
         .into_iter()
         .map(|t| if t.port == 0 { IsolationTarget { port: canary_port, ..t } } else { t })
         .collect();
-    targets.extend(common_targets());
+    if !options.no_outside_probes {
+        targets.extend(common_targets());
+    }
+    targets.extend(options.forbid.iter().cloned());
+    targets.extend(options.dns_servers.iter().cloned());
     for r in resolvers {
+        if targets.iter().any(|t| t.host == r && t.kind == TargetKind::Dns) {
+            continue;
+        }
+        if options.no_outside_probes && !on_this_machine(&r) {
+            eprintln!("gate: not probing the resolver {r} of the sandbox's /etc/resolv.conf (--no-outside-probes)");
+            continue;
+        }
         targets.push(IsolationTarget {
             name: format!("DNS server from /etc/resolv.conf ({r})"),
             host: r,
@@ -262,6 +365,18 @@ async fn gate(rt: &dyn Runtime, sandbox: Option<String>, json: bool, made: &mut 
         kind: TargetKind::Tcp,
     });
 
+    for t in &options.reach {
+        eprintln!("gate: reaching {} at {}:{}", t.name, t.host, t.port);
+        let (_, out) = sh(rt, &a, &format!("tcp '{}' {}", t.host, t.port)).await?;
+        let seen = out.trim().lines().last().unwrap_or_default();
+        let (passed, detail) = match seen {
+            "open" => (true, "connection accepted".to_owned()),
+            "refused" => (false, "refused: the sandbox cannot reach what it must".to_owned()),
+            "silent" => (false, "no answer: the sandbox cannot reach what it must".to_owned()),
+            other => (false, format!("the probe failed ({other:?})")),
+        };
+        push(&format!("reaches {}", t.name), format!("{}:{} (tcp)", t.host, t.port), passed, detail);
+    }
     for t in &targets {
         eprintln!("gate: trying {} at {}:{}", t.name, t.host, t.port);
         let f = match t.kind {
@@ -319,8 +434,8 @@ fn print(checks: &[Check], json: bool, inconclusive: Option<&str>) {
 }
 
 /// Bounds the whole gate: a hung runtime call must not hang CI.
-pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, json: bool) -> Result<u8> {
-    match tokio::time::timeout(Duration::from_secs(600), run(rt, sandbox, json)).await {
+pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, options: &TargetOptions, json: bool) -> Result<u8> {
+    match tokio::time::timeout(Duration::from_secs(600), run(rt, sandbox, options, json)).await {
         Ok(r) => r,
         Err(_) => bail!("the gate did not finish within 10 minutes: check that sandboxes start and answer"),
     }
@@ -341,5 +456,46 @@ mod tests {
         assert!(!verdict("", &api).0);
         assert!(!verdict("open", &t("127.0.0.1", TargetKind::Tcp)).0);
         assert!(!verdict("open", &t("10.96.0.10", TargetKind::Dns)).0);
+    }
+
+    #[test]
+    fn targets_are_named_host_port_and_nothing_a_shell_could_read_as_syntax() {
+        let t = parse_named_target("the gateway=192.0.2.10:8081").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.host.as_str(), t.port, t.kind),
+            ("the gateway", "192.0.2.10", 8081, TargetKind::Tcp)
+        );
+        let t = parse_named_target("203.0.113.7:443").unwrap();
+        assert_eq!((t.name.as_str(), t.host.as_str(), t.port), ("203.0.113.7:443", "203.0.113.7", 443));
+        let t = parse_named_target("v6=[2001:db8::1]:443").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("2001:db8::1", 443));
+        let t = parse_named_target("svc=gateway.paddock.svc:8081").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("gateway.paddock.svc", 8081));
+        for bad in [
+            "192.0.2.1",
+            "x=192.0.2.1",
+            "=192.0.2.1:1",
+            "a=b:0",
+            "a=b:65536",
+            "a=$(id):1",
+            "a='x':1",
+            "a=:80",
+            "[::1:80",
+        ] {
+            assert!(parse_named_target(bad).is_err(), "{bad}");
+        }
+        let d = parse_dns_target("198.51.100.53").unwrap();
+        assert_eq!((d.host.as_str(), d.port, d.kind), ("198.51.100.53", 53, TargetKind::Dns));
+        assert_eq!(parse_dns_target("198.51.100.53:5353").unwrap().port, 5353);
+        assert_eq!(parse_dns_target("2001:db8::53").unwrap().host, "2001:db8::53");
+        assert!(parse_dns_target("a b").is_err());
+    }
+
+    #[test]
+    fn only_addresses_of_this_machine_count_as_on_it() {
+        assert!(on_this_machine("127.0.0.1"));
+        // TEST-NET-2 is never assigned to a machine: nothing is sent, the bind alone answers.
+        assert!(!on_this_machine("198.51.100.1"));
+        assert!(!on_this_machine("resolver.invalid"));
     }
 }

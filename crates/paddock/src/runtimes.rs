@@ -182,6 +182,10 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Kubernetes runtime")]
 pub struct KubeOpts {
+    /// The kubeconfig context to use (default: the in-cluster service account, else the
+    /// kubeconfig's current context).
+    #[arg(long, global = true, env = "PADDOCK_K8S_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
     /// Namespace every sandbox object lives in; it must exist.
     #[arg(long, global = true, env = "PADDOCK_K8S_NAMESPACE", default_value = "paddock")]
     pub namespace: String,
@@ -255,6 +259,7 @@ pub enum ModelKind {
 impl KubeOpts {
     fn config(&self, naming: NamingMode) -> paddock_runtime_k8s::KubeConfig {
         paddock_runtime_k8s::KubeConfig {
+            context: self.context.clone(),
             namespace: self.namespace.clone(),
             default_image: self.default_image.clone(),
             image_pull_policy: self.image_pull_policy.clone(),

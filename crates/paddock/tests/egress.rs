@@ -2,7 +2,8 @@
 //! a network namespace of the test's own with DNS, HTTP and HTTPS servers and a test CA) and
 //! never a real outside host. Every sandbox is first proven confined (uid 1000, no
 //! capabilities); the targets denied are the world's own addresses, the host's end of the
-//! test's veth, and the metadata address, which nothing here listens on.
+//! test's veth, and a link-local address in the world's namespace that stands in for the cloud
+//! metadata address (no test aims at the real one, nor at any address off this machine).
 
 mod common;
 
@@ -21,6 +22,8 @@ struct World {
     ip: String,
     raw_ip: String,
     host_ip: String,
+    /// A link-local address in the world's namespace: stands in for the cloud metadata address.
+    link_local_ip: String,
 }
 
 impl World {
@@ -45,6 +48,7 @@ impl World {
             ip: s("ip"),
             raw_ip: s("raw_ip"),
             host_ip: s("host_ip"),
+            link_local_ip: s("link_local_ip"),
             child,
         }
     }
@@ -170,7 +174,7 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
 
     // The host's own address and the metadata address, by name and by address.
     assert!(dns(&env, &id, "hostaddr.test").await.starts_with("rcode 3"), "not an allowed name");
-    for target in [format!("{}:{host_port}", world.host_ip), "169.254.169.254".into()] {
+    for target in [format!("{}:{host_port}", world.host_ip), world.link_local_ip.clone()] {
         let out = sh(&env.rt, &id, &format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{target}/")).await;
         assert_eq!(out.stdout, "403", "{target}: {out:?}");
     }
@@ -282,7 +286,10 @@ async fn allow_all_still_refuses_the_host_metadata_loopback_and_private_ranges()
         "{}",
         out.stderr
     );
-    for target in [world.host_ip.clone(), "169.254.169.254".into(), "10.1.2.3".into(), "192.168.77.1".into()] {
+    // Private and link-local addresses no rule allows, all routed into the world's namespace
+    // (never off this machine, should the guard fail).
+    let unallowed_private = format!("{}.9", world.raw_ip.rsplit_once('.').unwrap().0);
+    for target in [world.host_ip.clone(), world.link_local_ip.clone(), unallowed_private] {
         let out = sh(&env.rt, &id, &format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{target}/")).await;
         assert_eq!(out.stdout, "403", "{target}: {out:?}");
     }

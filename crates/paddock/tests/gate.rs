@@ -1,16 +1,22 @@
 //! `paddock gate` on the local runtime, as a user runs it: every check passes from a sandbox
-//! on the host's root and from one on an image root, and the report names what it tried.
+//! on the host's root, the report names what it tried, and an address it must reach and
+//! cannot fails it. Nothing aims off this machine: the outside world is stood in for by
+//! TEST-NET addresses (`--no-outside-probes`).
 
 mod common;
 
 use std::process::Command;
 
+/// The stand-ins for the outside world every run of the gate here uses.
+const OFFLINE: [&str; 5] = ["--no-outside-probes", "--forbid", "TEST-NET-1=192.0.2.1:443", "--dns", "198.51.100.53"];
+
 fn gate(data: &std::path::Path, extra: &[&str]) -> (i32, serde_json::Value, String) {
     common::require_root();
     let out = Command::new(common::EXE)
         .args(["--data-dir", data.to_str().unwrap(), "--json"])
-        .args(extra)
         .arg("gate")
+        .args(OFFLINE)
+        .args(extra)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -29,12 +35,45 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
     assert_eq!(code, 0, "{report:#}\n{stderr}");
     assert_eq!(report["passed"], true);
     let names = names(&report);
-    for want in ["positive control", "not root", "no capabilities", "cloud metadata", "the outside world (DNS)"] {
+    for want in ["positive control", "not root", "no capabilities", "TEST-NET-1", "DNS server 198.51.100.53"] {
         assert!(names.iter().any(|n| n == want), "no {want:?} check in {names:?}");
+    }
+    for never in ["cloud metadata", "the outside world (HTTPS)", "the outside world (DNS)"] {
+        assert!(!names.iter().any(|n| n == never), "{never:?} was probed despite --no-outside-probes: {names:?}");
+    }
+    // The host's resolvers are off this machine (or its loopback): not probed.
+    let targets: Vec<&str> = report["checks"].as_array().unwrap().iter().filter_map(|c| c["target"].as_str()).collect();
+    for t in &targets {
+        let host = t.split(' ').next().unwrap_or_default().rsplit_once(':').map_or(*t, |(h, _)| h);
+        if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+            let here = std::net::UdpSocket::bind((ip, 0)).is_ok();
+            let test_net = ["192.0.2.", "198.51.100.", "203.0.113."].iter().any(|p| host.starts_with(p));
+            assert!(here || test_net, "the gate aimed at {t}, neither on this machine nor TEST-NET");
+        }
     }
     assert!(names.iter().any(|n| n.starts_with("this host at ")), "the host's addresses were not tried: {names:?}");
     assert!(names.iter().any(|n| n.starts_with("another sandbox")), "{names:?}");
     // The gate removes what it made.
     let left = std::fs::read_dir(dir.path().join("sandboxes")).unwrap().count();
     assert_eq!(left, 0, "the gate left sandboxes behind");
+}
+
+#[test]
+fn an_address_the_sandbox_must_reach_and_cannot_fails_the_gate() {
+    let dir = tempfile::Builder::new().prefix("pgate").tempdir_in("/tmp").unwrap();
+    // A sandbox with no network reaches nothing: the gate must say so and fail.
+    let (code, report, stderr) = gate(dir.path(), &["--reach", "the gateway=192.0.2.10:8081"]);
+    assert_eq!(code, 1, "{report:#}\n{stderr}");
+    let check = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "reaches the gateway").cloned();
+    let check = check.unwrap_or_else(|| panic!("no reach check: {report:#}"));
+    assert_eq!(check["passed"], false, "{check}");
+    assert_eq!(check["target"], "192.0.2.10:8081 (tcp)");
+    // Everything else still held.
+    let failed: Vec<_> = report["checks"].as_array().unwrap().iter().filter(|c| c["passed"] == false).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(std::fs::read_dir(dir.path().join("sandboxes")).unwrap().count(), 0, "the gate left sandboxes behind");
+    // A target that is not NAME=HOST:PORT is refused before anything is made.
+    let (code, _, stderr) = gate(dir.path(), &["--forbid", "nowhere"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("HOST:PORT"), "{stderr}");
 }

@@ -141,7 +141,7 @@ print("mknod", call("mknod", b"/usr/local/dev-null", 0o20666, os.makedev(1, 3)))
         &env.rt,
         &id,
         &format!(
-            "ls /sys/class/net; python3 -c 'import socket\nfor a in [(\"127.0.0.1\", {port}), (\"1.1.1.1\", 53)]:\n  try:\n    socket.create_connection(a, timeout=2); print(\"REACHED\", a)\n  except OSError: pass'"
+            "ls /sys/class/net; python3 -c 'import socket\nfor a in [(\"127.0.0.1\", {port}), (\"192.0.2.1\", 53)]:\n  try:\n    socket.create_connection(a, timeout=2); print(\"REACHED\", a)\n  except OSError: pass'"
         ),
     )
     .await;

@@ -1,6 +1,8 @@
 //! Shared helpers for the privileged tests: real sandboxes, in a data directory of their own.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 
 use paddock_core::naming::NamingMode;
