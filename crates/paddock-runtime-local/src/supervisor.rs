@@ -65,7 +65,14 @@ pub fn main(data_dir: &Path, id: &SandboxId, mut first: Option<OwnedFd>) -> i32 
     // First of all, so that a listing never retires the directory this makes (see
     // `remains::retire_half_made`).
     let starting = DataDir::new(data_dir).sandbox(id).join(crate::remains::STARTING);
-    if let Err(e) = fs::write(&starting, std::process::id().to_string()) {
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&starting)
+        .and_then(|mut f| f.write_all(std::process::id().to_string().as_bytes()));
+    if let Err(e) = written {
         eprintln!("writing {}: {e}", starting.display());
     }
     let mut input = String::new();
