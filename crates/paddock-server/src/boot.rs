@@ -68,7 +68,12 @@ fn prune(dir: &Path) {
     let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
     for entry in entries.flatten() {
         let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < day_ago);
-        if old && ended(dir.parent().unwrap_or(dir), &entry.file_name().to_string_lossy()) {
+        // Removed under the lock, so a start that is alive is never unlinked.
+        let unlocked = || {
+            File::open(entry.path())
+                .is_ok_and(|f| rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok())
+        };
+        if old && unlocked() {
             let _ = fs::remove_file(entry.path());
         }
     }
