@@ -447,6 +447,10 @@ pub struct Capabilities {
     /// (volumes the runtime keeps until deleted). Empty: none.
     #[serde(default)]
     pub volumes: Vec<String>,
+    /// A sandbox can be given a way home to the server's gateway (`SandboxSpec::gateway`),
+    /// which runs need.
+    #[serde(default)]
+    pub gateway: bool,
 }
 
 /// A sandbox's resource use at one moment.

@@ -157,7 +157,20 @@ pub struct SandboxSpec {
     /// Host directories and named volumes mounted besides the workspace.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// The server's gateway, as the host reaches it: a runtime that supports gateways
+    /// (`Capabilities::gateway`) gives the sandbox a way to this address and nothing new
+    /// besides, and sets [`GATEWAY_ENV`] in its environment to the URL that leads there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<std::net::SocketAddr>,
 }
+
+/// The variable that holds the gateway's base URL inside a sandbox with a gateway.
+pub const GATEWAY_ENV: &str = "PADDOCK_GATEWAY";
+
+/// The first line a runtime's forwarder may send the gateway on each connection, followed by
+/// a space and the sandbox's id, before the sandbox's own bytes: the gateway then refuses a
+/// token of another sandbox there. Only the forwarder can write it, since it comes first.
+pub const GATEWAY_PREAMBLE: &str = "PADDOCK-GATEWAY-FROM";
 
 /// A registry user name and password (or token).
 #[derive(Clone, Default, PartialEq, Eq)]

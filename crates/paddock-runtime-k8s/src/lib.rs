@@ -434,6 +434,12 @@ impl KubeRuntime {
     /// Validates a spec and fills in what the runtime decides: the image.
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
+        if spec.gateway.is_some() {
+            return Err(RuntimeError::Unsupported(
+                "a gateway (the way home runs need) is not yet given to Kubernetes sandboxes: run runs on the local runtime"
+                    .into(),
+            ));
+        }
         for v in &spec.volumes {
             match &v.source {
                 VolumeSource::Host { .. } => {
@@ -1217,6 +1223,7 @@ impl Runtime for KubeRuntime {
             network: ["deny", "allow-all", "ip-rules", "change"].map(String::from).to_vec(),
             metrics: true,
             volumes: vec!["named".into()],
+            gateway: false,
         }
     }
 

@@ -175,7 +175,8 @@ impl LocalRuntime {
     /// Starts or updates a sandbox's egress enforcer with `policy`.
     async fn apply_egress(&self, id: &SandboxId, policy: &EgressPolicy) -> Result<EgressStatus, RuntimeError> {
         let ids = self.host_ids(id)?;
-        crate::egress::apply(&self.dd, &self.exe, &self.egress, id, ids, policy).await
+        let gateway = self.read_record(id)?.info.spec.gateway;
+        crate::egress::apply(&self.dd, &self.exe, &self.egress, id, ids, policy, gateway).await
     }
 
     pub fn naming(&self) -> NamingMode {
@@ -610,6 +611,7 @@ impl Runtime for LocalRuntime {
             } else {
                 vec!["host".into(), "named".into()]
             },
+            gateway: true,
         }
     }
 
@@ -625,6 +627,7 @@ impl Runtime for LocalRuntime {
 
     async fn create(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         spec.image = self.images.apply_alias(spec.image.as_deref());
+        crate::egress::give_gateway(&mut spec);
         spec.validate()?;
         crate::image::resolve(spec.image.as_deref())?;
         match spec.workspace.clone() {
@@ -717,6 +720,7 @@ impl Runtime for LocalRuntime {
         mut spec: SandboxSpec,
         request: ExecRequest,
     ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+        crate::egress::give_gateway(&mut spec);
         // Asked at once only where the supervisor's readiness is the sandbox's: a workspace's
         // sandbox is created under its lock, and an egress policy is put in force after the
         // start, before any command may run.
@@ -838,7 +842,9 @@ impl Runtime for LocalRuntime {
             return Ok(status);
         }
         let policy = crate::egress::stored_policy(&self.dd, id).unwrap_or_else(|| info.spec.network.policy());
-        if info.state == SandboxState::Failed || policy.denies_everything() {
+        // A gateway's forwarder is the enforcer's too, so one that denies everything is still
+        // brought back.
+        if info.state == SandboxState::Failed || (policy.denies_everything() && info.spec.gateway.is_none()) {
             return Ok(EgressStatus::uncounted(policy, "network-namespace"));
         }
         // Its enforcer is gone (killed, or the host ran out of memory): start it again rather
@@ -885,6 +891,7 @@ impl Runtime for LocalRuntime {
 
     async fn acquire(&self, thread: &ThreadId, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         spec.image = self.images.apply_alias(spec.image.as_deref());
+        crate::egress::give_gateway(&mut spec);
         self.with_workspace_lock(thread, async |name| self.acquire_locked(&name, thread, spec, true).await).await
     }
 

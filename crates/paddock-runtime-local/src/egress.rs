@@ -50,6 +50,27 @@ struct Start {
     /// The host identity to drop to once the sockets exist.
     uid: u32,
     gid: u32,
+    /// The server's gateway, forwarded to from [`GATEWAY_INSIDE`] in the sandbox.
+    #[serde(default)]
+    gateway: Option<SocketAddr>,
+}
+
+/// Where a sandbox with a gateway finds it: its own loopback, where the enforcer listens
+/// before any command runs (so no command can take the port), and which no rule redirects.
+pub const GATEWAY_INSIDE: (&str, u16) = ("127.0.0.1", 8081);
+
+/// Makes a spec that asks for a gateway get one: the enforcer (which forwards to it) runs even
+/// under a policy that denies everything, and the sandbox's environment names the address.
+pub fn give_gateway(spec: &mut paddock_core::spec::SandboxSpec) {
+    use paddock_core::spec::NetworkPolicy;
+    if spec.gateway.is_none() {
+        return;
+    }
+    if spec.network == NetworkPolicy::LoopbackOnly {
+        spec.network = NetworkPolicy::Egress(EgressPolicy::deny_all());
+    }
+    let (host, port) = GATEWAY_INSIDE;
+    spec.env.insert(paddock_core::spec::GATEWAY_ENV.into(), format!("http://{host}:{port}"));
 }
 
 /// The sandbox's address on its veth: link-local, so it shadows no outside host.
@@ -108,13 +129,14 @@ pub async fn apply(
     id: &SandboxId,
     host_ids: (u32, u32),
     policy: &EgressPolicy,
+    gateway: Option<SocketAddr>,
 ) -> Result<EgressStatus, RuntimeError> {
     policy.validate().map_err(RuntimeError::InvalidArgument)?;
     store_policy(dd, id, policy)?;
     if let Some(status) = ask(dd, id, &ControlRequest::Set { policy: policy.clone() }).await? {
         return Ok(status);
     }
-    if let Err(e) = start(dd, exe, options, id, host_ids, policy).await {
+    if let Err(e) = start(dd, exe, options, id, host_ids, policy, gateway).await {
         // Another caller may have started one in the meantime (its listeners are then in the
         // way of ours): hand the policy to that one.
         return match ask(dd, id, &ControlRequest::Set { policy: policy.clone() }).await {
@@ -139,6 +161,7 @@ async fn start(
     id: &SandboxId,
     (uid, gid): (u32, u32),
     policy: &EgressPolicy,
+    gateway: Option<SocketAddr>,
 ) -> Result<(), RuntimeError> {
     let log_path = log_file(dd, id);
     let log = fs::OpenOptions::new()
@@ -164,7 +187,7 @@ async fn start(
         .process_group(0)
         .spawn()
         .map_err(|e| RuntimeError::from_io(format!("starting the egress enforcer {}", exe.display()), &e))?;
-    let start = Start { policy: policy.clone(), options: options.clone(), uid, gid };
+    let start = Start { policy: policy.clone(), options: options.clone(), uid, gid, gateway };
     let mut stdin = child.stdin.take().expect("piped");
     stdin
         .write_all(&protocol::encode(&start))
@@ -202,7 +225,7 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
                     return 1;
                 }
             };
-            runtime.block_on(serve(start, listeners, init));
+            runtime.block_on(serve(start, listeners, init, id.clone()));
             0
         }
         Err(e) => {
@@ -213,7 +236,13 @@ pub fn main(data_dir: &Path, id: &SandboxId) -> i32 {
     }
 }
 
-fn setup(dd: &DataDir, id: &SandboxId) -> Result<(Start, paddock_egress::Listeners, OwnedFd), String> {
+/// What an enforcer serves: the egress listeners, and the gateway's when it forwards one.
+struct Served {
+    listeners: paddock_egress::Listeners,
+    gateway: Option<std::net::TcpListener>,
+}
+
+fn setup(dd: &DataDir, id: &SandboxId) -> Result<(Start, Served, OwnedFd), String> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input).map_err(|e| format!("reading the configuration: {e}"))?;
     let start: Start = serde_json::from_slice(&input).map_err(|e| format!("bad configuration: {e}"))?;
@@ -231,20 +260,27 @@ fn setup(dd: &DataDir, id: &SandboxId) -> Result<(Start, paddock_egress::Listene
             std::net::UdpSocket::bind(("127.0.0.1", 53)).map_err(|e| format!("DNS listener (udp 53): {e}"))?;
         let dns_tcp =
             std::net::TcpListener::bind(("127.0.0.1", 53)).map_err(|e| format!("DNS listener (tcp 53): {e}"))?;
+        let gateway = match start.gateway {
+            Some(_) => Some(
+                std::net::TcpListener::bind(GATEWAY_INSIDE)
+                    .map_err(|e| format!("gateway listener ({}:{}): {e}", GATEWAY_INSIDE.0, GATEWAY_INSIDE.1))?,
+            ),
+            None => None,
+        };
         install_rules(port)?;
-        Ok::<_, String>((proxy, dns_udp, dns_tcp))
+        Ok::<_, String>((proxy, dns_udp, dns_tcp, gateway))
     })();
     // Back to the host's namespace whatever happened: every socket made from here on (the
     // control socket, every upstream connection) lives there.
     enter(&host_ns).map_err(|e| format!("leaving the sandbox's network namespace: {e}"))?;
-    let (proxy, dns_udp, dns_tcp) = inside?;
+    let (proxy, dns_udp, dns_tcp, gateway) = inside?;
     let sock_path = control_socket(dd, id);
     let _ = fs::remove_file(&sock_path);
     let control = std::os::unix::net::UnixListener::bind(&sock_path)
         .map_err(|e| format!("binding {}: {e}", sock_path.display()))?;
     fs::set_permissions(&sock_path, fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
     paddock_sys::ids::drop_to(start.uid, start.gid).map_err(|e| format!("dropping privileges: {e}"))?;
-    Ok((start, paddock_egress::Listeners { proxy, dns_udp, dns_tcp, control }, init))
+    Ok((start, Served { listeners: paddock_egress::Listeners { proxy, dns_udp, dns_tcp, control }, gateway }, init))
 }
 
 /// Asks the sandbox's supervisor for its network namespace and its init's pidfd.
@@ -378,7 +414,11 @@ fn host_resolvers() -> Vec<SocketAddr> {
         .collect()
 }
 
-async fn serve(start: Start, listeners: paddock_egress::Listeners, init: OwnedFd) {
+async fn serve(start: Start, served: Served, init: OwnedFd, id: SandboxId) {
+    let Served { listeners, gateway } = served;
+    if let (Some(listener), Some(upstream)) = (gateway, start.gateway) {
+        tokio::spawn(forward_gateway(listener, upstream, id));
+    }
     let upstream = if start.options.dns.is_empty() { host_resolvers() } else { start.options.dns.clone() };
     let guard =
         paddock_egress::guard::Guard::new(host_addresses(), start.options.blocked, start.options.allowed_private);
@@ -405,6 +445,39 @@ async fn serve(start: Start, listeners: paddock_egress::Listeners, init: OwnedFd
             }
         }
         () = ended => {}
+    }
+}
+
+/// Relays each connection to the gateway from inside the sandbox to the server's gateway
+/// listener, after a line that names the sandbox. It bypasses the policy and the guard on
+/// purpose: this one upstream is the sandbox's way home, whatever else it may reach.
+async fn forward_gateway(listener: std::net::TcpListener, upstream: SocketAddr, id: SandboxId) {
+    let listener = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("paddock egress: cannot serve the gateway listener: {e}");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut inside, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let id = id.clone();
+        tokio::spawn(async move {
+            let Ok(Ok(mut home)) =
+                tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(upstream)).await
+            else {
+                return;
+            };
+            let _ = inside.set_nodelay(true);
+            let _ = home.set_nodelay(true);
+            if home.write_all(format!("{} {id}\r\n", paddock_core::spec::GATEWAY_PREAMBLE).as_bytes()).await.is_err() {
+                return;
+            }
+            let _ = tokio::io::copy_bidirectional(&mut inside, &mut home).await;
+        });
     }
 }
 

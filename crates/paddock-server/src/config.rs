@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub sandbox_domain: Option<String>,
     /// The egress of sandboxes whose create gives no `networkPolicy`.
     pub default_network: paddock_core::spec::NetworkPolicy,
+    /// Tiers, capacity and the gateway of runs (`runs`).
+    pub runs: crate::runs::RunOptions,
 }
 
 /// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
@@ -67,6 +69,8 @@ pub enum ConfigError {
     ConnectionLimits,
     #[error("the default workspace caps cannot be used: {0}; adjust --workspace-size or --workspace-inodes")]
     Workspace(String),
+    #[error("runs: {0}; adjust --tier or --capacity")]
+    Runs(String),
 }
 
 impl ServerConfig {
@@ -85,6 +89,7 @@ impl ServerConfig {
         spec.resources.workspace_bytes = Some(self.workspace_bytes);
         spec.resources.workspace_inodes = self.workspace_inodes;
         spec.validate().map_err(|e| ConfigError::Workspace(e.to_string()))?;
+        self.runs.tiers.validate().map_err(|e| ConfigError::Runs(e.0))?;
         if self.api_key.is_none() && !self.listen.ip().is_loopback() {
             return Err(ConfigError::NoAuthOffLoopback(self.listen));
         }
@@ -114,6 +119,7 @@ mod tests {
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             default_network: Default::default(),
             sandbox_domain: None,
+            runs: crate::runs::RunOptions::for_tests(),
         }
     }
 

@@ -13,7 +13,9 @@ pub mod health;
 pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
+pub mod resources;
 pub mod routes;
+pub mod runs;
 pub mod secrets;
 mod slow;
 pub mod state;
@@ -64,6 +66,10 @@ pub enum ServeError {
     Secret(#[from] secrets::SecretError),
     #[error("marking this server as alive in {path}: {cause}: check that the data directory is writable")]
     Boot { path: String, cause: std::io::Error },
+    #[error(
+        "cannot listen for the runs' gateway ({cause}): choose another --gateway-listen address (port 0 picks a free one)"
+    )]
+    Gateway { cause: std::io::Error },
 }
 
 /// Builds the whole application around a runtime.
@@ -81,8 +87,20 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
     let config_budget = config.max_request_memory;
     let config_data_dir = config.data_dir.clone();
+    let rt: Arc<dyn Runtime> = Arc::new(deadline::Deadlined::new(rt, config.deadlines));
+    let boot = Arc::new(boot::Boot::start(&config_data_dir)?);
+    let runs = runs::Runs::new(
+        config.runs.clone(),
+        rt.clone(),
+        store.pool().clone(),
+        token_key.clone(),
+        config_data_dir.clone(),
+        boot.id().to_owned(),
+        (config.workspace_bytes, config.workspace_inodes),
+    );
+    runs::gateway::listen(runs.clone()).await.map_err(|cause| ServeError::Gateway { cause })?;
     let state = AppState {
-        rt: Arc::new(deadline::Deadlined::new(rt, config.deadlines)),
+        rt,
         store,
         config: Arc::new(config),
         commands: Arc::new(execd::Commands::default()),
@@ -92,9 +110,12 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         tickets: Default::default(),
         pool: Default::default(),
         budget: budget::MemoryBudget::new(config_budget),
-        boot: Arc::new(boot::Boot::start(&config_data_dir)?),
+        boot,
+        runs: runs.clone(),
     };
     lifecycle::reconcile(&state).await;
+    runs.recover().await;
+    tokio::spawn(runs.schedule());
     Ok(state)
 }
 
@@ -113,7 +134,9 @@ impl MakeRequestId for MakeId {
 /// egress, port proxy) under `/v1/sandboxes/{id}/proxy/{port}`, and the unauthenticated
 /// `/health`, `/version`, `/metrics`.
 pub fn app(state: AppState) -> Router {
-    let api = lifecycle::router().route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let api = lifecycle::router()
+        .merge(runs::api::router())
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let sandbox = proxy::router(state.config.max_upload_bytes)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
@@ -363,6 +386,7 @@ pub async fn serve(
     ready(bound);
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();
+    let runs = state.runs.clone();
     let max_connections = state.config.max_connections;
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -431,15 +455,20 @@ pub async fn serve(
     }
     drop(listener);
     draining.store(true, Ordering::SeqCst);
-    tracing::info!("draining: no new sandboxes; running requests finish; sandboxes keep running");
+    tracing::info!(
+        "draining: no new sandboxes or runs; running requests and attempts finish (the gateway stays open); sandboxes keep running"
+    );
     // A long stream must not hold the process forever once a drain began.
     let _ = drain_tx.send(true);
     // Every connection holds a slot until it closes: all slots back means all closed.
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
-    tokio::select! {
-        _ = slots.acquire_many(all) => {}
-        () = tokio::time::sleep(drain) => {}
-    }
+    let connections = async {
+        tokio::select! {
+            _ = slots.acquire_many(all) => {}
+            () = tokio::time::sleep(drain) => {}
+        }
+    };
+    tokio::join!(connections, runs.drain(drain));
     Ok(())
 }
 

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::execd::ENTRYPOINT_EXITED;
+#[cfg(test)]
+use crate::resources::parse_cpu;
+use crate::resources::parse_memory;
 use crate::state::AppState;
 use crate::store::{SandboxRow, now_ms};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
@@ -323,38 +326,6 @@ fn unsupported(what: &str) -> ApiError {
     )
 }
 
-/// Kubernetes-style memory quantity (`512Mi`, `2Gi`, `1G`, `1048576`) → bytes.
-pub fn parse_memory(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let mult: f64 = match unit {
-        "" => 1.0,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "k" | "K" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        _ => return None,
-    };
-    let v: f64 = num.parse().ok()?;
-    let bytes = v * mult;
-    (bytes.is_finite() && (1.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
-}
-
-/// Kubernetes-style CPU quantity (`500m`, `1`, `0.5`) → millicpus.
-pub fn parse_cpu(s: &str) -> Option<u32> {
-    let s = s.trim();
-    let milli = match s.strip_suffix('m') {
-        Some(m) => m.parse::<f64>().ok()?,
-        None => s.parse::<f64>().ok()? * 1000.0,
-    };
-    (milli.is_finite() && milli >= 1.0 && milli <= f64::from(u32::MAX)).then_some(milli.round() as u32)
-}
-
 struct Planned {
     spec: SandboxSpec,
     image: String,
@@ -423,49 +394,8 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, network, ..Default::default() };
     spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
     spec.resources.workspace_inodes = state.config.workspace_inodes;
-    for (k, v) in req.resource_limits.iter().chain(req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids")) {
-        match k.as_str() {
-            "cpu" => {
-                spec.resources.millicpus = parse_cpu(v).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "resourceLimits.cpu {v:?} is not a CPU quantity such as \"500m\" or \"2\""
-                    ))
-                })?
-            }
-            "memory" => {
-                spec.resources.memory_bytes = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "resourceLimits.memory {v:?} is not a quantity such as \"512Mi\" or \"2Gi\""
-                    ))
-                })?
-            }
-            "pids" => {
-                spec.resources.pids = v
-                    .parse()
-                    .map_err(|_| ApiError::bad_request(format!("resourceLimits.pids {v:?} is not a whole number")))?
-            }
-            "ephemeral-storage" | "tmp" => {
-                spec.resources.tmp_bytes = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.{k} {v:?} is not a quantity such as \"1Gi\""))
-                })?
-            }
-            "workspace" => {
-                spec.resources.workspace_bytes = Some(parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.workspace {v:?} is not a quantity such as \"10Gi\""))
-                })?)
-            }
-            "workspace-inodes" => {
-                spec.resources.workspace_inodes = v.parse().map_err(|_| {
-                    ApiError::bad_request(format!("resourceLimits.workspace-inodes {v:?} is not a whole number"))
-                })?
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "resource {other:?} is not supported: use cpu, memory, pids, ephemeral-storage (/tmp), workspace or workspace-inodes"
-                )));
-            }
-        }
-    }
+    let pids = req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids");
+    crate::resources::apply(&mut spec, req.resource_limits.iter().chain(pids))?;
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     validate_metadata(&req.metadata)?;
     spec.volumes = req.volumes.into_iter().map(ApiVolume::mount).collect::<ApiResult<_>>()?;
@@ -1153,6 +1083,15 @@ pub fn openapi_document() -> Value {
     }
     if let (Some(schemas), Value::Object(more)) = (doc["components"]["schemas"].as_object_mut(), lifecycle_schemas()) {
         schemas.extend(more);
+    }
+    // Runs, and the gateway their drivers call.
+    if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), crate::runs::api::openapi_paths()) {
+        paths.extend(more);
+    }
+    if let Some(schemes) = doc["components"].as_object_mut() {
+        let security = schemes.entry("securitySchemes").or_insert_with(|| json!({}));
+        security["runToken"] =
+            json!({"type": "http", "scheme": "bearer", "description": "$PADDOCK_TOKEN, inside a run's sandbox"});
     }
     // And each sandbox's execd API, as the server proxies it.
     if let (Some(paths), Value::Object(more)) = (doc["paths"].as_object_mut(), crate::execd::openapi::paths()) {

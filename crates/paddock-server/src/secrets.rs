@@ -105,6 +105,32 @@ impl TokenKey {
         self.route_mac(sandbox_id, port, expires).verify_truncated_left(&raw).is_ok() && raw.len() == 12
     }
 
+    /// The gateway token of one attempt of a run: names the run, its epoch and its sandbox, and
+    /// is signed over a message no other token is made from.
+    pub fn run_token(&self, run: &str, epoch: i64, sandbox_id: &str) -> String {
+        let sig = hex::encode(self.run_mac(run, epoch, sandbox_id).finalize().into_bytes());
+        format!("{run}.{epoch}.{sandbox_id}.{sig}")
+    }
+
+    fn run_mac(&self, run: &str, epoch: i64, sandbox_id: &str) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(format!("run\0{run}\0{epoch}\0{sandbox_id}").as_bytes());
+        mac
+    }
+
+    /// The run, epoch and sandbox a gateway token was made for, if its signature holds.
+    pub fn verify_run_token(&self, token: &str) -> Option<(String, i64, String)> {
+        let mut parts = token.split('.');
+        let (run, epoch, sandbox, sig) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let epoch: i64 = epoch.parse().ok()?;
+        let raw = hex::decode(sig).ok()?;
+        self.run_mac(run, epoch, sandbox).verify_slice(&raw).ok()?;
+        Some((run.to_owned(), epoch, sandbox.to_owned()))
+    }
+
     /// Whether `token` is the one of `sandbox_id`, compared in constant time.
     pub fn verify(&self, sandbox_id: &str, token: &[u8]) -> bool {
         let Ok(raw) = hex::decode(token) else { return false };

@@ -33,6 +33,14 @@ pub struct AppState {
     /// This start of the server, random: the sandboxes it creates carry it, so that after a
     /// crash the next start knows which creates no live server will finish (`lifecycle::adopt`).
     pub boot: Arc<crate::boot::Boot>,
+    /// Runs, their scheduler and their gateway (`runs`).
+    pub runs: Arc<crate::runs::Runs>,
+}
+
+impl axum::extract::FromRef<AppState> for Arc<crate::runs::Runs> {
+    fn from_ref(state: &AppState) -> Self {
+        state.runs.clone()
+    }
 }
 
 impl AppState {

@@ -93,6 +93,11 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// The connection pool, for the tables of other parts of the server (runs).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// Whether the database answers a trivial query.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1").execute(&self.pool).await.map(drop)

@@ -145,6 +145,8 @@ pub enum Command {
     Logs { id: String },
     /// Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces).
     Serve(crate::serve::ServeArgs),
+    /// Submit, list, follow and cancel runs on a `paddock serve` (its run API).
+    Runs(crate::runs_cmd::RunsArgs),
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
     Bench(crate::runtimes::AnyBenchArgs),
     /// Check that the chosen runtime can run sandboxes here: on Kubernetes, the API, the
@@ -544,6 +546,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Check { no_probe } = cli.command {
         return crate::runtimes::check(&cli.runtime, &cli.data_dir, cli.naming, !no_probe, cli.json).await;
     }
+    if let Command::Runs(args) = cli.command {
+        return crate::runs_cmd::run(args, &cli.data_dir, cli.json);
+    }
     if let Command::Image(args) = cli.command {
         let registries = cli.runtime.images.options().registries;
         return crate::image_cmd::run(&cli.data_dir, args, registries, cli.json).await;
@@ -695,6 +700,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             unreachable!("dispatched in main before the async runtime starts")
         }
         Command::Serve(_)
+        | Command::Runs(_)
         | Command::Bench(_)
         | Command::Check { .. }
         | Command::ReapPvcs { .. }

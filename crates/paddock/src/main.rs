@@ -8,6 +8,7 @@ mod cli;
 mod gate;
 mod image_cmd;
 mod output;
+mod runs_cmd;
 mod runtimes;
 mod serve;
 

@@ -79,9 +79,66 @@ pub struct ServeArgs {
     /// then given in that form.
     #[arg(long, value_name = "DOMAIN")]
     sandbox_domain: Option<String>,
-    /// How long running requests may take to finish after SIGTERM.
+    /// How long running requests and run attempts may take to finish after SIGTERM; attempts
+    /// still running then are requeued with a new epoch and run on the next start.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
+    /// A tier of runs, NAME=CONCURRENCY[:MEMORY], highest priority first (repeatable). Default:
+    /// interactive=8 then batch=4. A waiting run of a higher tier preempts the newest attempt
+    /// of a lower one when --capacity is full; the lowest tier never preempts.
+    #[arg(long = "tier", value_name = "NAME=CONCURRENCY[:MEMORY]", value_parser = parse_tier)]
+    tiers: Vec<paddock_server::runs::tiers::Tier>,
+    /// How many runs (and optionally how much sandbox memory, overhead included) all tiers
+    /// may hold together, N[:MEMORY]. Default: what this machine holds of 512 MiB sandboxes
+    /// (four per CPU at most, and its memory less 1 GiB).
+    #[arg(long, value_name = "N[:MEMORY]", value_parser = parse_capacity)]
+    capacity: Option<paddock_server::runs::tiers::Capacity>,
+    /// Where the runs' gateway listens on this host (sandboxes reach it through their own
+    /// 127.0.0.1:8081). Default 127.0.0.1:8081, or a free port when that one is taken.
+    #[arg(long, value_name = "ADDR:PORT")]
+    gateway_listen: Option<SocketAddr>,
+    /// Gateway connections held open at once.
+    #[arg(long, default_value_t = 256)]
+    gateway_max_connections: usize,
+    /// How long a driver's heartbeat keeps its attempt's lease.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    run_lease: Duration,
+    /// How long a run's driver has, from its admission, to make its first gateway call
+    /// before its sandbox is taken back and the attempt counted as lost.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    run_start_deadline: Duration,
+    /// Exit codes of a driver that ask for its run to run again (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "75,76")]
+    requeue_exit_codes: Vec<i32>,
+}
+
+fn parse_tier(s: &str) -> Result<paddock_server::runs::tiers::Tier, String> {
+    paddock_server::runs::tiers::parse_tier(s).map_err(|e| e.0)
+}
+
+fn parse_capacity(s: &str) -> Result<paddock_server::runs::tiers::Capacity, String> {
+    paddock_server::runs::tiers::parse_capacity(s).map_err(|e| e.0)
+}
+
+/// The runs' settings from the command line, with this machine's capacity by default.
+fn run_options(args: &ServeArgs) -> paddock_server::runs::RunOptions {
+    use paddock_server::runs::tiers::{self, Capacity, Tiers};
+    let capacity = args.capacity.unwrap_or_else(|| {
+        let (cpus, memory) = tiers::this_machine();
+        Capacity { runs: tiers::machine_capacity(cpus, memory, paddock_core::spec::DEFAULT_MEMORY), memory: None }
+    });
+    let tiers = if args.tiers.is_empty() {
+        Tiers::default_for(capacity)
+    } else {
+        Tiers { tiers: args.tiers.clone(), capacity }
+    };
+    let mut o = paddock_server::runs::RunOptions::defaults(tiers);
+    o.gateway_listen = args.gateway_listen;
+    o.gateway_max_connections = args.gateway_max_connections;
+    o.lease = args.run_lease;
+    o.start_deadline = args.run_start_deadline;
+    o.requeue_codes = args.requeue_exit_codes.clone();
+    o
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -134,6 +191,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
     // Read here rather than by clap, so a key given on the command line is told apart from one
     // in the environment (only the former is visible to other users).
     let env_key = std::env::var("PADDOCK_API_KEY").ok().filter(|k| !k.is_empty());
+    let runs = run_options(&args);
     let (api_key, key_note, key_from_file, location) = if args.insecure_no_auth {
         anyhow::ensure!(
             env_key.is_none(),
@@ -162,6 +220,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         (Some(k), format!("the API key {verb} the file {} (0600)", path.display()), true, location)
     };
     let config = ServerConfig {
+        runs,
         listen: args.listen,
         data_dir: data_dir.to_path_buf(),
         api_key: api_key.clone(),
@@ -192,8 +251,22 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
     let key_file =
         key_from_file.then(|| std::path::absolute(data_dir.join("api-key")).unwrap_or(data_dir.join("api-key")));
     let data = data_dir.display().to_string();
+    let gateway = state.runs.gateway_addr();
+    let tier_line = state
+        .runs
+        .options()
+        .tiers
+        .tiers
+        .iter()
+        .map(paddock_server::runs::tiers::describe)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let capacity = state.runs.options().tiers.capacity.runs;
     paddock_server::serve(state, args.drain_timeout, move |addr| {
         eprintln!("paddock: serving on http://{addr} (data in {data})");
+        if let Some(g) = gateway {
+            eprintln!("paddock: runs: {tier_line}; {capacity} at once in all; gateway on {g}");
+        }
         eprintln!("paddock: clients authenticate with {key_note}");
         match (&api_key, key_file) {
             (Some(_), Some(file)) => eprintln!(

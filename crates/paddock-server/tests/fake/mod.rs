@@ -130,10 +130,15 @@ impl FakeRuntime {
 
     fn new_sandbox(
         &self,
-        spec: SandboxSpec,
+        mut spec: SandboxSpec,
         workspace: Option<(ThreadId, PathBuf)>,
     ) -> Result<SandboxInfo, RuntimeError> {
         spec.validate()?;
+        // Commands run on the host: the gateway's own address is their way home (with no
+        // forwarder line, so the gateway cannot tell sandboxes apart by connection here).
+        if let Some(g) = spec.gateway {
+            spec.env.insert(paddock_core::spec::GATEWAY_ENV.into(), format!("http://{g}"));
+        }
         if spec.image.as_deref().is_some_and(|i| i != "fake") {
             return Err(RuntimeError::Unsupported(format!(
                 "image {:?} cannot be run by the fake runtime: use \"fake\"",
@@ -220,6 +225,8 @@ impl Runtime for FakeRuntime {
             network: vec!["deny".into()],
             metrics: true,
             volumes: Vec::new(),
+            // Its commands run on the host, so the gateway's own address is the way home.
+            gateway: true,
         }
     }
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {

@@ -17,6 +17,8 @@ const KEY: &str = "test-key";
 
 pub struct Server {
     app: Router,
+    /// Where the runs' gateway listens.
+    pub gateway: std::net::SocketAddr,
     pub rt: Arc<FakeRuntime>,
     _data: tempfile::TempDir,
 }
@@ -33,14 +35,16 @@ impl Server {
         let mut config = Self::config(data.path());
         change(&mut config);
         let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
-        Self { app: paddock_server::app(state), rt, _data: data }
+        let gateway = state.runs.gateway_addr().unwrap();
+        Self { app: paddock_server::app(state), gateway, rt, _data: data }
     }
 
     /// The same data directory and runtime under a new server, as after a restart.
     pub async fn restarted(self) -> Self {
         let config = Self::config(self._data.path());
         let state = paddock_server::build_state(config, self.rt.clone()).await.unwrap();
-        Self { app: paddock_server::app(state), rt: self.rt, _data: self._data }
+        let gateway = state.runs.gateway_addr().unwrap();
+        Self { app: paddock_server::app(state), gateway, rt: self.rt, _data: self._data }
     }
 
     fn config(data: &std::path::Path) -> ServerConfig {
@@ -60,6 +64,7 @@ impl Server {
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             default_network: Default::default(),
             sandbox_domain: None,
+            runs: paddock_server::runs::RunOptions::for_tests(),
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),
@@ -77,6 +82,23 @@ impl Server {
             .body(Body::from(body))
             .unwrap();
         let res = self.app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
+    }
+
+    /// A request with the API key, these headers and this body.
+    pub async fn request(
+        &self,
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, Vec<u8>) {
+        let mut req = Request::builder().method(method).uri(uri).header("open-sandbox-api-key", KEY);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = self.app.clone().oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
         let status = res.status();
         (status, res.into_body().collect().await.unwrap().to_bytes().to_vec())
     }

@@ -1,0 +1,564 @@
+//! The owner's run API (under the API key): submit, read, list, cancel, follow and fetch.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRef, FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use base64::Engine;
+use paddock_core::naming::ThreadId;
+use paddock_core::runtime::ExecRequest;
+use paddock_core::spec::SandboxSpec;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::store::{Filter, Inserted, RunRow, RunSpec, RunState};
+use super::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RUN_TIMEOUT, MAX_MAX_ATTEMPTS, MAX_RUN_TIMEOUT, Runs};
+use crate::ApiJson;
+use crate::error::{ApiError, ApiResult};
+use crate::store::now_ms;
+use crate::time_fmt::rfc3339;
+
+/// The run named in the path, read from the store (404 when there is none).
+pub struct RunPath(RunRow);
+
+impl<S> FromRequestParts<S> for RunPath
+where
+    Arc<Runs>: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(id) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the path does not name a run: {}", e.body_text())))?;
+        let runs = Arc::<Runs>::from_ref(state);
+        Ok(RunPath(runs.get(&id).await?))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum IfBusy {
+    /// Wait for the thread's earlier runs.
+    #[default]
+    Queue,
+    /// Refuse with 409 while one is not finished.
+    Reject,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SubmitRequest {
+    tier: Option<String>,
+    image: Option<String>,
+    command: Vec<String>,
+    thread: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    resources: BTreeMap<String, String>,
+    timeout: Option<u64>,
+    max_attempts: Option<i64>,
+    /// A tar, base64: what `GET /v1/inputs` gives the driver.
+    inputs: Option<String>,
+    #[serde(default)]
+    if_busy: IfBusy,
+    /// What the sandbox may reach besides the gateway, as a sandbox's `networkPolicy`
+    /// (default: nothing).
+    network_policy: Option<paddock_core::egress::EgressPolicy>,
+}
+
+/// A run as the API shows it.
+pub fn view(r: &RunRow) -> Value {
+    let t = |ms: Option<i64>| ms.map(rfc3339);
+    json!({
+        "id": r.id,
+        "tier": r.tier,
+        "state": r.state.as_str(),
+        "thread": r.thread,
+        "image": r.spec.image,
+        "command": r.spec.command,
+        "timeout": r.spec.timeout,
+        "attempt": r.attempt,
+        "maxAttempts": r.max_attempts,
+        "epoch": r.epoch,
+        "exitCode": r.exit_code,
+        "reason": r.reason,
+        "sandboxId": r.sandbox_id,
+        "hasInputs": r.has_inputs,
+        "hasResult": r.has_result,
+        "leaseExpiresAt": t(r.lease_expires_ms),
+        "createdAt": rfc3339(r.created_at_ms),
+        "updatedAt": rfc3339(r.updated_at_ms),
+        "startedAt": t(r.started_at_ms),
+        "firstCallAt": t(r.first_call_at_ms),
+        "finishedAt": t(r.finished_at_ms),
+    })
+}
+
+fn new_id() -> ApiResult<String> {
+    let mut b = [0u8; 8];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
+    Ok(format!("run-{}", hex::encode(b)))
+}
+
+/// Checks a request against what the server and its runtime can do: every refusal is a 400
+/// at submission, never a run that fails later for a reason known now.
+fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
+    if !runs.rt.capabilities().gateway {
+        return Err(ApiError::bad_request(format!(
+            "runs need a sandbox with a way home to the gateway, which the {} runtime does not give yet: serve runs from a local runtime",
+            runs.rt.capabilities().runtime
+        )));
+    }
+    let tiers = &runs.opts.tiers;
+    let tier = match &req.tier {
+        Some(t) if tiers.rank(t).is_some() => t.clone(),
+        Some(t) => {
+            return Err(ApiError::bad_request(format!("tier {t:?} is not one of this server's: {}", tiers.names())));
+        }
+        None => tiers.tiers.last().map(|t| t.name.clone()).unwrap_or_default(),
+    };
+    ExecRequest { argv: req.command.clone(), ..Default::default() }
+        .validate()
+        .map_err(|e| ApiError::bad_request(format!("command: {e}")))?;
+    let timeout = req.timeout.unwrap_or(DEFAULT_RUN_TIMEOUT);
+    if timeout == 0 || timeout > MAX_RUN_TIMEOUT {
+        return Err(ApiError::bad_request(format!("timeout {timeout}s: give 1 to {MAX_RUN_TIMEOUT} seconds")));
+    }
+    if let Some(m) = req.max_attempts
+        && !(1..=MAX_MAX_ATTEMPTS).contains(&m)
+    {
+        return Err(ApiError::bad_request(format!("maxAttempts {m}: give 1 to {MAX_MAX_ATTEMPTS}")));
+    }
+    for reserved in ["PADDOCK_TOKEN", "PADDOCK_GATEWAY", "PADDOCK_RUN_ID", "PADDOCK_EPOCH"] {
+        if req.env.contains_key(reserved) {
+            return Err(ApiError::bad_request(format!("env: {reserved} is set by Paddock for the driver")));
+        }
+    }
+    if let Some(t) = &req.thread {
+        ThreadId::new(t.clone()).map_err(|e| ApiError::bad_request(format!("thread: {e}")))?;
+        if !runs.rt.capabilities().persistent_workspaces {
+            return Err(ApiError::bad_request("thread: this runtime keeps no workspaces across sandboxes"));
+        }
+    }
+    let mut spec = SandboxSpec { image: req.image.clone(), env: req.env.clone(), ..Default::default() };
+    crate::resources::apply(&mut spec, req.resources.iter())?;
+    if let Some(p) = &req.network_policy {
+        spec.network = crate::egress::network_of(p.clone())?;
+    }
+    spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let run = RunSpec {
+        image: req.image.clone(),
+        command: req.command.clone(),
+        env: req.env.clone(),
+        resources: req.resources.clone(),
+        timeout,
+        network_policy: req.network_policy.clone(),
+    };
+    Ok((tier, run))
+}
+
+async fn submit(
+    State(runs): State<Arc<Runs>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<SubmitRequest>,
+) -> ApiResult<Response> {
+    if runs.draining() {
+        return Err(ApiError::unavailable("this server is stopping and admits no new runs: submit to another"));
+    }
+    let key = match headers.get("idempotency-key") {
+        Some(v) => {
+            let k = v.to_str().map_err(|_| ApiError::bad_request("Idempotency-Key is not ASCII"))?.trim();
+            if k.is_empty() || k.len() > 255 {
+                return Err(ApiError::bad_request("Idempotency-Key is 1 to 255 characters"));
+            }
+            Some(k.to_owned())
+        }
+        None => None,
+    };
+    if let Some(k) = &key
+        && let Some(existing) = runs.store().existing_by_key(k).await?
+    {
+        return Ok((StatusCode::OK, axum::Json(view(&existing))).into_response());
+    }
+    let (tier, spec) = plan(&runs, &req)?;
+    if let (Some(t), IfBusy::Reject) = (&req.thread, req.if_busy)
+        && runs.store().thread_busy(t, "").await?
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "THREAD_BUSY",
+            format!("thread {t:?} has a run that has not finished: wait for it, or submit with ifBusy \"queue\""),
+        ));
+    }
+    let id = new_id()?;
+    let dir = runs.dir(&id);
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| ApiError::internal(format!("creating {}: {e}", dir.display())))?;
+    let made = async {
+        if let Some(b64) = &req.inputs {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|_| ApiError::bad_request("inputs: not base64 (give a tar, base64-encoded)"))?;
+            if raw.len() as u64 > runs.opts.max_tar_bytes {
+                return Err(ApiError::bad_request(format!(
+                    "inputs: larger than {} bytes; upload them with PUT /v1/runs/{{id}}/inputs",
+                    runs.opts.max_tar_bytes
+                )));
+            }
+            let path = dir.join("inputs.tar");
+            tokio::fs::write(&path, &raw).await.map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;
+            super::gateway::check_tar(&runs, path).await?;
+        }
+        let now = now_ms();
+        let row = RunRow {
+            seq: 0,
+            id: id.clone(),
+            tier,
+            state: RunState::Queued,
+            thread: req.thread.clone(),
+            spec,
+            idempotency_key: key,
+            attempt: 0,
+            max_attempts: req.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            epoch: 0,
+            sandbox_id: None,
+            boot: None,
+            exit_code: None,
+            reason: None,
+            has_inputs: req.inputs.is_some(),
+            has_result: false,
+            lease_expires_ms: None,
+            not_before_ms: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+            started_at_ms: None,
+            first_call_at_ms: None,
+            finished_at_ms: None,
+        };
+        Ok(runs.store().insert(&row).await?)
+    }
+    .await;
+    match made {
+        Ok(Inserted::New(row)) => {
+            runs.note_state(&row.id).await;
+            runs.wake.notify_one();
+            Ok((StatusCode::CREATED, axum::Json(view(&row))).into_response())
+        }
+        Ok(Inserted::Existing(row)) => {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            Ok((StatusCode::OK, axum::Json(view(&row))).into_response())
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            Err(e)
+        }
+    }
+}
+
+async fn get_one(RunPath(run): RunPath) -> axum::Json<Value> {
+    axum::Json(view(&run))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    tier: Option<String>,
+    state: Option<String>,
+    thread: Option<String>,
+    limit: Option<i64>,
+    after: Option<String>,
+}
+
+async fn list(
+    State(runs): State<Arc<Runs>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<axum::Json<Value>> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {}", e.body_text())))?;
+    let state = match &q.state {
+        Some(s) => Some(RunState::parse(s).ok_or_else(|| {
+            let all: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+            ApiError::bad_request(format!("state {s:?} is not one of {}", all.join(", ")))
+        })?),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("limit: give 1 to 1000"));
+    }
+    let after = match &q.after {
+        Some(a) => {
+            a.parse::<i64>().map_err(|_| ApiError::bad_request("after: give the `next` of the previous page"))?
+        }
+        None => 0,
+    };
+    let filter = Filter { tier: q.tier, state, thread: q.thread };
+    let rows = runs.store().list(&filter, after, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    let items: Vec<Value> = rows.iter().take(limit as usize).map(view).collect();
+    let next = if more { rows.get(limit as usize - 1).map(|r| r.seq.to_string()) } else { None };
+    Ok(axum::Json(json!({"items": items, "next": next})))
+}
+
+async fn cancel(State(runs): State<Arc<Runs>>, RunPath(run): RunPath) -> ApiResult<axum::Json<Value>> {
+    if runs.store().cancel(&run.id).await? {
+        runs.stop(&run.id, super::Stop::Cancel);
+        runs.note_state(&run.id).await;
+        runs.wake.notify_one();
+    }
+    Ok(axum::Json(view(&runs.get(&run.id).await?)))
+}
+
+async fn result(State(runs): State<Arc<Runs>>, RunPath(run): RunPath) -> ApiResult<Response> {
+    let path = runs.dir(&run.id).join("result.tar");
+    match tokio::fs::File::open(&path).await {
+        Ok(f) => {
+            Ok(([(header::CONTENT_TYPE, "application/x-tar")], Body::from_stream(tokio_util::io::ReaderStream::new(f)))
+                .into_response())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NO_RESULT",
+            format!("run {} has no result: its driver uploads one with PUT $PADDOCK_GATEWAY/v1/result", run.id),
+        )),
+        Err(e) => Err(ApiError::internal(format!("reading the result: {e}"))),
+    }
+}
+
+async fn output(State(runs): State<Arc<Runs>>, RunPath(run): RunPath) -> ApiResult<Response> {
+    let path = runs.dir(&run.id).join("output.log");
+    let bytes = tokio::fs::read(&path).await.unwrap_or_default();
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+}
+
+async fn put_inputs(State(runs): State<Arc<Runs>>, RunPath(run): RunPath, body: Body) -> ApiResult<Response> {
+    if run.state != RunState::Queued || run.attempt > 0 {
+        return Err(ApiError::conflict(format!(
+            "run {} has started: inputs are given before its first attempt (or with the submission)",
+            run.id
+        )));
+    }
+    let dir = runs.dir(&run.id);
+    let tmp = dir.join("inputs.tar.part");
+    let kept = async {
+        super::gateway::body_to_file(body, &tmp, runs.opts.max_tar_bytes).await?;
+        super::gateway::check_tar(&runs, tmp.clone()).await?;
+        tokio::fs::rename(&tmp, dir.join("inputs.tar"))
+            .await
+            .map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;
+        runs.store().set_inputs(&run.id).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = kept {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(e);
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    after: Option<i64>,
+}
+
+/// Server-Sent Events: every event of the run from after `Last-Event-ID` (or `?after=`),
+/// then new ones as they come, until the run has ended and all were sent.
+async fn events(
+    State(runs): State<Arc<Runs>>,
+    RunPath(run): RunPath,
+    headers: HeaderMap,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    let mut after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut changed = runs.subscribe();
+    let id = run.id.clone();
+    tokio::spawn(async move {
+        loop {
+            let batch = match runs.store().events_after(&id, after, 256).await {
+                Ok(b) => b,
+                Err(_) => return,
+            };
+            let got = batch.len();
+            for ev in batch {
+                after = ev.seq;
+                let data = json!({"seq": ev.seq, "type": ev.kind, "data": ev.data, "at": rfc3339(ev.at_ms)});
+                let event = Event::default().id(ev.seq.to_string()).event(ev.kind.clone()).data(data.to_string());
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+            if got == 256 {
+                continue;
+            }
+            let ended = runs.store().get(&id).await.ok().flatten().is_none_or(|r| r.state.is_terminal());
+            if ended && runs.store().events_after(&id, after, 1).await.map(|e| e.is_empty()).unwrap_or(true) {
+                return;
+            }
+            // Woken by any run's change; a lagging receiver just reads the store again.
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match changed.recv().await {
+                        Ok(r) if r == id => return,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            return;
+                        }
+                    }
+                }
+            })
+            .await;
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    let stream: tokio_stream::wrappers::ReceiverStream<Result<Event, Infallible>> =
+        tokio_stream::wrappers::ReceiverStream::new(rx);
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// `GET /v1/tiers`: the tiers, the capacity over them, and what each holds now.
+async fn tiers(State(runs): State<Arc<Runs>>) -> axum::Json<Value> {
+    let active = runs.lock_active();
+    let t = &runs.opts.tiers;
+    let items: Vec<Value> = t
+        .tiers
+        .iter()
+        .enumerate()
+        .map(|(rank, tier)| {
+            json!({
+                "name": tier.name, "priority": rank, "concurrency": tier.concurrency, "memory": tier.memory,
+                "running": active.values().filter(|a| a.rank == rank).count(),
+            })
+        })
+        .collect();
+    axum::Json(json!({
+        "tiers": items,
+        "capacity": {"runs": t.capacity.runs, "memory": t.capacity.memory, "running": active.len()},
+    }))
+}
+
+/// The owner routes, for any router state that holds the runs.
+pub fn router<S>() -> Router<S>
+where
+    Arc<Runs>: FromRef<S>,
+    S: Clone + Send + Sync + 'static,
+{
+    Router::new()
+        .route("/runs", post(submit).get(list))
+        .route("/runs/{id}", get(get_one))
+        .route("/runs/{id}/cancel", post(cancel))
+        .route("/runs/{id}/events", get(events))
+        .route("/runs/{id}/result", get(result))
+        .route("/runs/{id}/output", get(output))
+        .route("/runs/{id}/inputs", put(put_inputs).layer(axum::extract::DefaultBodyLimit::disable()))
+        .route("/tiers", get(tiers))
+}
+
+/// The run routes and the gateway's, for `/v1/openapi.json`. The gateway's are served on its
+/// own listener (each names it as its server), under the run's token rather than the API key.
+pub fn openapi_paths() -> Value {
+    let error = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let run = json!({"type": "object", "required": ["id", "tier", "state", "attempt", "epoch"], "properties": {
+        "id": {"type": "string"}, "tier": {"type": "string"},
+        "state": {"type": "string", "enum": RunState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()},
+        "thread": {"type": ["string", "null"]}, "image": {"type": ["string", "null"]},
+        "command": {"type": "array", "items": {"type": "string"}}, "timeout": {"type": "integer"},
+        "attempt": {"type": "integer"}, "maxAttempts": {"type": "integer"}, "epoch": {"type": "integer"},
+        "exitCode": {"type": ["integer", "null"]}, "reason": {"type": ["string", "null"]},
+        "sandboxId": {"type": ["string", "null"]}, "hasInputs": {"type": "boolean"}, "hasResult": {"type": "boolean"},
+        "leaseExpiresAt": {"type": ["string", "null"]}, "createdAt": {"type": "string"}, "updatedAt": {"type": "string"},
+        "startedAt": {"type": ["string", "null"]}, "firstCallAt": {"type": ["string", "null"]},
+        "finishedAt": {"type": ["string", "null"]}}});
+    let ok =
+        |what: &str, schema: Value| json!({"description": what, "content": {"application/json": {"schema": schema}}});
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
+    let tar = json!({"description": "a tar archive", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}});
+    let submit = json!({"type": "object", "required": ["command"], "additionalProperties": false, "properties": {
+        "tier": {"type": "string", "description": "a tier of `paddock serve --tier` (default: the lowest)"},
+        "image": {"type": "string"}, "thread": {"type": "string", "description": "its persistent workspace; a thread's runs take turns"},
+        "command": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "the driver, run with $PADDOCK_GATEWAY and $PADDOCK_TOKEN"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "resources": {"type": "object", "additionalProperties": {"type": "string"}, "description": "cpu, memory, pids, ephemeral-storage, workspace, workspace-inodes"},
+        "timeout": {"type": "integer", "minimum": 1, "maximum": MAX_RUN_TIMEOUT, "default": DEFAULT_RUN_TIMEOUT},
+        "maxAttempts": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_ATTEMPTS, "default": DEFAULT_MAX_ATTEMPTS},
+        "inputs": {"type": "string", "description": "a tar, base64"},
+        "ifBusy": {"type": "string", "enum": ["queue", "reject"], "default": "queue"},
+        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}}});
+    let gateway_server = json!([{"url": "{gateway}/v1", "description": "the gateway, from inside a run's sandbox",
+        "variables": {"gateway": {"default": "http://127.0.0.1:8081", "description": "$PADDOCK_GATEWAY"}}}]);
+    let bearer = json!([{"runToken": []}]);
+    let gw = |summary: &str, responses: Value| json!({"tags": ["gateway"], "summary": summary, "servers": gateway_server.clone(), "security": bearer.clone(), "responses": responses});
+    let stale = json!({"description": "STALE_ATTEMPT: this attempt's epoch is not current, its lease ran out, or its run ended", "content": error["content"].clone()});
+    json!({
+        "/runs": {
+            "post": {"tags": ["runs"], "summary": "Queue a run (Idempotency-Key: the same key gives the same run)",
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string", "maxLength": 255}}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": submit}}},
+                "responses": {"201": ok("queued", run.clone()), "200": ok("the run this Idempotency-Key made", run.clone()),
+                    "400": error.clone(), "401": error.clone(), "409": error.clone()}},
+            "get": {"tags": ["runs"], "summary": "List runs, oldest first",
+                "parameters": [
+                    {"name": "tier", "in": "query", "schema": {"type": "string"}},
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "thread", "in": "query", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "the previous page's `next`"}],
+                "responses": {"200": ok("a page", json!({"type": "object", "properties": {
+                    "items": {"type": "array", "items": run.clone()}, "next": {"type": ["string", "null"]}}})),
+                    "400": error.clone(), "401": error.clone()}}},
+        "/runs/{id}": {"get": {"tags": ["runs"], "summary": "Read a run", "parameters": [id.clone()],
+            "responses": {"200": ok("the run", run.clone()), "404": error.clone(), "401": error.clone()}}},
+        "/runs/{id}/cancel": {"post": {"tags": ["runs"], "summary": "Cancel a run", "parameters": [id.clone()],
+            "responses": {"200": ok("the run, cancelled unless it had ended", run.clone()), "404": error.clone(), "401": error.clone()}}},
+        "/runs/{id}/events": {"get": {"tags": ["runs"], "summary": "Follow a run's events (Server-Sent Events; resume with Last-Event-ID)",
+            "parameters": [id.clone(), {"name": "after", "in": "query", "schema": {"type": "integer"}},
+                {"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "events `state`, `attempt`, `driver`, `result`", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                "404": error.clone(), "401": error.clone()}}},
+        "/runs/{id}/result": {"get": {"tags": ["runs"], "summary": "The result tar its driver uploaded", "parameters": [id.clone()],
+            "responses": {"200": tar.clone(), "404": error.clone(), "401": error.clone()}}},
+        "/runs/{id}/output": {"get": {"tags": ["runs"], "summary": "The driver's output (its first MiB)", "parameters": [id.clone()],
+            "responses": {"200": {"description": "stdout and stderr as they came", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "404": error.clone(), "401": error.clone()}}},
+        "/runs/{id}/inputs": {"put": {"tags": ["runs"], "summary": "Give a queued run its inputs (a tar)", "parameters": [id.clone()],
+            "requestBody": {"required": true, "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": {"204": {"description": "kept"}, "400": error.clone(), "404": error.clone(), "409": error.clone(), "401": error.clone()}}},
+        "/tiers": {"get": {"tags": ["runs"], "summary": "The tiers, the capacity over them, and what each holds",
+            "responses": {"200": ok("tiers", json!({"type": "object"})), "401": error.clone()}}},
+        "/heartbeat": {"post": gw("Renew the attempt's lease (its first call marks the run running)", json!({
+            "200": ok("the lease", json!({"type": "object", "properties": {"leaseExpiresAt": {"type": "string"}, "epoch": {"type": "integer"}, "runId": {"type": "string"}}})),
+            "401": error.clone(), "403": error.clone(), "409": stale.clone()}))},
+        "/inputs": {"get": gw("The run's inputs (a tar)", json!({"200": tar.clone(), "401": error.clone(), "403": error.clone(), "404": error.clone(), "409": stale.clone()}))},
+        "/result": {"put": gw("Upload the result (a tar; Content-Digest: sha-256=:…: is checked when sent; safe paths only)", json!({
+            "201": ok("kept", json!({"type": "object", "properties": {"entries": {"type": "integer"}}})),
+            "400": error.clone(), "401": error.clone(), "403": error.clone(), "409": stale.clone(), "413": error.clone()}))},
+        "/events": {"post": gw("Append an event of the driver: {type, data}", json!({
+            "201": ok("recorded", json!({"type": "object", "properties": {"seq": {"type": "integer"}}})),
+            "400": error.clone(), "401": error.clone(), "403": error.clone(), "409": stale.clone()}))},
+        "/run": {"get": gw("The calling attempt's run", json!({"200": ok("the run", run), "401": error.clone(), "409": stale}))},
+    })
+}

@@ -1,0 +1,371 @@
+//! The gateway: a run's one way home, on a listener of its own (`--gateway-listen`).
+//!
+//! A driver calls it with `Authorization: Bearer $PADDOCK_TOKEN` at `$PADDOCK_GATEWAY`. The
+//! token names its run, its attempt's epoch and its sandbox; every call is checked against the
+//! run's row (this epoch current, this sandbox, an attempt under way, its lease not run out)
+//! in the same statement that changes anything, so a stale attempt gets `409 STALE_ATTEMPT`
+//! and changes nothing. The local runtime's forwarder opens each connection with a line that
+//! names the sandbox it comes from; a token from another sandbox is refused there (`403`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use base64::Engine;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::Runs;
+use super::store::RunState;
+use super::tarcheck;
+use crate::ApiJson;
+use crate::error::{ApiError, ApiResult};
+use crate::store::now_ms;
+
+/// The sandbox a connection comes from, as its forwarder named it; `None` for a direct
+/// connection (a runtime whose sandboxes reach the gateway by address).
+#[derive(Debug, Clone)]
+struct Origin(Option<String>);
+
+/// The attempt a request is from: its token's run, epoch and sandbox.
+struct Attempt {
+    run: String,
+    epoch: i64,
+    sandbox: String,
+}
+
+impl FromRequestParts<Arc<Runs>> for Attempt {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, runs: &Arc<Runs>) -> Result<Self, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "MISSING_TOKEN",
+                    "the gateway takes the run's token: send Authorization: Bearer $PADDOCK_TOKEN",
+                )
+            })?;
+        let (run, epoch, sandbox) = runs.token_subject(token).ok_or_else(|| {
+            ApiError::unauthorized("INVALID_TOKEN", "this token is not one this server gave a run's attempt")
+        })?;
+        if let Some(Origin(Some(from))) = parts.extensions.get::<Origin>()
+            && *from != sandbox
+        {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FOREIGN_TOKEN",
+                "this token belongs to another sandbox's attempt: a sandbox may use only its own",
+            ));
+        }
+        Ok(Attempt { run, epoch, sandbox })
+    }
+}
+
+/// Why a call of an attempt that is not current was refused, in words.
+async fn stale(runs: &Runs, a: &Attempt) -> ApiError {
+    let row = runs.store().get(&a.run).await.ok().flatten();
+    let message = match row {
+        None => format!("run {} does not exist", a.run),
+        Some(r) if r.epoch != a.epoch => {
+            format!("attempt epoch {} of run {} is stale: the current epoch is {}", a.epoch, a.run, r.epoch)
+        }
+        Some(r) if r.state.is_terminal() => format!("run {} has ended ({})", a.run, r.state.as_str()),
+        Some(r) if r.sandbox_id.as_deref() != Some(a.sandbox.as_str()) => {
+            format!("run {} does not run in sandbox {}", a.run, a.sandbox)
+        }
+        Some(r) if r.lease_expires_ms.is_some_and(|l| l < now_ms()) => {
+            format!("the lease of attempt epoch {} of run {} has expired", a.epoch, a.run)
+        }
+        Some(r) => format!("run {} is {}, with no attempt under way", a.run, r.state.as_str()),
+    };
+    ApiError::new(StatusCode::CONFLICT, "STALE_ATTEMPT", message)
+}
+
+async fn heartbeat(State(runs): State<Arc<Runs>>, a: Attempt) -> ApiResult<Response> {
+    let until = now_ms() + i64::try_from(runs.opts.lease.as_millis()).unwrap_or(i64::MAX / 2);
+    let first = runs.store().get(&a.run).await?.is_some_and(|r| r.first_call_at_ms.is_none());
+    if !runs.store().touch(&a.run, a.epoch, &a.sandbox, Some(until)).await? {
+        return Err(stale(&runs, &a).await);
+    }
+    if first {
+        runs.note_state(&a.run).await;
+    }
+    Ok(axum::Json(json!({
+        "runId": a.run, "epoch": a.epoch,
+        "leaseExpiresAt": crate::time_fmt::rfc3339(until),
+    }))
+    .into_response())
+}
+
+async fn inputs(State(runs): State<Arc<Runs>>, a: Attempt) -> ApiResult<Response> {
+    if !runs.store().touch(&a.run, a.epoch, &a.sandbox, None).await? {
+        return Err(stale(&runs, &a).await);
+    }
+    let path = runs.dir(&a.run).join("inputs.tar");
+    match tokio::fs::File::open(&path).await {
+        Ok(f) => {
+            Ok(([(header::CONTENT_TYPE, "application/x-tar")], Body::from_stream(tokio_util::io::ReaderStream::new(f)))
+                .into_response())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "NO_INPUTS", "this run was submitted without inputs"))
+        }
+        Err(e) => Err(ApiError::internal(format!("reading the run's inputs: {e}"))),
+    }
+}
+
+/// `Content-Digest: sha-256=:BASE64:` (RFC 9530), when the request carries one.
+fn wanted_digest(headers: &HeaderMap) -> ApiResult<Option<Vec<u8>>> {
+    let Some(v) = headers.get("content-digest") else { return Ok(None) };
+    let v = v.to_str().map_err(|_| ApiError::bad_request("Content-Digest is not ASCII"))?;
+    for item in v.split(',') {
+        if let Some((alg, val)) = item.trim().split_once('=')
+            && alg.trim().eq_ignore_ascii_case("sha-256")
+        {
+            let b64 = val.trim().trim_matches(':');
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|_| ApiError::bad_request("Content-Digest's sha-256 is not base64 between colons"))?;
+            return Ok(Some(raw));
+        }
+    }
+    Err(ApiError::bad_request("Content-Digest names no sha-256 digest, the only one this gateway checks"))
+}
+
+/// Writes a request body to `path`, at most `max` bytes; answers its SHA-256.
+pub(super) async fn body_to_file(body: Body, path: &std::path::Path, max: u64) -> ApiResult<Vec<u8>> {
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .await
+        .map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
+    let mut hasher = Sha256::new();
+    let mut total = 0u64;
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
+        let Ok(chunk) = frame.into_data() else { continue };
+        total += chunk.len() as u64;
+        if total > max {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PAYLOAD_TOO_LARGE",
+                format!("the archive is larger than {max} bytes, the most a run may upload"),
+            ));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
+    }
+    file.flush().await.map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
+    Ok(hasher.finalize().to_vec())
+}
+
+/// Checks a kept archive against the run limits, off the async threads.
+pub(super) async fn check_tar(runs: &Runs, path: std::path::PathBuf) -> ApiResult<usize> {
+    let limits = tarcheck::Limits { max_entries: runs.opts.max_tar_entries, max_bytes: runs.opts.max_tar_bytes };
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&path).map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
+        tarcheck::check(std::io::BufReader::new(f), limits)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARCHIVE", e.0))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("checking the upload: {e}")))?
+}
+
+async fn result(State(runs): State<Arc<Runs>>, a: Attempt, headers: HeaderMap, body: Body) -> ApiResult<Response> {
+    // Refused before a byte is kept when the attempt is not current.
+    if !runs.store().touch(&a.run, a.epoch, &a.sandbox, None).await? {
+        return Err(stale(&runs, &a).await);
+    }
+    let want = wanted_digest(&headers)?;
+    let dir = runs.dir(&a.run);
+    let tmp = dir.join(format!("result.tar.{}.part", a.epoch));
+    let outcome = async {
+        let got = body_to_file(body, &tmp, runs.opts.max_tar_bytes).await?;
+        if let Some(want) = want
+            && want != got
+        {
+            return Err(ApiError::bad_request(
+                "the archive does not match its Content-Digest: it was damaged on the way",
+            ));
+        }
+        let entries = check_tar(&runs, tmp.clone()).await?;
+        // The rename comes after the row says this attempt's result is kept, and only then:
+        // a stale attempt's upload never replaces the current one's.
+        if !runs.store().set_result(&a.run, a.epoch, &a.sandbox).await? {
+            return Err(stale(&runs, &a).await);
+        }
+        tokio::fs::rename(&tmp, dir.join("result.tar"))
+            .await
+            .map_err(|e| ApiError::internal(format!("keeping the result: {e}")))?;
+        Ok(entries)
+    }
+    .await;
+    let entries = match outcome {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
+    };
+    runs.note(&a.run, "result", json!({"epoch": a.epoch, "entries": entries})).await;
+    Ok((StatusCode::CREATED, axum::Json(json!({"entries": entries}))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DriverEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    data: serde_json::Value,
+}
+
+async fn event(State(runs): State<Arc<Runs>>, a: Attempt, ApiJson(ev): ApiJson<DriverEvent>) -> ApiResult<Response> {
+    if ev.kind.is_empty() || ev.kind.len() > 64 || ev.kind.chars().any(char::is_control) {
+        return Err(ApiError::bad_request("an event's type is 1 to 64 printable characters"));
+    }
+    let data = json!({"type": ev.kind, "data": ev.data, "epoch": a.epoch});
+    match runs.store().driver_event(&a.run, a.epoch, &a.sandbox, &data).await? {
+        Some(seq) => {
+            let _ = runs.changed.send(a.run.clone());
+            Ok((StatusCode::CREATED, axum::Json(json!({"seq": seq}))).into_response())
+        }
+        None => Err(stale(&runs, &a).await),
+    }
+}
+
+/// The run of the calling attempt, as the owner API shows it.
+async fn whoami(State(runs): State<Arc<Runs>>, a: Attempt) -> ApiResult<Response> {
+    let row = runs.get(&a.run).await?;
+    if row.epoch != a.epoch || !matches!(row.state, RunState::Starting | RunState::Running) {
+        return Err(stale(&runs, &a).await);
+    }
+    Ok(axum::Json(super::api::view(&row)).into_response())
+}
+
+pub fn router(runs: Arc<Runs>) -> Router {
+    Router::new()
+        .route("/v1/heartbeat", post(heartbeat))
+        .route("/v1/inputs", get(inputs))
+        .route("/v1/result", put(result))
+        .route("/v1/events", post(event))
+        .route("/v1/run", get(whoami))
+        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .fallback(|| async { ApiError::not_found("no such gateway route: see the gateway routes in /v1/openapi.json") })
+        .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(crate::unread::close_when_unread))
+        .with_state(runs)
+}
+
+/// The forwarder's first line, if the connection starts with one: `None` when it does not
+/// (a direct connection), `Err` when it starts like one but is malformed.
+async fn preamble(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<String>> {
+    use tokio::io::AsyncReadExt;
+    let tag = format!("{} ", paddock_core::spec::GATEWAY_PREAMBLE);
+    let mut peeked = vec![0u8; tag.len()];
+    loop {
+        let n = tcp.peek(&mut peeked).await?;
+        if n == 0 || !tag.as_bytes().starts_with(&peeked[..n]) {
+            return Ok(None);
+        }
+        if n == tag.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Byte by byte, so not one byte of the request after it is taken.
+    let mut line = Vec::with_capacity(64);
+    let mut b = [0u8; 1];
+    while line.len() < 128 {
+        tcp.read_exact(&mut b).await?;
+        if b[0] == b'\n' {
+            let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
+            let id = text.strip_prefix(&tag).unwrap_or_default().trim().to_owned();
+            return if paddock_core::runtime::SandboxId::parse(&id).is_ok() {
+                Ok(Some(id))
+            } else {
+                Err(std::io::Error::other("a malformed forwarder line"))
+            };
+        }
+        line.push(b[0]);
+    }
+    Err(std::io::Error::other("a forwarder line too long"))
+}
+
+/// Binds the gateway and serves it for as long as the process lives; answers the address
+/// sandboxes are given (the bound one, with an unspecified address made loopback).
+pub async fn listen(runs: Arc<Runs>) -> std::io::Result<SocketAddr> {
+    let listener = match runs.opts.gateway_listen {
+        Some(addr) => tokio::net::TcpListener::bind(addr).await?,
+        None => match tokio::net::TcpListener::bind(super::DEFAULT_GATEWAY).await {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                tracing::warn!(
+                    "the gateway's default port {} is taken: serving it on a free port instead (sandboxes still find it at their own 127.0.0.1:8081); set --gateway-listen to choose",
+                    super::DEFAULT_GATEWAY
+                );
+                tokio::net::TcpListener::bind((super::DEFAULT_GATEWAY.ip(), 0)).await?
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let _ = runs.gateway.set(addr);
+    let app = router(runs.clone());
+    let slots = Arc::new(tokio::sync::Semaphore::new(runs.opts.gateway_max_connections.max(1)));
+    tokio::spawn(async move {
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+        loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            let mut tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a gateway connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let app = app.clone();
+            let http = http.clone();
+            tokio::spawn(async move {
+                let _ = tcp.set_nodelay(true);
+                let from = match tokio::time::timeout(Duration::from_secs(10), preamble(&mut tcp)).await {
+                    Ok(Ok(from)) => from,
+                    _ => return,
+                };
+                let service = tower::ServiceExt::map_request(app, move |mut req: Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(Origin(from.clone()));
+                    req
+                });
+                let service = hyper_util::service::TowerToHyperService::new(service);
+                if let Err(e) = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).await {
+                    tracing::debug!(error = %e, "gateway connection closed with an error");
+                }
+                drop(slot);
+            });
+        }
+    });
+    Ok(addr)
+}

@@ -1,0 +1,491 @@
+//! Runs and the gateway against `FakeRuntime` (no isolation: its commands are host processes;
+//! see `fake/mod.rs`), so admission, preemption, epochs, leases and every refusal of the
+//! gateway are tested without root. Each driver here is a shell script that hands the test its
+//! token through a file and waits to be told how to exit, so the test plays the driver's
+//! gateway calls itself, including the ones a stale or foreign attempt would make. The
+//! privileged suite (`crates/paddock/tests/runs.rs`) runs real drivers in real sandboxes.
+
+mod fake;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use fake::server::{Server, assert_error};
+use serde_json::{Value, json};
+
+/// Writes `$D/token.<epoch>` and exits with what the test writes to `$D/exit.<epoch>`.
+const DRIVER: &str = r#"printf %s "$PADDOCK_TOKEN" > "$D/token.$PADDOCK_EPOCH.part" && mv "$D/token.$PADDOCK_EPOCH.part" "$D/token.$PADDOCK_EPOCH"
+while [ ! -e "$D/exit.$PADDOCK_EPOCH" ]; do sleep 0.02; done
+exit "$(cat "$D/exit.$PADDOCK_EPOCH")""#;
+
+/// A directory the drivers share with the test. Not under /tmp, which the fake maps to each
+/// sandbox's own.
+fn shared_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn run_body(dir: &Path, tier: &str) -> Value {
+    json!({"tier": tier, "image": "fake", "command": ["sh", "-c", DRIVER], "env": {"D": dir.display().to_string()}})
+}
+
+async fn submit(s: &Server, body: Value) -> String {
+    let (status, run) = s.call("POST", "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    run["id"].as_str().unwrap().to_owned()
+}
+
+async fn run_of(s: &Server, id: &str) -> Value {
+    let (status, run) = s.call("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    run
+}
+
+/// Waits until the run is in `state` (and, when given, at `epoch`).
+async fn wait_state(s: &Server, id: &str, state: &str, epoch: Option<i64>) -> Value {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let run = run_of(s, id).await;
+        if run["state"] == state && epoch.is_none_or(|e| run["epoch"] == e) {
+            return run;
+        }
+        assert!(Instant::now() < until, "run never became {state} (epoch {epoch:?}): {run}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The token the driver of `epoch` wrote.
+async fn token(dir: &Path, epoch: i64) -> String {
+    let path = dir.join(format!("token.{epoch}"));
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(&path) {
+            return t;
+        }
+        assert!(Instant::now() < until, "the driver of epoch {epoch} never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn exit_with(dir: &Path, epoch: i64, code: i32) {
+    std::fs::write(dir.join(format!("exit.{epoch}")), code.to_string()).unwrap();
+}
+
+/// One gateway call over a fresh connection, as a driver's `curl` makes it; `from` is the
+/// forwarder's line a local sandbox's connection starts with.
+async fn gateway(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    from: Option<&str>,
+) -> (u16, Vec<u8>) {
+    let (method, path, token, body) = (method.to_owned(), path.to_owned(), token.to_owned(), body.to_vec());
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let from = from.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        let mut req = Vec::new();
+        if let Some(f) = from {
+            req.extend_from_slice(format!("{} {f}\r\n", paddock_core::spec::GATEWAY_PREAMBLE).as_bytes());
+        }
+        req.extend_from_slice(
+            format!(
+                "{method} {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        for (k, v) in headers {
+            req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        req.extend_from_slice(b"\r\n");
+        req.extend_from_slice(&body);
+        tcp.write_all(&req).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut out = Vec::new();
+        tcp.read_to_end(&mut out).unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let status: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").map_or(out.len(), |p| p + 4);
+        let mut body = out[at..].to_vec();
+        if text.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            body = unchunk(&body);
+        }
+        (status, body)
+    })
+    .await
+    .unwrap()
+}
+
+fn unchunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(line_end) = b.windows(2).position(|w| w == b"\r\n") else { return out };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap_or(0);
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[line_end + 2..line_end + 2 + n]);
+        b = &b[line_end + 2 + n + 2..];
+    }
+}
+
+fn code_of(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body).map(|v| v["code"].as_str().unwrap_or_default().to_owned()).unwrap_or_default()
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, body) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        let name = path.as_bytes();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        b.append(&h, *body).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn sha256_header(body: &[u8]) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    format!("sha-256=:{}:", base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body)))
+}
+
+#[tokio::test]
+async fn bad_run_requests_are_refused_with_the_reason() {
+    let s = Server::new().await;
+    let ok = || json!({"image": "fake", "command": ["true"]});
+    let with = |k: &str, v: Value| {
+        let mut b = ok();
+        b[k] = v;
+        b
+    };
+    let hostile = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(tar_of(&[("/etc/marker", b"x")]))
+    };
+    for (body, says) in [
+        (with("tier", json!("urgent")), "not one of this server's"),
+        (with("command", json!([])), "command"),
+        (with("timeout", json!(0)), "timeout"),
+        (with("timeout", json!(28_801)), "28800"),
+        (with("maxAttempts", json!(0)), "maxAttempts"),
+        (with("maxAttempts", json!(21)), "maxAttempts"),
+        (with("env", json!({"PADDOCK_TOKEN": "x"})), "PADDOCK_TOKEN"),
+        (with("env", json!({"1BAD": "x"})), "variable name"),
+        (with("resources", json!({"memory": "lots"})), "memory"),
+        (with("thread", json!("")), "thread"),
+        (with("inputs", json!("!!!")), "base64"),
+        (with("inputs", json!(hostile)), "unsafe path"),
+        (with("colour", json!("blue")), "unknown field"),
+    ] {
+        let (status, err) = s.call("POST", "/v1/runs", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {err}");
+        assert!(err["message"].as_str().unwrap().contains(says), "{body}: {err} should say {says:?}");
+        assert!(err["code"].is_string(), "{err}");
+    }
+    let (status, err) = s.call("GET", "/v1/runs/run-nope", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_error(&err, "NOT_FOUND");
+    let (status, err) = s.call("GET", "/v1/runs?state=sleeping", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    // Nothing was queued by any of them.
+    let (_, page) = s.call("GET", "/v1/runs", None).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
+}
+
+#[tokio::test]
+async fn a_driver_calls_home_and_its_exit_status_is_the_outcome() {
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let inputs = tar_of(&[("task.json", br#"{"n": 1}"#)]);
+    let mut body = run_body(dir.path(), "interactive");
+    use base64::Engine;
+    body["inputs"] = json!(base64::engine::general_purpose::STANDARD.encode(&inputs));
+    let id = submit(&s, body).await;
+    let t = token(dir.path(), 1).await;
+    let run = run_of(&s, &id).await;
+    assert_eq!(
+        (run["state"].as_str(), run["epoch"].as_i64(), run["attempt"].as_i64()),
+        (Some("starting"), Some(1), Some(1)),
+        "{run}"
+    );
+
+    let (status, hb) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", None).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&hb));
+    let hb: Value = serde_json::from_slice(&hb).unwrap();
+    assert!(hb["leaseExpiresAt"].as_str().is_some_and(|l| l.ends_with('Z')), "{hb}");
+    assert_eq!(run_of(&s, &id).await["state"], "running");
+
+    let (status, got) = gateway(s.gateway, "GET", "/v1/inputs", &t, &[], b"", None).await;
+    assert_eq!((status, got == inputs), (200, true), "the driver gets the inputs as given");
+    let ev = br#"{"type": "progress", "data": {"pct": 40}}"#;
+    let (status, _) =
+        gateway(s.gateway, "POST", "/v1/events", &t, &[("content-type", "application/json")], ev, None).await;
+    assert_eq!(status, 201);
+
+    let result = tar_of(&[("out/report.txt", b"all good")]);
+    let (status, body) =
+        gateway(s.gateway, "PUT", "/v1/result", &t, &[("content-digest", "sha-256=:AAAA:")], &result, None).await;
+    assert_eq!((status, code_of(&body).as_str()), (400, "INVALID_ARGUMENT"), "a digest that does not match is refused");
+    let hostile = {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.as_old_mut().name[..12].copy_from_slice(b"../../marker");
+        h.set_cksum();
+        let mut b = tar::Builder::new(Vec::new());
+        b.append(&h, &b"x"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    let (status, body) = gateway(s.gateway, "PUT", "/v1/result", &t, &[], &hostile, None).await;
+    assert_eq!((status, code_of(&body).as_str()), (400, "INVALID_ARCHIVE"), "{}", String::from_utf8_lossy(&body));
+    let (status, body) =
+        gateway(s.gateway, "PUT", "/v1/result", &t, &[("content-digest", &sha256_header(&result))], &result, None)
+            .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+
+    exit_with(dir.path(), 1, 0);
+    let run = wait_state(&s, &id, "succeeded", Some(1)).await;
+    assert_eq!((run["exitCode"].as_i64(), run["hasResult"].as_bool()), (Some(0), Some(true)), "{run}");
+    let (status, kept) = s.request("GET", &format!("/v1/runs/{id}/result"), &[], Vec::new()).await;
+    assert_eq!((status, kept == result), (StatusCode::OK, true), "the result is what the driver uploaded");
+
+    // A finished run takes no more writes, and the sandbox was given back.
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", None).await;
+    assert_eq!((status, code_of(&body).as_str()), (409, "STALE_ATTEMPT"));
+    let sandbox = run["sandboxId"].as_str().unwrap();
+    let (status, _) = s.call("GET", &format!("/v1/sandboxes/{sandbox}"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "the run's sandbox is destroyed when it ends");
+
+    // The events, in order, and again from where a client left off.
+    let (status, all) = s.request("GET", &format!("/v1/runs/{id}/events"), &[], Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    let all = String::from_utf8(all).unwrap();
+    let kinds: Vec<&str> = all.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(kinds, ["state", "state", "attempt", "state", "driver", "result", "state"], "{all}");
+    let (_, rest) = s.request("GET", &format!("/v1/runs/{id}/events"), &[("last-event-id", "5")], Vec::new()).await;
+    let rest = String::from_utf8(rest).unwrap();
+    let ids: Vec<&str> = rest.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
+    assert_eq!(ids, ["6", "7"], "resumed after Last-Event-ID: {rest}");
+}
+
+#[tokio::test]
+async fn wrong_and_foreign_tokens_change_nothing() {
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let id = submit(&s, run_body(dir.path(), "batch")).await;
+    let t = token(dir.path(), 1).await;
+    let run = run_of(&s, &id).await;
+    let sandbox = run["sandboxId"].as_str().unwrap().to_owned();
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", "", &[], b"", None).await;
+    assert_eq!((status, code_of(&body).as_str()), (401, "MISSING_TOKEN"));
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", "not-a-token", &[], b"", None).await;
+    assert_eq!((status, code_of(&body).as_str()), (401, "INVALID_TOKEN"));
+    let forged = t.replacen(&format!(".1.{sandbox}."), &format!(".2.{sandbox}."), 1);
+    assert_ne!(forged, t);
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &forged, &[], b"", None).await;
+    assert_eq!((status, code_of(&body).as_str()), (401, "INVALID_TOKEN"), "an edited epoch breaks the signature");
+    // Through the forwarder of another sandbox, this token is not that sandbox's.
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some("sbx-0123456789ab")).await;
+    assert_eq!((status, code_of(&body).as_str()), (403, "FOREIGN_TOKEN"));
+    assert_eq!(run_of(&s, &id).await["state"], "starting", "no refused call counted as the driver's");
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some(&sandbox)).await;
+    assert_eq!(status, 200, "its own sandbox's forwarder passes it");
+    let (status, body) = gateway(s.gateway, "GET", "/v1/nothing", &t, &[], b"", None).await;
+    assert_eq!((status, code_of(&body).as_str()), (404, "NOT_FOUND"));
+    exit_with(dir.path(), 1, 0);
+    wait_state(&s, &id, "succeeded", None).await;
+}
+
+#[tokio::test]
+async fn a_requeued_attempt_gets_a_new_epoch_and_the_stale_one_writes_nothing() {
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let id = submit(&s, run_body(dir.path(), "batch")).await;
+    let old = token(dir.path(), 1).await;
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &old, &[], b"", None).await;
+    assert_eq!(status, 200);
+    // 75: the driver asks to run again.
+    exit_with(dir.path(), 1, 75);
+    let new = token(dir.path(), 2).await;
+    let run = wait_state(&s, &id, "starting", Some(2)).await;
+    assert_eq!(run["attempt"], 2, "{run}");
+    let result = tar_of(&[("r", b"from the current attempt")]);
+    let (status, _) = gateway(s.gateway, "PUT", "/v1/result", &new, &[], &result, None).await;
+    assert_eq!(status, 201);
+    for (method, path, body) in [
+        ("POST", "/v1/heartbeat", &b""[..]),
+        ("GET", "/v1/inputs", &b""[..]),
+        ("POST", "/v1/events", &br#"{"type": "late"}"#[..]),
+        ("PUT", "/v1/result", &tar_of(&[("r", b"stale")])[..]),
+    ] {
+        let (status, out) =
+            gateway(s.gateway, method, path, &old, &[("content-type", "application/json")], body, None).await;
+        assert_eq!(
+            (status, code_of(&out).as_str()),
+            (409, "STALE_ATTEMPT"),
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(String::from_utf8_lossy(&out).contains("current epoch is 2"), "{}", String::from_utf8_lossy(&out));
+    }
+    let (_, kept) = s.request("GET", &format!("/v1/runs/{id}/result"), &[], Vec::new()).await;
+    assert_eq!(kept, result, "the stale upload replaced nothing");
+    exit_with(dir.path(), 2, 0);
+    wait_state(&s, &id, "succeeded", Some(2)).await;
+    // The stream of a run that ended ends after its last event.
+    let (_, events) = s.request("GET", &format!("/v1/runs/{id}/events?after=0"), &[], Vec::new()).await;
+    assert!(!String::from_utf8_lossy(&events).contains("late"), "the stale event was not recorded");
+}
+
+#[tokio::test]
+async fn interactive_work_preempts_the_newest_batch_attempt_which_runs_again_later() {
+    use paddock_server::runs::tiers::{Capacity, Tier, Tiers};
+    let s = Server::with_config(|c| {
+        c.runs.tiers = Tiers {
+            tiers: vec![
+                Tier { name: "interactive".into(), concurrency: 2, memory: None },
+                Tier { name: "batch".into(), concurrency: 2, memory: None },
+            ],
+            capacity: Capacity { runs: 2, memory: None },
+        };
+    })
+    .await;
+    let (d1, d2, d3) = (shared_dir(), shared_dir(), shared_dir());
+    let b1 = submit(&s, run_body(d1.path(), "batch")).await;
+    token(d1.path(), 1).await;
+    let b2 = submit(&s, run_body(d2.path(), "batch")).await;
+    let b2_old = token(d2.path(), 1).await;
+    let i1 = submit(&s, run_body(d3.path(), "interactive")).await;
+    // The newest batch attempt makes room; the older one keeps running.
+    let requeued = wait_state(&s, &b2, "requeued", Some(1)).await;
+    assert!(requeued["reason"].as_str().unwrap().contains("preempted"), "{requeued}");
+    token(d3.path(), 1).await;
+    assert_eq!(run_of(&s, &i1).await["state"], "starting");
+    assert_eq!(run_of(&s, &b1).await["state"], "starting", "only one attempt was preempted");
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &b2_old, &[], b"", None).await;
+    assert_eq!(status, 409, "the preempted attempt is stale");
+    // Batch never preempts: with the interactive run done, b2 runs again with a new epoch.
+    exit_with(d3.path(), 1, 0);
+    wait_state(&s, &i1, "succeeded", None).await;
+    let b2_new = token(d2.path(), 2).await;
+    assert_ne!(b2_new, b2_old);
+    exit_with(d2.path(), 2, 0);
+    exit_with(d1.path(), 1, 0);
+    let run = wait_state(&s, &b2, "succeeded", Some(2)).await;
+    assert_eq!(run["attempt"], 2, "a preemption is an attempt: {run}");
+    wait_state(&s, &b1, "succeeded", Some(1)).await;
+}
+
+#[tokio::test]
+async fn a_threads_runs_take_turns_and_a_busy_thread_can_refuse() {
+    let s = Server::new().await;
+    let (d1, d2) = (shared_dir(), shared_dir());
+    let mut first = run_body(d1.path(), "interactive");
+    first["thread"] = json!("thread-a");
+    let r1 = submit(&s, first).await;
+    token(d1.path(), 1).await;
+    let mut second = run_body(d2.path(), "interactive");
+    second["thread"] = json!("thread-a");
+    let r2 = submit(&s, second.clone()).await;
+    second["ifBusy"] = json!("reject");
+    let (status, err) = s.call("POST", "/v1/runs", Some(second)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_error(&err, "THREAD_BUSY");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(run_of(&s, &r2).await["state"], "queued", "the second turn waits for the first");
+    // The first turn leaves a file in the thread's workspace; the second finds it.
+    exit_with(d1.path(), 1, 0);
+    wait_state(&s, &r1, "succeeded", None).await;
+    token(d2.path(), 1).await;
+    exit_with(d2.path(), 1, 0);
+    wait_state(&s, &r2, "succeeded", None).await;
+    let (_, page) = s.call("GET", "/v1/runs?thread=thread-a&state=succeeded&limit=1", None).await;
+    assert_eq!(page["items"][0]["id"], r1.as_str(), "{page}");
+    let next = page["next"].as_str().unwrap();
+    let (_, page) = s.call("GET", &format!("/v1/runs?thread=thread-a&limit=1&after={next}"), None).await;
+    assert_eq!((page["items"][0]["id"].as_str(), page["next"].as_str()), (Some(r2.as_str()), None), "{page}");
+}
+
+#[tokio::test]
+async fn cancel_stops_the_attempt_and_gives_its_sandbox_back() {
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let id = submit(&s, run_body(dir.path(), "batch")).await;
+    let t = token(dir.path(), 1).await;
+    let sandbox = run_of(&s, &id).await["sandboxId"].as_str().unwrap().to_owned();
+    let (status, run) = s.call("POST", &format!("/v1/runs/{id}/cancel"), None).await;
+    assert_eq!((status, run["state"].as_str()), (StatusCode::OK, Some("cancelled")), "{run}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while s.call("GET", &format!("/v1/sandboxes/{sandbox}"), None).await.0 != StatusCode::NOT_FOUND {
+        assert!(Instant::now() < until, "the cancelled run's sandbox was never destroyed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", None).await;
+    assert_eq!(status, 409);
+    // Cancelling again changes nothing; the run stays cancelled.
+    let (_, run) = s.call("POST", &format!("/v1/runs/{id}/cancel"), None).await;
+    assert_eq!(run["state"], "cancelled");
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_gives_the_same_run() {
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let body = serde_json::to_vec(&run_body(dir.path(), "batch")).unwrap();
+    let headers = [("content-type", "application/json"), ("idempotency-key", "turn-42")];
+    let (status, a) = s.request("POST", "/v1/runs", &headers, body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, b) = s.request("POST", "/v1/runs", &headers, body).await;
+    assert_eq!(status, StatusCode::OK);
+    let (a, b): (Value, Value) = (serde_json::from_slice(&a).unwrap(), serde_json::from_slice(&b).unwrap());
+    assert_eq!(a["id"], b["id"]);
+    let (_, page) = s.call("GET", "/v1/runs", None).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    token(dir.path(), 1).await;
+    exit_with(dir.path(), 1, 0);
+}
+
+#[tokio::test]
+async fn missed_leases_and_start_deadlines_lose_the_attempt_until_none_is_left() {
+    let s = Server::with_config(|c| {
+        c.runs.lease = Duration::from_millis(500);
+        c.runs.start_deadline = Duration::from_millis(700);
+    })
+    .await;
+    let dir = shared_dir();
+    let mut body = run_body(dir.path(), "batch");
+    body["maxAttempts"] = json!(2);
+    let id = submit(&s, body).await;
+    let t = token(dir.path(), 1).await;
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", None).await;
+    assert_eq!(status, 200);
+    // No heartbeat after that one: the lease runs out and the attempt is lost.
+    let run = wait_state(&s, &id, "requeued", Some(1)).await;
+    assert!(run["reason"].as_str().unwrap().contains("lease"), "{run}");
+    // The second attempt never calls home: its start deadline takes it, and it was the last.
+    token(dir.path(), 2).await;
+    let run = wait_state(&s, &id, "failed", Some(2)).await;
+    assert!(run["reason"].as_str().unwrap().contains("start deadline"), "{run}");
+    assert!(run["reason"].as_str().unwrap().contains("last attempt"), "{run}");
+}
+
+#[tokio::test]
+async fn tiers_are_listed_with_what_they_hold() {
+    let s = Server::new().await;
+    let (status, t) = s.call("GET", "/v1/tiers", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(t["tiers"][0]["name"], "interactive", "{t}");
+    assert_eq!(t["tiers"][1]["name"], "batch", "{t}");
+    assert_eq!(t["capacity"]["runs"], 8, "{t}");
+}

@@ -1,0 +1,187 @@
+//! Runs on the real local runtime, as root: drivers written in plain `sh` + `curl` call home
+//! through the gateway forwarder in their sandbox's network namespace, reach nothing else, and
+//! runs survive a `kill -9` of the server, a sandbox destroyed under them and a drain.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::server::{Server, data_dir};
+use serde_json::{Value, json};
+
+/// Waits until the run is `state` at `epoch` (any epoch when `None`).
+fn wait_state(s: &Server, id: &str, state: &str, epoch: Option<i64>) -> Value {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, run) = s.api("GET", &format!("/v1/runs/{id}"), None);
+        assert_eq!(status, 200, "{run}");
+        if run["state"] == state && epoch.is_none_or(|e| run["epoch"] == e) {
+            return run;
+        }
+        assert!(Instant::now() < until, "run never became {state} at epoch {epoch:?}: {run}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn submit(s: &Server, script: &str, extra: Value) -> String {
+    let mut body = json!({"tier": "interactive", "command": ["sh", "-c", script]});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let (status, run) = s.api("POST", "/v1/runs", Some(&body));
+    assert_eq!(status, 201, "{run}");
+    run["id"].as_str().unwrap().to_owned()
+}
+
+/// The body of a GET of the API, as bytes.
+fn fetch(s: &Server, path: &str) -> Vec<u8> {
+    let resp = s.agent.get(&s.url(path)).header("OPEN-SANDBOX-API-KEY", &s.key).call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "GET {path}");
+    resp.into_body().read_to_vec().unwrap()
+}
+
+fn output(s: &Server, id: &str) -> String {
+    String::from_utf8(fetch(s, &format!("/v1/runs/{id}/output"))).unwrap()
+}
+
+fn events(s: &Server, id: &str) -> String {
+    String::from_utf8(fetch(s, &format!("/v1/runs/{id}/events"))).unwrap()
+}
+
+/// The driver of the first test: everything a driver does, with `curl` only.
+const DRIVER: &str = r#"set -e
+auth="Authorization: Bearer $PADDOCK_TOKEN"
+curl -fsS -X POST -H "$auth" "$PADDOCK_GATEWAY/v1/heartbeat" > /dev/null
+mkdir -p /tmp/in /tmp/out
+curl -fsS -H "$auth" "$PADDOCK_GATEWAY/v1/inputs" | tar -x -C /tmp/in
+curl -fsS -X POST -H "$auth" -H 'content-type: application/json' \
+  -d "{\"type\": \"token\", \"data\": \"$PADDOCK_TOKEN\"}" "$PADDOCK_GATEWAY/v1/events" > /dev/null
+# Nothing but the gateway: a TEST-NET address and this host's API port.
+echo "outside=$(curl -sS -m 3 -o /dev/null -w '%{http_code}' http://192.0.2.1/ 2>/dev/null || echo refused)"
+echo "host-api=$(curl -sS -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$API_PORT/health" 2>/dev/null || echo refused)"
+tr a-z A-Z < /tmp/in/task.txt > /tmp/out/answer.txt
+tar -C /tmp/out -cf /tmp/result.tar .
+curl -fsS -X PUT -H "$auth" --data-binary @/tmp/result.tar "$PADDOCK_GATEWAY/v1/result" > /dev/null
+echo done
+"#;
+
+fn tar_of(name: &str, body: &[u8]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(name), body).unwrap();
+    let out = std::process::Command::new("tar").arg("-C").arg(dir.path()).args(["-cf", "-", name]).output().unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+#[test]
+fn a_sh_and_curl_driver_calls_home_and_reaches_nothing_else() {
+    let data = data_dir();
+    let s = Server::start(data.path(), &[]);
+    use base64::Engine;
+    let inputs = base64::engine::general_purpose::STANDARD.encode(tar_of("task.txt", b"shout this"));
+    let id = submit(&s, DRIVER, json!({"inputs": inputs, "env": {"API_PORT": s.port.to_string()}}));
+    let run = wait_state(&s, &id, "succeeded", Some(1));
+    let out = output(&s, &id);
+    assert!(out.contains("done"), "{run}\n{out}");
+    assert!(!out.contains("outside=200") && out.contains("outside="), "the sandbox reached an outside address:\n{out}");
+    assert!(out.contains("host-api=000"), "the sandbox reached the host's API port:\n{out}");
+    assert!(run["firstCallAt"].is_string() && run["hasResult"] == true, "{run}");
+    let result = fetch(&s, &format!("/v1/runs/{id}/result"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut tar = std::process::Command::new("tar")
+        .arg("-x")
+        .arg("-C")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &result).unwrap();
+    drop(tar.stdin.take());
+    assert!(tar.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(dir.path().join("answer.txt")).unwrap(), "SHOUT THIS");
+
+    // The first run's token, used from another run's sandbox, is refused by the gateway: the
+    // forwarder says which sandbox the connection comes from.
+    let resp = events(&s, &id);
+    let token = resp
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "driver")
+        .and_then(|e| e["data"]["data"].as_str().map(str::to_owned))
+        .expect("the driver's token event");
+    let thief = r#"curl -sS -o /dev/null -w 'stolen=%{http_code}\n' -X POST -H "Authorization: Bearer $STOLEN" "$PADDOCK_GATEWAY/v1/heartbeat""#;
+    let other = submit(&s, thief, json!({"env": {"STOLEN": token}}));
+    wait_state(&s, &other, "succeeded", None);
+    let out = output(&s, &other);
+    assert!(out.contains("stolen=403"), "another sandbox's token was not refused:\n{out}");
+    // Nothing is left of either run's sandbox.
+    let (_, list) = s.api("GET", "/v1/sandboxes", None);
+    let running: Vec<&Value> =
+        list["items"].as_array().unwrap().iter().filter(|i| i["status"]["state"] == "Running").collect();
+    assert!(running.is_empty(), "{list}");
+}
+
+/// A driver that calls home, then finishes at once from its second attempt on, and otherwise
+/// works for five minutes.
+const SECOND_TIME_LUCKY: &str = r#"curl -fsS -X POST -H "Authorization: Bearer $PADDOCK_TOKEN" "$PADDOCK_GATEWAY/v1/heartbeat" > /dev/null || exit 1
+[ "$PADDOCK_EPOCH" -ge 2 ] && exit 0
+sleep 300"#;
+
+fn sandbox_alive(data: &std::path::Path, id: &str) -> bool {
+    let out = std::process::Command::new(common::EXE)
+        .args(["--data-dir", data.to_str().unwrap(), "--json", "ls"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(id)
+}
+
+#[test]
+fn runs_survive_a_killed_server_a_lost_sandbox_and_a_drain() {
+    let data = data_dir();
+    let mut s = Server::start(data.path(), &[]);
+    // kill -9 of the server mid-run: the next start takes the attempt back and runs it again.
+    let id = submit(&s, SECOND_TIME_LUCKY, json!({}));
+    let first = wait_state(&s, &id, "running", Some(1));
+    let sandbox = first["sandboxId"].as_str().unwrap().to_owned();
+    s.kill9();
+    let s = Server::start(data.path(), &[]);
+    let run = wait_state(&s, &id, "succeeded", Some(2));
+    assert_eq!(run["attempt"], 2, "{run}");
+    assert!(!sandbox_alive(data.path(), &sandbox), "the lost attempt's sandbox {sandbox} is left");
+
+    // The sandbox destroyed under a running attempt: lost, and run again.
+    let id = submit(&s, SECOND_TIME_LUCKY, json!({}));
+    let first = wait_state(&s, &id, "running", Some(1));
+    let sandbox = first["sandboxId"].as_str().unwrap();
+    let rm = std::process::Command::new(common::EXE)
+        .args(["--data-dir", data.path().to_str().unwrap(), "rm", sandbox])
+        .output()
+        .unwrap();
+    assert!(rm.status.success(), "{}", String::from_utf8_lossy(&rm.stderr));
+    let run = wait_state(&s, &id, "succeeded", Some(2));
+    assert_eq!(run["attempt"], 2, "{run}");
+
+    // SIGTERM: the server drains for --drain-timeout, then requeues what still runs.
+    drop(s);
+    let mut s = Server::start(data.path(), &["--drain-timeout", "1s"]);
+    let id = submit(&s, SECOND_TIME_LUCKY, json!({}));
+    wait_state(&s, &id, "running", Some(1));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "the server did not stop after its drain");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = Server::start(data.path(), &[]);
+    wait_state(&s, &id, "succeeded", Some(2));
+    let events = events(&s, &id);
+    assert!(events.contains("its server stopped before it finished"), "the drain did not requeue it:\n{events}");
+    let (status, page) = s.api("GET", "/v1/runs?state=succeeded", None);
+    assert_eq!(status, 200);
+    assert_eq!(page["items"].as_array().unwrap().len(), 3, "{page}");
+}
