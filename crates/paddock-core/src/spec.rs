@@ -167,6 +167,19 @@ pub struct SandboxSpec {
 /// The variable that holds the gateway's base URL inside a sandbox with a gateway.
 pub const GATEWAY_ENV: &str = "PADDOCK_GATEWAY";
 
+/// Makes the values of a gateway spec's environment that start with `$PADDOCK_GATEWAY` start
+/// with the URL the runtime gives the sandbox instead (so the server can name paths on the
+/// gateway, such as the model route, without knowing where each runtime puts it).
+pub fn expand_gateway(env: &mut BTreeMap<String, String>, url: &str) {
+    let prefix = format!("${GATEWAY_ENV}");
+    for v in env.values_mut() {
+        if let Some(rest) = v.strip_prefix(&prefix) {
+            *v = format!("{url}{rest}");
+        }
+    }
+    env.insert(GATEWAY_ENV.to_owned(), url.to_owned());
+}
+
 /// The first line a runtime's forwarder may send the gateway on each connection, followed by
 /// a space and the sandbox's id, before the sandbox's own bytes: the gateway then refuses a
 /// token of another sandbox there. Only the forwarder can write it, since it comes first.

@@ -70,7 +70,7 @@ pub fn give_gateway(spec: &mut paddock_core::spec::SandboxSpec) {
         spec.network = NetworkPolicy::Egress(EgressPolicy::deny_all());
     }
     let (host, port) = GATEWAY_INSIDE;
-    spec.env.insert(paddock_core::spec::GATEWAY_ENV.into(), format!("http://{host}:{port}"));
+    paddock_core::spec::expand_gateway(&mut spec.env, &format!("http://{host}:{port}"));
 }
 
 /// The sandbox's address on its veth: link-local, so it shadows no outside host.

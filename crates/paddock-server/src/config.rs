@@ -43,6 +43,8 @@ pub struct ServerConfig {
     pub default_network: paddock_core::spec::NetworkPolicy,
     /// Tiers, capacity and the gateway of runs (`runs`).
     pub runs: crate::runs::RunOptions,
+    /// The model route every sandbox gets (`llm`), when `--llm-base` is given.
+    pub llm: Option<crate::llm::LlmConfig>,
 }
 
 /// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
@@ -120,6 +122,7 @@ mod tests {
             default_network: Default::default(),
             sandbox_domain: None,
             runs: crate::runs::RunOptions::for_tests(),
+            llm: None,
         }
     }
 

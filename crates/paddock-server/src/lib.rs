@@ -11,6 +11,7 @@ pub mod error;
 pub mod execd;
 pub mod health;
 pub mod lifecycle;
+pub mod llm;
 pub mod metrics;
 pub mod proxy;
 pub mod resources;
@@ -70,6 +71,8 @@ pub enum ServeError {
         "cannot listen for the runs' gateway ({cause}): choose another --gateway-listen address (port 0 picks a free one)"
     )]
     Gateway { cause: std::io::Error },
+    #[error("{0}")]
+    Llm(String),
 }
 
 /// Builds the whole application around a runtime.
@@ -94,11 +97,18 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         rt.clone(),
         store.pool().clone(),
         token_key.clone(),
-        config_data_dir.clone(),
-        boot.id().to_owned(),
-        (config.workspace_bytes, config.workspace_inodes),
+        runs::Home {
+            data_dir: config_data_dir.clone(),
+            boot: boot.id().to_owned(),
+            workspace: (config.workspace_bytes, config.workspace_inodes),
+            sandbox_env: config.llm.as_ref().map(llm::sandbox_env).unwrap_or_default(),
+        },
     );
-    runs::gateway::listen(runs.clone()).await.map_err(|cause| ServeError::Gateway { cause })?;
+    let model_route = match &config.llm {
+        Some(c) => Some(llm::router(llm::Llm::new(c.clone(), token_key.clone()).map_err(ServeError::Llm)?)),
+        None => None,
+    };
+    runs::gateway::listen(runs.clone(), model_route).await.map_err(|cause| ServeError::Gateway { cause })?;
     let state = AppState {
         rt,
         store,

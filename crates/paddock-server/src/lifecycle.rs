@@ -397,6 +397,16 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let pids = req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids");
     crate::resources::apply(&mut spec, req.resource_limits.iter().chain(pids))?;
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
+    // The model route: every sandbox reaches it through the gateway, and the caller's own
+    // variables of the same names win.
+    if let Some(llm) = &state.config.llm
+        && state.rt.capabilities().gateway
+    {
+        spec.gateway = state.runs.gateway_addr();
+        for (k, v) in crate::llm::sandbox_env(llm) {
+            spec.env.entry(k).or_insert(v);
+        }
+    }
     validate_metadata(&req.metadata)?;
     spec.volumes = req.volumes.into_iter().map(ApiVolume::mount).collect::<ApiResult<_>>()?;
     spec.labels = req.metadata;

@@ -489,3 +489,98 @@ async fn tiers_are_listed_with_what_they_hold() {
     assert_eq!(t["tiers"][1]["name"], "batch", "{t}");
     assert_eq!(t["capacity"]["runs"], 8, "{t}");
 }
+
+/// An OpenAI-compatible upstream that records what reaches it: path, Authorization, body.
+async fn fake_model() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    use axum::extract::Request;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |req: Request| {
+        let record = record.clone();
+        async move {
+            let path = req.uri().path().to_owned();
+            let auth = req.headers().get("authorization").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+            let body = axum::body::to_bytes(req.into_body(), 1 << 20).await.unwrap();
+            record.lock().unwrap().push((path.clone(), auth, String::from_utf8_lossy(&body).into_owned()));
+            if path.ends_with("/stream") {
+                let chunks = ["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n", "data: [DONE]\n\n"];
+                let body = axum::body::Body::from_stream(tokio_stream::iter(
+                    chunks.map(|c| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(c))),
+                ));
+                return axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(body)
+                    .unwrap();
+            }
+            axum::response::Response::builder()
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(json!({"path": path, "usage": {"total_tokens": 7}}).to_string()))
+                .unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
+    const KEY: &str = "sk-never-in-a-sandbox";
+    let (upstream, seen) = fake_model().await;
+    let s = Server::with_config(|c| {
+        c.llm = Some(paddock_server::llm::LlmConfig {
+            base: paddock_server::llm::normalise_base(&format!("http://{upstream}/v1/")).unwrap(),
+            key: Some(KEY.into()),
+            env: vec!["OPENAI_BASE_URL".into()],
+        });
+    })
+    .await;
+    let dir = shared_dir();
+    let script = format!("env > \"$D/env\"; {DRIVER}");
+    let mut body = run_body(dir.path(), "batch");
+    body["command"] = json!(["sh", "-c", script]);
+    let id = submit(&s, body).await;
+    let token = token(dir.path(), 1).await;
+    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    let route = format!("http://{}/llm/v1", s.gateway);
+    assert!(env.contains(&format!("PADDOCK_LLM_BASE={route}\n")), "{env}");
+    assert!(env.contains(&format!("OPENAI_BASE_URL={route}\n")), "{env}");
+    assert!(!env.contains(KEY), "the provider key reached the sandbox's environment");
+    let sandbox = run_of(&s, &id).await["sandboxId"].as_str().unwrap().to_owned();
+
+    // From a sandbox (the forwarder's line), whatever credential it sends: the key goes upstream.
+    let ask = br#"{"model": "m-1", "messages": []}"#;
+    let (status, out) = gateway(
+        s.gateway,
+        "POST",
+        "/llm/v1/chat/completions",
+        "sk-made-up-by-the-sandbox",
+        &[("content-type", "application/json"), ("x-api-key", "also-made-up")],
+        ask,
+        Some(&sandbox),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+    let answer: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(answer["path"], "/v1/chat/completions", "one /v1, whatever the base was written as");
+    {
+        let seen = seen.lock().unwrap();
+        let (path, auth, body) = seen.last().unwrap();
+        assert_eq!((path.as_str(), auth.as_str()), ("/v1/chat/completions", format!("Bearer {KEY}").as_str()));
+        assert_eq!(body.as_bytes(), ask);
+    }
+    // A streamed answer comes through as it is streamed.
+    let (status, out) = gateway(s.gateway, "POST", "/llm/v1/stream", "x", &[], b"{}", Some(&sandbox)).await;
+    assert_eq!(status, 200);
+    assert_eq!(String::from_utf8_lossy(&out), "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n");
+    // Without a forwarder's line, a run's token is the way in; nothing else is.
+    let (status, _) = gateway(s.gateway, "GET", "/llm/v1/models", &token, &[], b"", None).await;
+    assert_eq!(status, 200);
+    let calls = seen.lock().unwrap().len();
+    let (status, out) = gateway(s.gateway, "GET", "/llm/v1/models", "sk-anything", &[], b"", None).await;
+    assert_eq!((status, code_of(&out).as_str()), (401, "NOT_A_SANDBOX"));
+    assert_eq!(seen.lock().unwrap().len(), calls, "a refused call never reached the upstream");
+    exit_with(dir.path(), 1, 0);
+    wait_state(&s, &id, "succeeded", None).await;
+}

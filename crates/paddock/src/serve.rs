@@ -110,6 +110,33 @@ pub struct ServeArgs {
     /// Exit codes of a driver that ask for its run to run again (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "75,76")]
     requeue_exit_codes: Vec<i32>,
+    /// An OpenAI-compatible model API every sandbox may call, without its key: sandboxes get
+    /// PADDOCK_LLM_BASE (and each --llm-env) pointing at a route of the gateway that reaches
+    /// only this upstream (normalised to one /v1) and adds the key on the way out.
+    #[arg(long, value_name = "URL")]
+    llm_base: Option<String>,
+    /// The provider key for --llm-base, read from this file (its first line; keep it 0600).
+    /// PADDOCK_LLM_KEY works too. Without either, calls go upstream without a key.
+    #[arg(long, value_name = "PATH", requires = "llm_base")]
+    llm_key_file: Option<PathBuf>,
+    /// Another variable that sandboxes get the model route's URL in, e.g. OPENAI_BASE_URL or
+    /// DREADNODE_LLM_BASE (repeatable).
+    #[arg(long = "llm-env", value_name = "NAME", requires = "llm_base")]
+    llm_env: Vec<String>,
+}
+
+/// The model route from the command line: the base, the key (file or environment), aliases.
+fn llm_config(args: &ServeArgs) -> Result<Option<paddock_server::llm::LlmConfig>> {
+    let Some(base) = &args.llm_base else { return Ok(None) };
+    let base = paddock_server::llm::normalise_base(base).map_err(|e| anyhow::anyhow!(e))?;
+    let key = match &args.llm_key_file {
+        Some(path) => Some(key_from(path).with_context(|| "reading --llm-key-file".to_string())?),
+        None => std::env::var("PADDOCK_LLM_KEY").ok().filter(|k| !k.is_empty()),
+    };
+    for name in &args.llm_env {
+        paddock_core::spec::validate_env_name(name).map_err(|e| anyhow::anyhow!("--llm-env: {e}"))?;
+    }
+    Ok(Some(paddock_server::llm::LlmConfig { base, key, env: args.llm_env.clone() }))
 }
 
 fn parse_tier(s: &str) -> Result<paddock_server::runs::tiers::Tier, String> {
@@ -192,6 +219,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
     // in the environment (only the former is visible to other users).
     let env_key = std::env::var("PADDOCK_API_KEY").ok().filter(|k| !k.is_empty());
     let runs = run_options(&args);
+    let llm = llm_config(&args)?;
     let (api_key, key_note, key_from_file, location) = if args.insecure_no_auth {
         anyhow::ensure!(
             env_key.is_none(),
@@ -221,6 +249,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
     };
     let config = ServerConfig {
         runs,
+        llm,
         listen: args.listen,
         data_dir: data_dir.to_path_buf(),
         api_key: api_key.clone(),

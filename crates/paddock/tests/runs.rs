@@ -185,3 +185,78 @@ fn runs_survive_a_killed_server_a_lost_sandbox_and_a_drain() {
     assert_eq!(status, 200);
     assert_eq!(page["items"].as_array().unwrap().len(), 3, "{page}");
 }
+
+/// A model upstream on loopback: answers every request with `{"ok": true}` and keeps the head
+/// of each request it got.
+fn model_upstream() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = heads.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0u8; length];
+            let _ = reader.read_exact(&mut body);
+            keep.lock().unwrap().push(head);
+            let answer = "{\"ok\": true}";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (port, heads)
+}
+
+#[test]
+fn the_model_route_adds_a_key_no_sandbox_ever_holds() {
+    const KEY: &str = "sk-never-inside-0123";
+    let (port, heads) = model_upstream();
+    let data = data_dir();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let s = Server::launch(
+        data.path(),
+        &["--api-key", common::server::KEY, "--llm-base", &base, "--llm-env", "OPENAI_BASE_URL"],
+        &[("PADDOCK_LLM_KEY", KEY)],
+    );
+    let id = s.create();
+    let script = format!(
+        r#"curl -sS -H 'Authorization: Bearer made-up' -H 'content-type: application/json' -d '{{"model": "m"}}' "$OPENAI_BASE_URL/chat/completions"; echo
+echo "base=$PADDOCK_LLM_BASE"
+echo "in-env=$(env | grep -c {KEY})"
+echo "in-proc=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c {KEY})"
+echo "upstream-direct=$(curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/v1/models 2>/dev/null || echo refused)""#
+    );
+    let (lines, code) = s.run(&id, &script, false);
+    let out = lines.join("\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(r#"{"ok": true}"#), "the call did not reach the upstream:\n{out}");
+    assert!(out.contains("base=http://127.0.0.1:8081/llm/v1"), "{out}");
+    assert!(out.contains("in-env=0") && out.contains("in-proc=0"), "the key is inside the sandbox:\n{out}");
+    assert!(out.contains("upstream-direct=000"), "the sandbox reached the upstream past the route:\n{out}");
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("POST /v1/chat/completions "), "{}", heads[0]);
+    assert!(
+        heads[0].to_ascii_lowercase().contains(&format!("authorization: bearer {}", KEY.to_ascii_lowercase())),
+        "{}",
+        heads[0]
+    );
+    assert!(!heads[0].contains("made-up"), "the sandbox's own credential went upstream: {}", heads[0]);
+}

@@ -35,7 +35,7 @@ use crate::store::now_ms;
 /// The sandbox a connection comes from, as its forwarder named it; `None` for a direct
 /// connection (a runtime whose sandboxes reach the gateway by address).
 #[derive(Debug, Clone)]
-struct Origin(Option<String>);
+pub(crate) struct Origin(pub(crate) Option<String>);
 
 /// The attempt a request is from: its token's run, epoch and sandbox.
 struct Attempt {
@@ -312,7 +312,8 @@ async fn preamble(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<Str
 
 /// Binds the gateway and serves it for as long as the process lives; answers the address
 /// sandboxes are given (the bound one, with an unspecified address made loopback).
-pub async fn listen(runs: Arc<Runs>) -> std::io::Result<SocketAddr> {
+/// `more` is served beside the run routes (the model route).
+pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<SocketAddr> {
     let listener = match runs.opts.gateway_listen {
         Some(addr) => tokio::net::TcpListener::bind(addr).await?,
         None => match tokio::net::TcpListener::bind(super::DEFAULT_GATEWAY).await {
@@ -332,7 +333,10 @@ pub async fn listen(runs: Arc<Runs>) -> std::io::Result<SocketAddr> {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
     let _ = runs.gateway.set(addr);
-    let app = router(runs.clone());
+    let app = match more {
+        Some(more) => router(runs.clone()).merge(more),
+        None => router(runs.clone()),
+    };
     let slots = Arc::new(tokio::sync::Semaphore::new(runs.opts.gateway_max_connections.max(1)));
     tokio::spawn(async move {
         let mut http = hyper::server::conn::http1::Builder::new();

@@ -135,6 +135,8 @@ pub struct Runs {
     boot: String,
     /// Caps of `/workspace` for run sandboxes, as for API sandboxes.
     workspace: (u64, u64),
+    /// Variables every sandbox of this server gets (the model route's), under the run's own.
+    sandbox_env: Vec<(String, String)>,
     wake: Notify,
     /// The id of a run whose events changed, for the event streams.
     changed: broadcast::Sender<String>,
@@ -143,16 +145,27 @@ pub struct Runs {
     gateway: OnceLock<SocketAddr>,
 }
 
+/// Where runs live and what their sandboxes get, from the server that drives them.
+pub struct Home {
+    /// The server's data directory (inputs and results under `runs/`).
+    pub data_dir: PathBuf,
+    /// The server's start (`boot.rs`), which owns the attempts it drives.
+    pub boot: String,
+    /// Caps of `/workspace`, as for API sandboxes.
+    pub workspace: (u64, u64),
+    /// Variables every sandbox of the server gets (the model route's).
+    pub sandbox_env: Vec<(String, String)>,
+}
+
 impl Runs {
     pub fn new(
         opts: RunOptions,
         rt: Arc<dyn Runtime>,
         pool: sqlx::SqlitePool,
         key: Arc<TokenKey>,
-        data_dir: PathBuf,
-        boot: String,
-        workspace: (u64, u64),
+        home: Home,
     ) -> Arc<Self> {
+        let Home { data_dir, boot, workspace, sandbox_env } = home;
         Arc::new(Self {
             store: RunStore::new(pool),
             opts,
@@ -161,6 +174,7 @@ impl Runs {
             data_dir,
             boot,
             workspace,
+            sandbox_env,
             wake: Notify::new(),
             changed: broadcast::channel(1024).0,
             active: Mutex::new(HashMap::new()),
@@ -356,7 +370,9 @@ impl Runs {
 
     /// The sandbox spec of an attempt.
     fn spec_of(&self, run: &RunRow) -> Result<SandboxSpec, String> {
-        let mut spec = SandboxSpec { image: run.spec.image.clone(), env: run.spec.env.clone(), ..Default::default() };
+        let mut env: BTreeMap<String, String> = self.sandbox_env.iter().cloned().collect();
+        env.extend(run.spec.env.clone());
+        let mut spec = SandboxSpec { image: run.spec.image.clone(), env, ..Default::default() };
         spec.resources.workspace_bytes = Some(self.workspace.0);
         spec.resources.workspace_inodes = self.workspace.1;
         crate::resources::apply(&mut spec, run.spec.resources.iter()).map_err(|e| e.message)?;

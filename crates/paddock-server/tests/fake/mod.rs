@@ -137,7 +137,7 @@ impl FakeRuntime {
         // Commands run on the host: the gateway's own address is their way home (with no
         // forwarder line, so the gateway cannot tell sandboxes apart by connection here).
         if let Some(g) = spec.gateway {
-            spec.env.insert(paddock_core::spec::GATEWAY_ENV.into(), format!("http://{g}"));
+            paddock_core::spec::expand_gateway(&mut spec.env, &format!("http://{g}"));
         }
         if spec.image.as_deref().is_some_and(|i| i != "fake") {
             return Err(RuntimeError::Unsupported(format!(

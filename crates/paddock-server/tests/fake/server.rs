@@ -65,6 +65,7 @@ impl Server {
             default_network: Default::default(),
             sandbox_domain: None,
             runs: paddock_server::runs::RunOptions::for_tests(),
+            llm: None,
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),

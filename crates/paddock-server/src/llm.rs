@@ -1,0 +1,244 @@
+//! The model route: a sandbox calls its model at `$PADDOCK_LLM_BASE` (and the aliases the
+//! operator names, e.g. `OPENAI_BASE_URL`), a path on the gateway that reaches one upstream
+//! (`paddock serve --llm-base`) and nothing else, with the provider key put in on the way out.
+//! The key never enters a sandbox: not its environment, files or requests.
+//!
+//! Who calls is the sandbox the gateway forwarder names (a local sandbox), or the run whose
+//! token is the bearer (a connection without a forwarder). What a sandbox sends as its own
+//! credential is dropped. Each call is logged with its sandbox, model, status and tokens (from
+//! a non-streamed answer's `usage`), never with its body.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::response::Response;
+use axum::routing::any;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use crate::error::{ApiError, ApiResult};
+
+/// The route's path on the gateway; the sandbox's variables point at `<gateway>/llm/v1`.
+pub const ROUTE: &str = "/llm/v1";
+/// The most of a request body read to learn its model (chat requests are far smaller).
+const MAX_REQUEST: usize = 32 << 20;
+/// The most of a non-streamed answer read to learn its token count; larger ones pass as they come.
+const MAX_ANSWER_INSPECTED: u64 = 4 << 20;
+
+/// The operator's model route.
+#[derive(Clone)]
+pub struct LlmConfig {
+    /// The upstream's base, normalised to end in exactly one `/v1`.
+    pub base: String,
+    /// The provider key, sent upstream as `Authorization: Bearer`; `None` sends none.
+    pub key: Option<String>,
+    /// Variables besides `PADDOCK_LLM_BASE` that sandboxes get the route's URL in.
+    pub env: Vec<String>,
+}
+
+impl std::fmt::Debug for LlmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmConfig")
+            .field("base", &self.base)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("env", &self.env)
+            .finish()
+    }
+}
+
+/// `https://api.example.com`, `…/v1`, `…/v1/` and `…//v1//` all become `…/v1`.
+pub fn normalise_base(url: &str) -> Result<String, String> {
+    let uri: Uri = url.trim().parse().map_err(|e| format!("--llm-base {url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("--llm-base {url:?}: give an http:// or https:// URL")),
+    }
+    if uri.query().is_some() {
+        return Err(format!("--llm-base {url:?}: a base URL has no query"));
+    }
+    let mut path = uri.path().trim_end_matches('/').to_owned();
+    while let Some(p) = path.strip_suffix("/v1") {
+        path = p.trim_end_matches('/').to_owned();
+    }
+    let authority = uri.authority().ok_or_else(|| format!("--llm-base {url:?} names no host"))?;
+    Ok(format!("{}://{authority}{path}/v1", uri.scheme_str().unwrap_or("https")))
+}
+
+/// The variables a sandbox gets: each names the route, under the runtime's gateway URL
+/// (`$PADDOCK_GATEWAY`, which the runtime expands: `paddock_core::spec::expand_gateway`).
+pub fn sandbox_env(config: &LlmConfig) -> Vec<(String, String)> {
+    let value = format!("${}{ROUTE}", paddock_core::spec::GATEWAY_ENV);
+    std::iter::once("PADDOCK_LLM_BASE".to_owned())
+        .chain(config.env.iter().cloned())
+        .map(|k| (k, value.clone()))
+        .collect()
+}
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+pub struct Llm {
+    config: LlmConfig,
+    client: Client<Https, Body>,
+    key: Arc<crate::secrets::TokenKey>,
+}
+
+impl Llm {
+    pub fn new(config: LlmConfig, key: Arc<crate::secrets::TokenKey>) -> Result<Arc<Self>, String> {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_native_roots()
+            .map_err(|e| format!("reading this host's CA certificates for --llm-base: {e}"))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
+        Ok(Arc::new(Self { config, client, key }))
+    }
+}
+
+/// Headers that belong to one connection, or carry the caller's credentials: never forwarded.
+fn dropped(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "host"
+            | "authorization"
+            | "proxy-authorization"
+            | "x-api-key"
+            | "api-key"
+            | "cookie"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+    )
+}
+
+fn caller(llm: &Llm, req: &Request) -> ApiResult<String> {
+    if let Some(crate::runs::gateway::Origin(Some(sandbox))) = req.extensions().get::<crate::runs::gateway::Origin>() {
+        return Ok(sandbox.clone());
+    }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match bearer.and_then(|t| llm.key.verify_run_token(t)) {
+        Some((_, _, sandbox)) => Ok(sandbox),
+        None => Err(ApiError::unauthorized(
+            "NOT_A_SANDBOX",
+            "the model route answers sandboxes only: call it from inside one, at $PADDOCK_LLM_BASE",
+        )),
+    }
+}
+
+async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Response> {
+    let sandbox = caller(&llm, &req)?;
+    let (parts, body) = req.into_parts();
+    let rest = parts.uri.path().strip_prefix(ROUTE).unwrap_or("");
+    let target = match parts.uri.query() {
+        Some(q) => format!("{}{rest}?{q}", llm.config.base),
+        None => format!("{}{rest}", llm.config.base),
+    };
+    let uri: Uri = target.parse().map_err(|_| ApiError::bad_request("the path is not valid upstream"))?;
+    let bytes = http_body_util::Limited::new(body, MAX_REQUEST)
+        .collect()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the request: {e}")))?
+        .to_bytes();
+    let model = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["model"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut out = axum::http::Request::builder().method(parts.method.clone()).uri(uri);
+    let headers = out.headers_mut().expect("a fresh builder");
+    for (k, v) in &parts.headers {
+        if !dropped(k) {
+            headers.append(k, v.clone());
+        }
+    }
+    if let Some(key) = &llm.config.key {
+        let mut v = HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| ApiError::internal("the provider key is not a valid header value"))?;
+        v.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, v);
+    }
+    let request = out.body(Body::from(bytes)).map_err(|e| ApiError::internal(format!("building the call: {e}")))?;
+    let answer = llm.client.request(request).await.map_err(|e| {
+        tracing::warn!(%sandbox, model, error = %e, "model call failed upstream");
+        ApiError::new(StatusCode::BAD_GATEWAY, "UPSTREAM", format!("the model upstream did not answer: {e}"))
+    })?;
+    let status = answer.status();
+    let (aparts, abody) = answer.into_parts();
+    let mut response = Response::builder().status(status);
+    let rh: &mut HeaderMap = response.headers_mut().expect("a fresh builder");
+    for (k, v) in &aparts.headers {
+        if !dropped(k) || *k == header::CONTENT_LENGTH {
+            rh.append(k, v.clone());
+        }
+    }
+    let streamed = aparts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"));
+    let small = http_body::Body::size_hint(&abody).upper().is_some_and(|n| n <= MAX_ANSWER_INSPECTED);
+    if streamed || !small {
+        tracing::info!(%sandbox, model, status = status.as_u16(), streamed, "model call");
+        return response.body(Body::new(abody)).map_err(|e| ApiError::internal(format!("answering: {e}")));
+    }
+    let bytes = abody
+        .collect()
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "UPSTREAM", format!("reading the model's answer: {e}")))?
+        .to_bytes();
+    let tokens =
+        serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["usage"]["total_tokens"].as_u64());
+    tracing::info!(%sandbox, model, status = status.as_u16(), tokens, "model call");
+    response.body(Body::from(bytes)).map_err(|e| ApiError::internal(format!("answering: {e}")))
+}
+
+pub fn router(llm: Arc<Llm>) -> Router {
+    Router::new().route(&format!("{ROUTE}/{{*rest}}"), any(forward)).route(ROUTE, any(forward)).with_state(llm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bases_are_normalised_to_one_v1() {
+        for (given, want) in [
+            ("https://api.example.com", "https://api.example.com/v1"),
+            ("https://api.example.com/v1", "https://api.example.com/v1"),
+            ("https://api.example.com/v1/", "https://api.example.com/v1"),
+            ("http://127.0.0.1:9000//v1//", "http://127.0.0.1:9000/v1"),
+            ("https://gw.example/openai/v1/v1", "https://gw.example/openai/v1"),
+            ("https://gw.example/openai", "https://gw.example/openai/v1"),
+        ] {
+            assert_eq!(normalise_base(given).as_deref(), Ok(want), "{given}");
+        }
+        for bad in ["api.example.com", "ftp://x/v1", "https://x/v1?k=1", ""] {
+            assert!(normalise_base(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_callers_credentials_are_never_forwarded_and_the_key_never_printed() {
+        for h in ["authorization", "x-api-key", "api-key", "cookie", "proxy-authorization", "host"] {
+            assert!(dropped(&HeaderName::from_static(h)), "{h}");
+        }
+        assert!(!dropped(&HeaderName::from_static("openai-beta")));
+        let c = LlmConfig { base: "https://x/v1".into(), key: Some("sk-very-secret".into()), env: vec![] };
+        assert!(!format!("{c:?}").contains("sk-very-secret"));
+        let env = sandbox_env(&LlmConfig { env: vec!["OPENAI_BASE_URL".into()], ..c });
+        assert_eq!(env[0], ("PADDOCK_LLM_BASE".to_owned(), "$PADDOCK_GATEWAY/llm/v1".to_owned()));
+        assert_eq!(env[1].0, "OPENAI_BASE_URL");
+    }
+}
