@@ -1,0 +1,111 @@
+"""The model route with the real `openai` client inside a sandbox: `paddock serve --llm-base`
+points every sandbox's `OPENAI_BASE_URL` (here by `--llm-env`) and `PADDOCK_LLM_BASE` at the
+gateway, which reaches only the upstream and adds the provider key on the way out. The upstream
+is a small OpenAI-compatible fake on loopback that records what reaches it; the client is the
+`openai` package from PyPI, unmodified, mounted read-only from this suite's virtualenv."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from opensandbox.models.sandboxes import Host, Volume
+
+from conftest import EXTERNAL, PaddockServer, capabilities, run_ok, sandboxes_on
+
+KEY = "sk-e2e-never-inside-0123456789"
+
+
+class Upstream(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str | None]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        size = int(self.headers.get("content-length") or 0)
+        body = json.loads(self.rfile.read(size) or b"{}")
+        Upstream.seen.append((self.path, self.headers.get("authorization")))
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for word in ("stre", "amed"):
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+                         "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        answer = json.dumps({
+            "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_server():
+    if EXTERNAL or os.geteuid() != 0:
+        pytest.skip("the model route test starts its own server and mounts a host directory (root)")
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    key_file = Path(tempfile.mkdtemp(prefix="pllm-")) / "key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    packages = Path(site.getsitepackages()[0])
+    s = PaddockServer("model", [
+        "--llm-base", f"http://127.0.0.1:{upstream.server_port}/v1/",
+        "--llm-key-file", str(key_file),
+        "--llm-env", "OPENAI_BASE_URL",
+        "--volume-root", str(packages),
+    ])
+    try:
+        s.start()
+        if not capabilities(s).get("gateway"):
+            pytest.skip("this runtime gives sandboxes no gateway")
+        yield s, packages
+    finally:
+        s.cleanup()
+        upstream.shutdown()
+
+
+CLIENT = """
+import os
+from openai import OpenAI
+client = OpenAI(api_key="unused-inside")
+r = client.chat.completions.create(model="m-1", messages=[{"role": "user", "content": "ping"}])
+print("answer", r.choices[0].message.content, r.usage.total_tokens)
+parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+    model="m-1", messages=[{"role": "user", "content": "ping"}], stream=True)]
+print("stream", "".join(parts))
+print("base", os.environ["OPENAI_BASE_URL"], os.environ["PADDOCK_LLM_BASE"])
+"""
+
+
+def test_the_openai_client_calls_its_model_and_the_key_stays_outside(model_server, mode):
+    server, packages = model_server
+    Upstream.seen.clear()
+    with sandboxes_on(server, mode) as create:
+        sb = create(volumes=[Volume(name="site", host=Host(path=str(packages)), mountPath="/site", readOnly=True)])
+        sb.files.write_file("/workspace/client.py", CLIENT)
+        lines = run_ok(sb, "PYTHONPATH=/site python3 /workspace/client.py")
+        assert "answer pong 2" in lines, lines
+        assert "stream streamed" in lines, lines
+        assert any(line.startswith("base http://") and line.endswith("/llm/v1 " + line.split()[1]) for line in lines), lines
+        # Nowhere inside: not the environment of any process, not a file the sandbox can read.
+        found = run_ok(sb, f"(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; env) | grep -c {KEY} || true")
+        assert found == ["0"], found
+    assert [p for p, _ in Upstream.seen] == ["/v1/chat/completions", "/v1/chat/completions"], Upstream.seen
+    assert all(auth == f"Bearer {KEY}" for _, auth in Upstream.seen), Upstream.seen
