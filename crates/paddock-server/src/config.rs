@@ -13,8 +13,12 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Where the key can be found, for the 401 message (e.g. "the file /var/lib/paddock/api-key").
     pub api_key_location: String,
-    /// Session length when a create request gives no timeout.
-    pub default_timeout: Duration,
+    /// Session length when a create request gives no timeout; `None` follows OpenSandbox's
+    /// schema, where an omitted timeout means no expiry (the idle reaper then bounds it).
+    pub default_timeout: Option<Duration>,
+    /// How long a sandbox may go unused before it is given back: a thread's is released (its
+    /// workspace kept), one without expiry deleted. `None`: never.
+    pub idle_timeout: Option<Duration>,
     /// Longest session a create request may ask for.
     pub max_timeout: Duration,
     /// Whether a create may ask for no expiry at all (`timeout: null`).
@@ -77,8 +81,10 @@ pub enum ConfigError {
 
 impl ServerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let (default, max) = (self.default_timeout.as_secs(), self.max_timeout.as_secs());
-        if default < 60 || default > max {
+        let max = self.max_timeout.as_secs();
+        if let Some(default) = self.default_timeout.map(|d| d.as_secs())
+            && (default < 60 || default > max)
+        {
             return Err(ConfigError::Timeouts { default, max });
         }
         if self.header_timeout.is_zero() || self.max_connections == 0 {
@@ -109,7 +115,8 @@ mod tests {
             data_dir: "/tmp/x".into(),
             api_key: Some("k".into()),
             api_key_location: "the file /tmp/x/api-key".into(),
-            default_timeout: Duration::from_secs(3600),
+            default_timeout: Some(Duration::from_secs(3600)),
+            idle_timeout: None,
             max_timeout: Duration::from_secs(28800),
             allow_no_expiry: true,
             max_upload_bytes: 1 << 30,
@@ -130,12 +137,12 @@ mod tests {
     fn timeouts_are_checked_and_named() {
         config().validate().unwrap();
         let mut c = config();
-        c.default_timeout = Duration::from_secs(30);
+        c.default_timeout = Some(Duration::from_secs(30));
         let e = c.validate().unwrap_err();
         assert_eq!(e, ConfigError::Timeouts { default: 30, max: 28800 });
         assert!(e.to_string().contains("(30s)") && e.to_string().contains("(28800s)"));
         let mut c = config();
-        c.default_timeout = Duration::from_secs(30000);
+        c.default_timeout = Some(Duration::from_secs(30000));
         assert!(c.validate().is_err());
     }
 

@@ -2,6 +2,7 @@
 //! lifecycle and execd APIs (so the `opensandbox` SDK works unchanged), plus Paddock's own
 //! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
 
+pub mod activity;
 mod boot;
 pub mod budget;
 pub mod config;
@@ -46,6 +47,11 @@ use state::AppState;
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
 /// Header carrying a sandbox's own token, given out with its endpoints.
 pub const SANDBOX_TOKEN_HEADER: &str = "x-paddock-sandbox-token";
+/// The same token under OpenSandbox's name for execd's credential (its clients carry it, and
+/// 1.3 makes it the default): accepted and given out beside Paddock's.
+pub const EXECD_TOKEN_HEADER: &str = "x-execd-access-token";
+/// The API key under the name the Go SDK sends it in server-proxy mode.
+pub const API_KEY_ALIAS: &str = "x-api-key";
 /// Largest body a JSON route reads (a create may carry up to 1 MiB of environment); only file
 /// uploads accept more, up to `--max-upload`.
 pub const JSON_BODY_LIMIT: usize = 2 << 20;
@@ -122,6 +128,8 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         budget: budget::MemoryBudget::new(config_budget),
         boot,
         runs: runs.clone(),
+        renewals: Default::default(),
+        activity: Default::default(),
     };
     lifecycle::reconcile(&state).await;
     runs.recover().await;
@@ -222,17 +230,18 @@ async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -
     response
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
     let Some(expected) = &state.config.api_key else { return Ok(()) };
-    match req.headers().get(API_KEY_HEADER) {
+    let given = req.headers().get(API_KEY_HEADER).or_else(|| req.headers().get(API_KEY_ALIAS));
+    match given {
         None => Err(ApiError::unauthorized(
             "MISSING_API_KEY",
             format!(
-                "missing API key: send it in the OPEN-SANDBOX-API-KEY header (the SDK reads OPEN_SANDBOX_API_KEY); this server's key is {}",
+                "missing API key: send it in the OPEN-SANDBOX-API-KEY header (or X-API-Key; the SDK reads OPEN_SANDBOX_API_KEY); this server's key is {}",
                 state.config.api_key_location
             ),
         )),
@@ -254,6 +263,22 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
 /// Sandbox routes accept the API key (proxy mode) or the token of that very sandbox (direct
 /// mode, where the SDK sends only the endpoint's headers). A token never opens another sandbox.
 async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    // Traffic to a sandbox renews it when it asked for that (after the checks below pass).
+    if let Some(id) = sandbox_id_of(req.uri().path()) {
+        let renew = state.clone();
+        let using = state.activity.begin(&id);
+        let authorized = key_or_token(&state, req, next).await;
+        if authorized.status() == StatusCode::UNAUTHORIZED {
+            return authorized;
+        }
+        tokio::spawn(async move { lifecycle::renew_on_access(&renew, &id).await });
+        return authorized.map(|body| activity::Held::wrap(body, using));
+    }
+    key_or_token(&state, req, next).await
+}
+
+async fn key_or_token(state: &AppState, req: Request, next: Next) -> Response {
+    let state = state.clone();
     if api_key_ok(&state, &req).is_ok() {
         return next.run(req).await;
     }
@@ -264,7 +289,8 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
         return next.run(req).await;
     }
     // A token is checked against the id in the path, so it never opens another sandbox.
-    let token_ok = match (sandbox_id_of(req.uri().path()), req.headers().get(SANDBOX_TOKEN_HEADER)) {
+    let token = req.headers().get(SANDBOX_TOKEN_HEADER).or_else(|| req.headers().get(EXECD_TOKEN_HEADER));
+    let token_ok = match (sandbox_id_of(req.uri().path()), token) {
         (Some(id), Some(token)) => Some(state.token_key.verify(&id, token.as_bytes())),
         _ => None,
     };

@@ -374,7 +374,16 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let image = image_ref.clone().unwrap_or_else(|| "default".into());
     let max = state.config.max_timeout.as_secs();
     let timeout_secs = match req.timeout {
-        None => Some(state.config.default_timeout.as_secs()),
+        None => match state.config.default_timeout {
+            Some(d) => Some(d.as_secs()),
+            // OpenSandbox's schema: an omitted timeout is no expiry.
+            None if state.config.allow_no_expiry => None,
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "give a timeout (at most {max}s): this server allows no sandbox without expiry, and has no --default-timeout"
+                )));
+            }
+        },
         Some(None) if state.config.allow_no_expiry => None,
         Some(None) => {
             return Err(ApiError::bad_request(format!(
@@ -415,6 +424,30 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
     spec.labels.insert(BOOT_LABEL.to_owned(), state.boot.id().to_owned());
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    for key in req.extensions.keys() {
+        if !KNOWN_EXTENSIONS.contains(&key.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "extensions.{key} is not supported: Paddock understands {}",
+                KNOWN_EXTENSIONS.join(" and ")
+            )));
+        }
+    }
+    if let Some(v) = req.extensions.get(RENEW_ON_ACCESS) {
+        let secs: u64 = v.trim().parse().map_err(|_| {
+            ApiError::bad_request(format!("extensions.{RENEW_ON_ACCESS} {v:?} is not a whole number of seconds"))
+        })?;
+        if secs < 1 || secs > state.config.max_timeout.as_secs() {
+            return Err(ApiError::bad_request(format!(
+                "extensions.{RENEW_ON_ACCESS} must be from 1 to {} seconds (--max-timeout)",
+                state.config.max_timeout.as_secs()
+            )));
+        }
+        if timeout_secs.is_none() {
+            return Err(ApiError::bad_request(format!(
+                "extensions.{RENEW_ON_ACCESS} extends an expiry on access, and this sandbox has none (timeout null): give a timeout, or leave the extension out"
+            )));
+        }
+    }
     let thread = req
         .extensions
         .get("workspace")
@@ -749,6 +782,7 @@ async fn endpoint(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (_, row) = state.sandbox(&id).await?;
+    renew_on_access(&state, &id).await;
     let port: u16 = port
         .parse()
         .ok()
@@ -779,7 +813,8 @@ async fn endpoint(
     let body = if proxy {
         json!({ "endpoint": endpoint })
     } else {
-        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: state.token_key.token(&row.id) } })
+        let token = state.token_key.token(&row.id);
+        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: token, crate::EXECD_TOKEN_HEADER: token } })
     };
     Ok(axum::Json(body).into_response())
 }
@@ -922,6 +957,7 @@ async fn acquire(
     let extensions = req.extensions.clone();
     let planned = plan(&state, req)?;
     let info = state.rt.acquire(&t, planned.spec.clone()).await?;
+    state.activity.touch(info.id.as_str());
     let row = record(&state, &info, &planned, extensions).await?;
     let row = refresh(&state, row).await?;
     let mut body = serde_json::to_value(sandbox_json(&row)).unwrap_or_default();
@@ -961,6 +997,50 @@ async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
 
 // ---------------------------------------------------------------------------------------------
 // Background work
+
+/// The extensions a create may carry; any other is refused, never stored and ignored.
+const KNOWN_EXTENSIONS: [&str; 2] = ["workspace", RENEW_ON_ACCESS];
+/// OpenSandbox's renew intent: each access extends the expiry to this many seconds from then.
+pub const RENEW_ON_ACCESS: &str = "access.renew.extend.seconds";
+
+/// Extends a sandbox's expiry on access, when it was created with [`RENEW_ON_ACCESS`]: to that
+/// many seconds from now, at most once per half of it (or per minute, if sooner), never
+/// shortening it and never past `--max-timeout` from its creation. Errors are logged: an
+/// access never fails for its renewal.
+pub async fn renew_on_access(state: &AppState, id: &str) {
+    let now = now_ms();
+    {
+        let last = state.renewals.lock().unwrap_or_else(|e| e.into_inner());
+        if last.get(id).is_some_and(|t| now - *t < 1000) {
+            return;
+        }
+    }
+    let Ok(Some(row)) = state.store.get(id).await else { return };
+    let Some(secs) = row.extensions.get(RENEW_ON_ACCESS).and_then(|v| v.trim().parse::<i64>().ok()) else { return };
+    let Some(expires) = row.expires_at_ms else { return };
+    let interval = (secs * 1000 / 2).min(60_000);
+    {
+        let mut last = state.renewals.lock().unwrap_or_else(|e| e.into_inner());
+        if last.get(id).is_some_and(|t| now - *t < interval) {
+            return;
+        }
+        last.insert(id.to_owned(), now);
+    }
+    let cap = row.created_at_ms + i64::try_from(state.config.max_timeout.as_millis()).unwrap_or(i64::MAX / 2);
+    let at = (now + secs * 1000).min(cap);
+    if at <= expires {
+        return;
+    }
+    let Ok(sid) = paddock_core::runtime::SandboxId::parse(id) else { return };
+    match state.rt.renew(&sid, Duration::from_millis(u64::try_from(at - now).unwrap_or(0))).await {
+        Ok(_) => {
+            if let Err(e) = state.store.set_expires(id, Some(at)).await {
+                tracing::warn!(sandbox = id, error = %e, "recording a renewal on access");
+            }
+        }
+        Err(e) => tracing::warn!(sandbox = id, error = %e, "renewing a sandbox on access"),
+    }
+}
 
 /// The label the server puts on the sandboxes it creates.
 const ORIGIN_LABEL: &str = "paddock.dev/origin";
@@ -1073,9 +1153,64 @@ pub async fn reconcile(state: &AppState) {
 /// Notices expired and vanished sandboxes. Expiry itself is enforced by each sandbox's
 /// supervisor, so it holds even while this server is down.
 pub async fn reaper(state: AppState) {
+    let mut last_idle_sweep = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(5)).await;
         reconcile(&state).await;
+        if let Some(idle) = state.config.idle_timeout
+            && last_idle_sweep.elapsed() >= IDLE_SWEEP.min(idle)
+        {
+            last_idle_sweep = Instant::now();
+            reap_idle(&state, idle).await;
+        }
+    }
+}
+
+/// How often unused sandboxes are looked for (Dawn sweeps every minute).
+const IDLE_SWEEP: Duration = Duration::from_secs(60);
+
+/// Gives back every sandbox unused for `idle`: a thread's is released (its workspace is kept),
+/// one without expiry deleted. A sandbox with a request or command in progress, or one a run
+/// holds, is never idle; one with an expiry and no thread keeps it.
+pub async fn reap_idle(state: &AppState, idle: Duration) {
+    let Ok(rows) = state.store.list().await else { return };
+    let held = state.runs.sandboxes_held().await;
+    let now = now_ms();
+    let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+    for row in rows {
+        if row.state != "Running" || held.contains(&row.id) {
+            continue;
+        }
+        let thread = row.extensions.get("workspace").cloned();
+        if thread.is_none() && row.expires_at_ms.is_some() {
+            continue;
+        }
+        let Ok(sid) = paddock_core::runtime::SandboxId::parse(&row.id) else { continue };
+        let (last, busy) = state.activity.of(&row.id).unwrap_or((row.created_at_ms, false));
+        if busy || now - last.max(row.created_at_ms) < idle_ms || state.commands.running_for_clients(&sid) > 0 {
+            continue;
+        }
+        let done = match &thread {
+            Some(t) => match ThreadId::new(t.clone()) {
+                Ok(t) => state.rt.release(&t).await,
+                Err(_) => continue,
+            },
+            None => match state.rt.destroy(&sid).await {
+                Err(RuntimeError::NotFound(_)) => Ok(()),
+                other => other,
+            },
+        };
+        match done {
+            Ok(()) => {
+                tracing::info!(sandbox = %row.id, thread = ?thread, idle_s = (now - last) / 1000, "gave back an idle sandbox");
+                state.commands.forget_sandbox(&row.id);
+                state.activity.forget(&row.id);
+                if let Err(e) = state.store.delete(&row.id).await {
+                    tracing::warn!(sandbox = %row.id, error = %e, "forgetting an idle sandbox");
+                }
+            }
+            Err(e) => tracing::warn!(sandbox = %row.id, error = %e, "giving back an idle sandbox"),
+        }
     }
 }
 

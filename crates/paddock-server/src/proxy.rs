@@ -149,6 +149,13 @@ async fn forward(
     let headers = req.headers_mut();
     headers.remove(API_KEY_HEADER);
     headers.remove(SANDBOX_TOKEN_HEADER);
+    headers.remove(crate::EXECD_TOKEN_HEADER);
+    // X-API-Key may be the sandbox's own application's; it goes only when it is ours.
+    if let (Some(ours), Some(given)) = (&state.config.api_key, headers.get(crate::API_KEY_ALIAS))
+        && crate::constant_time_eq(given.as_bytes(), ours.as_bytes())
+    {
+        headers.remove(crate::API_KEY_ALIAS);
+    }
     headers.insert(
         header::HOST,
         HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a host:port is a valid header"),

@@ -35,6 +35,10 @@ pub struct AppState {
     pub boot: Arc<crate::boot::Boot>,
     /// Runs, their scheduler and their gateway (`runs`).
     pub runs: Arc<crate::runs::Runs>,
+    /// When each sandbox was last renewed on access (`lifecycle::renew_on_access`).
+    pub renewals: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
+    /// When each sandbox was last used, for the idle reaper (`activity`).
+    pub activity: Arc<crate::activity::Activity>,
 }
 
 impl axum::extract::FromRef<AppState> for Arc<crate::runs::Runs> {

@@ -420,3 +420,106 @@ async fn fake_runtime_401s_say_where_the_key_is() {
         assert!(m.contains("OPEN-SANDBOX-API-KEY") && m.contains("/api-key"), "names the header and the file: {m}");
     }
 }
+
+/// OpenSandbox's own names for the two credentials: `X-EXECD-ACCESS-TOKEN` for a sandbox's
+/// token (given out beside Paddock's name) and `X-API-Key` for the API key (the Go SDK's).
+#[tokio::test]
+async fn fake_runtime_opensandbox_credential_names_open_what_paddocks_do() {
+    let s = Server::new().await;
+    let (id, other) = (s.create().await, s.create().await);
+    let (_, direct) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None).await;
+    let token = direct["headers"]["x-execd-access-token"].as_str().unwrap().to_owned();
+    assert_eq!(direct["headers"]["x-paddock-sandbox-token"], token.as_str(), "{direct}");
+    let ping = Server::execd(&id, "/ping");
+    assert_eq!(s.with_headers("GET", &ping, &[("X-EXECD-ACCESS-TOKEN", &token)]).await.0, StatusCode::OK);
+    let (status, body) =
+        s.with_headers("GET", &Server::execd(&other, "/ping"), &[("X-EXECD-ACCESS-TOKEN", &token)]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a token opens its own sandbox only: {body}");
+    let (status, _) = s.with_headers("GET", &ping, &[("X-EXECD-ACCESS-TOKEN", "00")]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(s.with_headers("GET", "/v1/sandboxes", &[("X-API-Key", "test-key")]).await.0, StatusCode::OK);
+    let (status, body) = s.with_headers("GET", "/v1/sandboxes", &[("X-API-Key", "wrong")]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_error(&body, "INVALID_API_KEY");
+}
+
+/// OpenSandbox's renew intent: `extensions["access.renew.extend.seconds"]` makes traffic to the
+/// sandbox push its expiry out; extensions Paddock does not know are refused, never ignored.
+#[tokio::test]
+async fn fake_runtime_access_renews_a_sandbox_that_asked_for_it() {
+    let s = Server::new().await;
+    let body = json!({"image": {"uri": "fake"}, "timeout": 600, "extensions": {"access.renew.extend.seconds": "3600"}});
+    let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let expiry = |v: &Value| paddock_server::time_fmt::parse_rfc3339(v["expiresAt"].as_str().unwrap()).unwrap();
+    let (_, before) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(s.call("GET", &Server::execd(&id, "/ping"), None).await.0, StatusCode::OK);
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, now) = s.call("GET", &format!("/v1/sandboxes/{id}"), None).await;
+        if expiry(&now) - expiry(&before) > 2_000_000 {
+            break;
+        }
+        assert!(Instant::now() < until, "an access did not renew it: {before} → {now}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (extensions, timeout, says) in [
+        (json!({"access.renew.extend.seconds": "soon"}), json!(600), "whole number"),
+        (json!({"access.renew.extend.seconds": "0"}), json!(600), "from 1"),
+        (json!({"access.renew.extend.seconds": "60"}), Value::Null, "has none"),
+        (json!({"storage.class": "fast"}), json!(600), "not supported"),
+    ] {
+        let body = json!({"image": {"uri": "fake"}, "timeout": timeout, "extensions": extensions});
+        let (status, err) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        assert!(message(&err).contains(says), "{err} should say {says:?}");
+    }
+}
+
+/// An omitted timeout is no expiry (OpenSandbox's schema), and the idle reaper gives back what
+/// nobody uses: a sandbox without expiry is deleted, a thread's released (its workspace kept);
+/// one in use, with a command running, or with an expiry of its own stays.
+#[tokio::test]
+async fn fake_runtime_idle_sandboxes_are_given_back_and_busy_ones_stay() {
+    let s = Server::with_config(|c| c.default_timeout = None).await;
+    let make = |body: Value| {
+        let s = &s;
+        async move {
+            let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+            created["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let forgotten = make(json!({"image": {"uri": "fake"}})).await;
+    let (_, row) = s.call("GET", &format!("/v1/sandboxes/{forgotten}"), None).await;
+    assert!(row["expiresAt"].is_null(), "an omitted timeout is no expiry: {row}");
+    let expiring = make(json!({"image": {"uri": "fake"}, "timeout": 600})).await;
+    let working = make(json!({"image": {"uri": "fake"}})).await;
+    let used = make(json!({"image": {"uri": "fake"}})).await;
+    let (status, ws) =
+        s.call("POST", "/v1/workspaces/idle-thread/acquire", Some(json!({"image": {"uri": "fake"}}))).await;
+    assert_eq!(status, StatusCode::OK, "{ws}");
+    let thread_box = ws["id"].as_str().unwrap().to_owned();
+    let (status, _) = s
+        .call("POST", &Server::execd(&working, "/command"), Some(json!({"command": "sleep 30", "background": true})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(s.call("GET", &Server::execd(&used, "/ping"), None).await.0, StatusCode::OK);
+    paddock_server::lifecycle::reap_idle(&s.state, Duration::from_secs(1)).await;
+    assert!(gone(&s, &forgotten).await, "a sandbox without expiry nobody used is deleted");
+    assert!(gone(&s, &thread_box).await, "a thread's idle sandbox is released");
+    assert!(!gone(&s, &expiring).await, "a sandbox with an expiry keeps it");
+    assert!(!gone(&s, &working).await, "a sandbox with a command running is not idle");
+    assert!(!gone(&s, &used).await, "a sandbox used just now is not idle");
+    // The thread's workspace was kept: acquiring it again gives a new sandbox on it.
+    let (status, again) =
+        s.call("POST", "/v1/workspaces/idle-thread/acquire", Some(json!({"image": {"uri": "fake"}}))).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    s.call("DELETE", &format!("/v1/sandboxes/{working}"), None).await;
+}
+
+async fn gone(s: &Server, id: &str) -> bool {
+    s.call("GET", &format!("/v1/sandboxes/{id}"), None).await.0 == StatusCode::NOT_FOUND
+}

@@ -453,7 +453,77 @@ async fn measure(
     let deleted = blocking(move || c.delete(&sandbox)).await;
     let (exec_out, concurrent, code) = measured?;
     deleted?;
-    Ok(HttpOut { server: String::new(), clients: CLIENTS, cold: cold_out, exec: exec_out, concurrent, code })
+    let runs = {
+        let (c, n, baseline) = (client.clone(), cfg.iterations.clamp(5, 50), cold_out.http_first_output.p50_ms);
+        blocking(move || runs(&c, n, baseline)).await?
+    };
+    Ok(HttpOut { server: String::new(), clients: CLIENTS, cold: cold_out, exec: exec_out, concurrent, code, runs })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. runs
+
+/// Gateway calls each run's driver makes on one kept-alive connection (curl reuses it for
+/// every URL on its command line), through the forwarder in its sandbox.
+const GATEWAY_CALLS: usize = 20;
+
+/// `n` runs one after another, each admitted into an idle server: admission is the server's
+/// own `createdAt` → `firstCallAt` (queued → the driver's first gateway call), and each driver
+/// times its gateway heartbeats with curl (`%{time_total}`), the first (connection set up) left
+/// out. The baseline is the HTTP create → first output of this same bench run.
+fn runs(client: &Client, n: usize, baseline_ms: f64) -> Result<RunsOut> {
+    let driver = format!(
+        "curl -s -o /dev/null -w '%{{time_total}}\\n' -X POST -H \"Authorization: Bearer $PADDOCK_TOKEN\" $(for i in $(seq {GATEWAY_CALLS}); do printf '%s ' \"$PADDOCK_GATEWAY/v1/heartbeat\"; done)"
+    );
+    let mut progress = Progress::new("[5/5] HTTP: runs (submit → first gateway call; gateway round trip)", n);
+    let mut admission = Vec::with_capacity(n);
+    let mut gateway = Vec::with_capacity(n * GATEWAY_CALLS);
+    for i in 0..n {
+        let body = json!({"tier": "interactive", "image": "host", "command": ["sh", "-c", driver], "timeout": 60});
+        let mut r = client
+            .agent
+            .post(client.url("/v1/runs"))
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .context("POST /v1/runs")?;
+        let text = r.body_mut().read_to_string().context("reading the answer to POST /v1/runs")?;
+        let id = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["id"].as_str().map(str::to_owned))
+            .ok_or_else(|| anyhow!("POST /v1/runs answered {text}"))?;
+        let until = Instant::now() + Duration::from_secs(60);
+        let run = loop {
+            let (_, text) = client.get(&format!("/v1/runs/{id}"))?;
+            let run: Value =
+                serde_json::from_str(&text).with_context(|| format!("GET /v1/runs/{id} answered {text}"))?;
+            match run["state"].as_str() {
+                Some("succeeded") => break run,
+                Some("failed" | "cancelled") => bail!("run {id} ended {}: {}", run["state"], run["reason"]),
+                _ if Instant::now() > until => bail!("run {id} did not finish within 60 s: {run}"),
+                _ => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let at = |k: &str| run[k].as_str().and_then(paddock_server::time_fmt::parse_rfc3339);
+        let (Some(created), Some(first)) = (at("createdAt"), at("firstCallAt")) else {
+            bail!("run {id} has no firstCallAt: its driver never reached the gateway: {run}");
+        };
+        admission.push(Duration::from_millis(u64::try_from(first - created).unwrap_or(0)));
+        let (_, output) = client.get(&format!("/v1/runs/{id}/output"))?;
+        let times: Vec<f64> = output.lines().filter_map(|l| l.trim().parse::<f64>().ok()).collect();
+        if times.len() != GATEWAY_CALLS {
+            bail!("run {id}'s driver timed {} gateway calls, not {GATEWAY_CALLS}: {output}", times.len());
+        }
+        gateway.extend(times.iter().skip(1).map(|s| Duration::from_secs_f64(*s)));
+        progress.tick(i + 1);
+    }
+    let admission = Stats::of(&admission);
+    let ratio = (baseline_ms > 0.0).then(|| admission.p50_ms / baseline_ms);
+    Ok(RunsOut {
+        admission,
+        create_first_output_p50_ms: baseline_ms,
+        ratio_admission_p50: ratio,
+        gateway_round_trip: Stats::of(&gateway),
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -784,6 +854,18 @@ pub(super) struct HttpOut {
     exec: HttpExecOut,
     concurrent: Vec<ConcurrentOut>,
     code: CodeOut,
+    runs: RunsOut,
+}
+
+#[derive(Serialize)]
+struct RunsOut {
+    /// `POST /v1/runs` (`createdAt`) → the driver's first gateway call (`firstCallAt`).
+    admission: Stats,
+    /// The baseline: HTTP create → first output (a plain sandbox and its first command), p50.
+    create_first_output_p50_ms: f64,
+    ratio_admission_p50: Option<f64>,
+    /// A heartbeat from inside the sandbox through its forwarder, kept-alive, by curl.
+    gateway_round_trip: Stats,
 }
 
 #[derive(Serialize)]
@@ -858,6 +940,22 @@ impl HttpOut {
             measured: format!("{} (p99 {})", ms(first), ms(self.cold.http_first_output.p99_ms)),
             hit: Some(first <= AIM_FIRST_OUTPUT_MS),
         }];
+        let r = &self.runs;
+        out.push(Aim {
+            aim: "run admission (queued → first gateway call) p50 ≤ 2× HTTP create → first output".into(),
+            measured: format!(
+                "{} vs {} ({})",
+                ms(r.admission.p50_ms),
+                ms(r.create_first_output_p50_ms),
+                times(r.ratio_admission_p50)
+            ),
+            hit: r.ratio_admission_p50.map(|x| x <= 2.0),
+        });
+        out.push(Aim {
+            aim: format!("gateway write round trip p50 ≤ {AIM_EXEC_MS} ms"),
+            measured: format!("{} (p99 {})", ms(r.gateway_round_trip.p50_ms), ms(r.gateway_round_trip.p99_ms)),
+            hit: Some(r.gateway_round_trip.p50_ms <= AIM_EXEC_MS),
+        });
         for (what, s) in
             [("command \"true\"", &self.exec.command_round_trip), ("argv /bin/true", &self.exec.argv_round_trip)]
         {
@@ -936,5 +1034,15 @@ impl HttpOut {
         row("POST /code/context (driver started, ready)", &self.code.context_create);
         row("first POST /code run in it", &self.code.first_run);
         row("POST /code run, warm context", &self.code.warm_run);
+        println!();
+        println!("HTTP API: runs, one at a time                       {:>10} {:>10} {:>10}", "p50", "p90", "p99");
+        row("submit → driver's first gateway call", &self.runs.admission);
+        println!(
+            "  {:<44} {:>10}",
+            "HTTP create → first output (this run), p50",
+            ms(self.runs.create_first_output_p50_ms)
+        );
+        println!("  {:<44} {:>10}", "ratio admission / create → first output", times(self.runs.ratio_admission_p50));
+        row("gateway heartbeat from inside, kept alive", &self.runs.gateway_round_trip);
     }
 }

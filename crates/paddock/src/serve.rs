@@ -28,9 +28,17 @@ pub struct ServeArgs {
     /// Serve without any API key (loopback addresses only).
     #[arg(long, conflicts_with_all = ["api_key", "api_key_file"])]
     insecure_no_auth: bool,
-    /// Session length of sandboxes created without a timeout.
-    #[arg(long, default_value = "3600s", value_parser = parse_duration)]
-    default_timeout: Duration,
+    /// Session length of sandboxes created without a timeout. Without it, an omitted timeout
+    /// means no expiry, as OpenSandbox's schema says (--idle-timeout then gives back a sandbox
+    /// nobody uses).
+    #[arg(long, value_parser = parse_duration)]
+    default_timeout: Option<Duration>,
+    /// Give back a sandbox nobody used for this long (no request to its commands, files, code
+    /// or ports, no command running, no run): a thread's sandbox is released (its workspace
+    /// kept), one without expiry is deleted; others keep their expiry. Swept every minute.
+    /// `0` turns it off.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    idle_timeout: Duration,
     /// Longest session a create request may ask for. 24 h by default, so the defaults of the
     /// OpenSandbox SDK's pool (a 24 h idle timeout) work.
     #[arg(long, default_value = "86400s", value_parser = parse_duration)]
@@ -255,6 +263,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         api_key: api_key.clone(),
         api_key_location: location,
         default_timeout: args.default_timeout,
+        idle_timeout: (!args.idle_timeout.is_zero()).then_some(args.idle_timeout),
         max_timeout: args.max_timeout,
         allow_no_expiry: args.allow_no_expiry,
         max_upload_bytes: args.max_upload,

@@ -247,6 +247,17 @@ impl Commands {
         lock(&self.sandboxes).entry(sandbox.as_str().to_owned()).or_default().names = Some(names);
     }
 
+    /// Commands a client started in a sandbox that are still running (its entrypoint aside).
+    pub(crate) fn running_for_clients(&self, sandbox: &SandboxId) -> usize {
+        lock(&self.sandboxes).get(sandbox.as_str()).map_or(0, |s| {
+            let entrypoint = s.entrypoint.as_ref();
+            s.commands
+                .values()
+                .filter(|c| lock(&c.status).running && !entrypoint.is_some_and(|e| Arc::ptr_eq(e, c)))
+                .count()
+        })
+    }
+
     fn running(&self, sandbox: &SandboxId) -> usize {
         lock(&self.sandboxes)
             .get(sandbox.as_str())

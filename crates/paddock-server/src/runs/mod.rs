@@ -624,6 +624,11 @@ impl Runs {
         }
     }
 
+    /// The sandboxes attempts hold now (never idle while they do).
+    pub async fn sandboxes_held(&self) -> std::collections::HashSet<String> {
+        self.store.active().await.unwrap_or_default().into_iter().filter_map(|r| r.sandbox_id).collect()
+    }
+
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }

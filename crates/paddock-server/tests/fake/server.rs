@@ -19,6 +19,8 @@ pub struct Server {
     app: Router,
     /// Where the runs' gateway listens.
     pub gateway: std::net::SocketAddr,
+    /// The server's state, for calling its background work directly.
+    pub state: paddock_server::state::AppState,
     pub rt: Arc<FakeRuntime>,
     _data: tempfile::TempDir,
 }
@@ -36,7 +38,7 @@ impl Server {
         change(&mut config);
         let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
         let gateway = state.runs.gateway_addr().unwrap();
-        Self { app: paddock_server::app(state), gateway, rt, _data: data }
+        Self { app: paddock_server::app(state.clone()), gateway, state, rt, _data: data }
     }
 
     /// The same data directory and runtime under a new server, as after a restart.
@@ -44,7 +46,7 @@ impl Server {
         let config = Self::config(self._data.path());
         let state = paddock_server::build_state(config, self.rt.clone()).await.unwrap();
         let gateway = state.runs.gateway_addr().unwrap();
-        Self { app: paddock_server::app(state), gateway, rt: self.rt, _data: self._data }
+        Self { app: paddock_server::app(state.clone()), gateway, state, rt: self.rt, _data: self._data }
     }
 
     fn config(data: &std::path::Path) -> ServerConfig {
@@ -53,7 +55,8 @@ impl Server {
             data_dir: data.to_path_buf(),
             api_key: Some(KEY.into()),
             api_key_location: format!("the file {}", data.join("api-key").display()),
-            default_timeout: Duration::from_secs(3600),
+            default_timeout: Some(Duration::from_secs(3600)),
+            idle_timeout: None,
             max_timeout: Duration::from_secs(7200),
             allow_no_expiry: true,
             max_upload_bytes: 1 << 20,
