@@ -7,6 +7,7 @@ CREATE TABLE runs (
     tier              TEXT NOT NULL,
     state             TEXT NOT NULL,      -- queued starting running requeued succeeded failed cancelled
     thread            TEXT,
+    evaluation        TEXT,               -- the evaluation it is a task of (POST /v1/evaluations)
     request           TEXT NOT NULL,      -- the submitted request (JSON), without inputs
     idempotency_key   TEXT UNIQUE,
     attempt           INTEGER NOT NULL DEFAULT 0,
@@ -28,6 +29,7 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_state ON runs (state, tier, seq);
 CREATE INDEX runs_thread ON runs (thread, state);
+CREATE INDEX runs_evaluation ON runs (evaluation, seq);
 
 CREATE TABLE run_events (
     run_id  TEXT NOT NULL,

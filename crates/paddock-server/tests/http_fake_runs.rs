@@ -584,3 +584,43 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     exit_with(dir.path(), 1, 0);
     wait_state(&s, &id, "succeeded", None).await;
 }
+
+#[tokio::test]
+async fn an_evaluation_queues_its_tasks_together_or_refuses_them_all() {
+    let s = Server::new().await;
+    let task = |name: &str, script: &str| json!({"name": name, "image": "fake", "command": ["sh", "-c", script]});
+    let (status, err) = s
+        .call(
+            "POST",
+            "/v1/evaluations",
+            Some(json!({"tasks": [task("ok", "exit 0"), {"name": "broken", "image": "fake", "command": []}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(err["message"].as_str().unwrap().contains("task 1 (broken)"), "{err}");
+    let (_, page) = s.call("GET", "/v1/runs", None).await;
+    assert!(page["items"].as_array().unwrap().is_empty(), "a refused evaluation queues nothing: {page}");
+    let (status, ev) = s
+        .call(
+            "POST",
+            "/v1/evaluations",
+            Some(json!({"name": "smoke", "tier": "batch", "tasks": [task("pass", "exit 0"), task("fail", "exit 3")]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{ev}");
+    assert_eq!(ev["tasks"], 2);
+    let id = ev["id"].as_str().unwrap().to_owned();
+    let until = Instant::now() + Duration::from_secs(20);
+    let ev = loop {
+        let (_, ev) = s.call("GET", &format!("/v1/evaluations/{id}"), None).await;
+        if ev["done"] == true {
+            break ev;
+        }
+        assert!(Instant::now() < until, "the evaluation never finished: {ev}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((ev["states"]["succeeded"].as_u64(), ev["states"]["failed"].as_u64()), (Some(1), Some(1)), "{ev}");
+    assert_eq!(ev["runs"][1]["exitCode"], 3, "{ev}");
+    let (status, _) = s.call("GET", "/v1/evaluations/eval-nope", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

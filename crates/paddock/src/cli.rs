@@ -147,6 +147,20 @@ pub enum Command {
     Serve(crate::serve::ServeArgs),
     /// Submit, list, follow and cancel runs on a `paddock serve` (its run API).
     Runs(crate::runs_cmd::RunsArgs),
+    /// How many sandboxes of a size fit on this machine (or one described by flags): the
+    /// lesser of four per CPU and its memory less 1 GiB, each sandbox with 32 MiB of runtime
+    /// overhead. `paddock serve` admits runs up to this by default (`--capacity`).
+    Capacity {
+        /// CPUs of the machine (default: this one's).
+        #[arg(long)]
+        cpus: Option<u32>,
+        /// Memory of the machine, e.g. 64GiB (default: this one's).
+        #[arg(long, value_parser = parse_bytes)]
+        memory: Option<u64>,
+        /// Memory of one sandbox.
+        #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+        sandbox_memory: u64,
+    },
     /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
     Bench(crate::runtimes::AnyBenchArgs),
     /// Check that the chosen runtime can run sandboxes here: on Kubernetes, the API, the
@@ -549,6 +563,29 @@ pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Runs(args) = cli.command {
         return crate::runs_cmd::run(args, &cli.data_dir, cli.json);
     }
+    if let Command::Capacity { cpus, memory, sandbox_memory } = cli.command {
+        use paddock_server::runs::tiers;
+        let (here_cpus, here_memory) = tiers::this_machine();
+        let (cpus, memory) = (cpus.unwrap_or(here_cpus), memory.unwrap_or(here_memory));
+        let b = tiers::bounds(cpus, memory, sandbox_memory);
+        let fits = tiers::machine_capacity(cpus, memory, sandbox_memory);
+        if cli.json {
+            let v = serde_json::json!({"cpus": cpus, "memory": memory, "sandboxMemory": sandbox_memory,
+                "overhead": tiers::SANDBOX_OVERHEAD, "hostReserve": tiers::HOST_RESERVE, "bounds": b, "fits": fits});
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!(
+                "{fits} sandboxes of {} fit: {} by CPU (4 per CPU, {cpus} CPUs), {} by memory ({} less {} for the host, {} each with overhead)",
+                paddock_core::units::format_bytes(sandbox_memory),
+                b.by_cpu,
+                b.by_memory,
+                paddock_core::units::format_bytes(memory),
+                paddock_core::units::format_bytes(tiers::HOST_RESERVE),
+                paddock_core::units::format_bytes(sandbox_memory + tiers::SANDBOX_OVERHEAD),
+            );
+        }
+        return Ok(0);
+    }
     if let Command::Image(args) = cli.command {
         let registries = cli.runtime.images.options().registries;
         return crate::image_cmd::run(&cli.data_dir, args, registries, cli.json).await;
@@ -701,6 +738,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Serve(_)
         | Command::Runs(_)
+        | Command::Capacity { .. }
         | Command::Bench(_)
         | Command::Check { .. }
         | Command::ReapPvcs { .. }

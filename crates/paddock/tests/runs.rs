@@ -260,3 +260,25 @@ echo "upstream-direct=$(curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://12
     );
     assert!(!heads[0].contains("made-up"), "the sandbox's own credential went upstream: {}", heads[0]);
 }
+
+#[test]
+fn capacity_is_worked_out_for_a_machine_described_by_flags() {
+    let out = std::process::Command::new(common::EXE)
+        .args(["--json", "capacity", "--cpus", "2", "--memory", "24GiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // (24 - 1) GiB / (512 + 32) MiB = 43 by memory; 8 by CPU.
+    assert_eq!(
+        (v["fits"].as_u64(), v["bounds"]["byMemory"].as_u64(), v["bounds"]["byCpu"].as_u64()),
+        (Some(8), Some(43), Some(8)),
+        "{v}"
+    );
+    let human = std::process::Command::new(common::EXE)
+        .args(["capacity", "--cpus", "64", "--memory", "8GiB", "--sandbox-memory", "1GiB"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.starts_with("6 sandboxes of 1GiB fit: 256 by CPU"), "{text}");
+}

@@ -193,7 +193,19 @@ async fn submit(
     {
         return Ok((StatusCode::OK, axum::Json(view(&existing))).into_response());
     }
-    let (tier, spec) = plan(&runs, &req)?;
+    let (status, row) = enqueue(&runs, req, key, None).await?;
+    Ok((status, axum::Json(view(&row))).into_response())
+}
+
+/// Queues one run (the request already parsed): `201` and the new run, or `200` and the run an
+/// idempotency key already made.
+async fn enqueue(
+    runs: &Arc<Runs>,
+    req: SubmitRequest,
+    key: Option<String>,
+    evaluation: Option<&str>,
+) -> ApiResult<(StatusCode, RunRow)> {
+    let (tier, spec) = plan(runs, &req)?;
     if let (Some(t), IfBusy::Reject) = (&req.thread, req.if_busy)
         && runs.store().thread_busy(t, "").await?
     {
@@ -221,7 +233,7 @@ async fn submit(
             }
             let path = dir.join("inputs.tar");
             tokio::fs::write(&path, &raw).await.map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;
-            super::gateway::check_tar(&runs, path).await?;
+            super::gateway::check_tar(runs, path).await?;
         }
         let now = now_ms();
         let row = RunRow {
@@ -230,6 +242,7 @@ async fn submit(
             tier,
             state: RunState::Queued,
             thread: req.thread.clone(),
+            evaluation: evaluation.map(str::to_owned),
             spec,
             idempotency_key: key,
             attempt: 0,
@@ -256,17 +269,117 @@ async fn submit(
         Ok(Inserted::New(row)) => {
             runs.note_state(&row.id).await;
             runs.wake.notify_one();
-            Ok((StatusCode::CREATED, axum::Json(view(&row))).into_response())
+            Ok((StatusCode::CREATED, row))
         }
         Ok(Inserted::Existing(row)) => {
             let _ = tokio::fs::remove_dir_all(&dir).await;
-            Ok((StatusCode::OK, axum::Json(view(&row))).into_response())
+            Ok((StatusCode::OK, row))
         }
         Err(e) => {
             let _ = tokio::fs::remove_dir_all(&dir).await;
             Err(e)
         }
     }
+}
+
+/// The most tasks one evaluation may hold.
+const MAX_TASKS: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EvaluationTask {
+    name: Option<String>,
+    image: Option<String>,
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    resources: BTreeMap<String, String>,
+    timeout: Option<u64>,
+    inputs: Option<String>,
+    network_policy: Option<paddock_core::egress::EgressPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EvaluationRequest {
+    name: Option<String>,
+    /// The tier of every task (default: the lowest).
+    tier: Option<String>,
+    max_attempts: Option<i64>,
+    tasks: Vec<EvaluationTask>,
+}
+
+/// `POST /v1/evaluations`: a batch of runs over a task list (each an image, a command and
+/// inputs), queued together. Every task is checked first: one the runtime cannot run is a `400`
+/// naming the task, and nothing is queued.
+async fn evaluate(State(runs): State<Arc<Runs>>, ApiJson(req): ApiJson<EvaluationRequest>) -> ApiResult<Response> {
+    if runs.draining() {
+        return Err(ApiError::unavailable("this server is stopping and admits no new runs: submit to another"));
+    }
+    if req.tasks.is_empty() || req.tasks.len() > MAX_TASKS {
+        return Err(ApiError::bad_request(format!("tasks: give 1 to {MAX_TASKS} tasks")));
+    }
+    if req.name.as_ref().is_some_and(|n| n.len() > 256) {
+        return Err(ApiError::bad_request("name: at most 256 characters"));
+    }
+    let mut submits = Vec::with_capacity(req.tasks.len());
+    for (i, t) in req.tasks.into_iter().enumerate() {
+        let submit = SubmitRequest {
+            tier: req.tier.clone(),
+            image: t.image,
+            command: t.command,
+            thread: None,
+            env: t.env,
+            resources: t.resources,
+            timeout: t.timeout,
+            max_attempts: req.max_attempts,
+            inputs: t.inputs,
+            if_busy: IfBusy::Queue,
+            network_policy: t.network_policy,
+        };
+        let what = t.name.as_deref().map(|n| format!("task {i} ({n})")).unwrap_or_else(|| format!("task {i}"));
+        plan(&runs, &submit).map_err(|e| ApiError::new(e.status, e.code, format!("{what}: {}", e.message)))?;
+        if let Some(b64) = &submit.inputs
+            && base64::engine::general_purpose::STANDARD.decode(b64.trim()).is_err()
+        {
+            return Err(ApiError::bad_request(format!("{what}: inputs: not base64 (give a tar, base64-encoded)")));
+        }
+        submits.push((what, submit));
+    }
+    let id = new_id()?.replacen("run-", "eval-", 1);
+    let mut ids = Vec::with_capacity(submits.len());
+    for (what, submit) in submits {
+        let (_, row) = enqueue(&runs, submit, None, Some(&id))
+            .await
+            .map_err(|e| ApiError::new(e.status, e.code, format!("{what}: {}", e.message)))?;
+        ids.push(row.id);
+    }
+    Ok((StatusCode::CREATED, axum::Json(evaluation_view(&id, req.name.as_deref(), &runs).await?)).into_response())
+}
+
+async fn evaluation_view(id: &str, name: Option<&str>, runs: &Runs) -> ApiResult<Value> {
+    let rows = runs.store().of_evaluation(id).await?;
+    if rows.is_empty() {
+        return Err(ApiError::not_found(format!("no evaluation {id:?}")));
+    }
+    let mut states: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        *states.entry(r.state.as_str()).or_default() += 1;
+    }
+    let done = rows.iter().all(|r| r.state.is_terminal());
+    let items: Vec<Value> = rows
+        .iter()
+        .map(|r| json!({"id": r.id, "state": r.state.as_str(), "exitCode": r.exit_code, "reason": r.reason, "hasResult": r.has_result}))
+        .collect();
+    Ok(json!({"id": id, "name": name, "tasks": rows.len(), "states": states, "done": done, "runs": items}))
+}
+
+async fn get_evaluation(
+    State(runs): State<Arc<Runs>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    Ok(axum::Json(evaluation_view(&id, None, &runs).await?))
 }
 
 async fn get_one(RunPath(run): RunPath) -> axum::Json<Value> {
@@ -476,6 +589,8 @@ where
         .route("/runs/{id}/output", get(output))
         .route("/runs/{id}/inputs", put(put_inputs).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/tiers", get(tiers))
+        .route("/evaluations", post(evaluate))
+        .route("/evaluations/{id}", get(get_evaluation))
 }
 
 /// The run routes and the gateway's, for `/v1/openapi.json`. The gateway's are served on its
@@ -511,6 +626,14 @@ pub fn openapi_paths() -> Value {
     let gateway_server = json!([{"url": "{gateway}/v1", "description": "the gateway, from inside a run's sandbox",
         "variables": {"gateway": {"default": "http://127.0.0.1:8081", "description": "$PADDOCK_GATEWAY"}}}]);
     let bearer = json!([{"runToken": []}]);
+    let task = json!({"type": "object", "required": ["command"], "additionalProperties": false, "properties": {
+        "name": {"type": "string"}, "image": {"type": "string"}, "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}}, "resources": {"type": "object", "additionalProperties": {"type": "string"}},
+        "timeout": {"type": "integer", "minimum": 1, "maximum": MAX_RUN_TIMEOUT}, "inputs": {"type": "string"},
+        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}}});
+    let evaluation = json!({"type": "object", "required": ["tasks"], "additionalProperties": false, "properties": {
+        "name": {"type": "string"}, "tier": {"type": "string"}, "maxAttempts": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_ATTEMPTS},
+        "tasks": {"type": "array", "minItems": 1, "maxItems": MAX_TASKS, "items": task}}});
     let gw = |summary: &str, responses: Value| json!({"tags": ["gateway"], "summary": summary, "servers": gateway_server.clone(), "security": bearer.clone(), "responses": responses});
     let stale = json!({"description": "STALE_ATTEMPT: this attempt's epoch is not current, its lease ran out, or its run ended", "content": error["content"].clone()});
     json!({
@@ -548,6 +671,11 @@ pub fn openapi_paths() -> Value {
             "requestBody": {"required": true, "description": "a tar archive (any Content-Type)",
                 "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
             "responses": {"204": {"description": "kept"}, "400": error.clone(), "404": error.clone(), "409": error.clone(), "401": error.clone()}}},
+        "/evaluations": {"post": {"tags": ["runs"], "summary": "Queue a batch of runs over a task list; a task the runtime cannot run is a 400 naming it, and nothing is queued",
+            "requestBody": {"required": true, "content": {"application/json": {"schema": evaluation}}},
+            "responses": {"201": ok("the evaluation: its runs and how many are in each state", json!({"type": "object"})), "400": error.clone(), "401": error.clone()}}},
+        "/evaluations/{id}": {"get": {"tags": ["runs"], "summary": "An evaluation's runs and how many are in each state", "parameters": [id.clone()],
+            "responses": {"200": ok("the evaluation", json!({"type": "object"})), "404": error.clone(), "401": error.clone()}}},
         "/tiers": {"get": {"tags": ["runs"], "summary": "The tiers, the capacity over them, and what each holds",
             "responses": {"200": ok("tiers", json!({"type": "object"})), "401": error.clone()}}},
         "/heartbeat": {"post": gw("Renew the attempt's lease (its first call marks the run running)", json!({

@@ -74,6 +74,7 @@ pub struct RunRow {
     pub tier: String,
     pub state: RunState,
     pub thread: Option<String>,
+    pub evaluation: Option<String>,
     pub spec: RunSpec,
     pub idempotency_key: Option<String>,
     pub attempt: i64,
@@ -104,6 +105,7 @@ fn from_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
         state: RunState::parse(&state)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown run state {state:?}").into()))?,
         thread: r.try_get("thread")?,
+        evaluation: r.try_get("evaluation")?,
         spec: serde_json::from_str(&spec).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         idempotency_key: r.try_get("idempotency_key")?,
         attempt: r.try_get("attempt")?,
@@ -165,13 +167,14 @@ impl RunStore {
     pub async fn insert(&self, r: &RunRow) -> Result<Inserted, sqlx::Error> {
         let spec = serde_json::to_string(&r.spec).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(
-            "INSERT INTO runs (id, tier, state, thread, request, idempotency_key, max_attempts, has_inputs, created_at_ms, updated_at_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+            "INSERT INTO runs (id, tier, state, thread, evaluation, request, idempotency_key, max_attempts, has_inputs, created_at_ms, updated_at_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
         )
         .bind(&r.id)
         .bind(&r.tier)
         .bind(r.state.as_str())
         .bind(&r.thread)
+        .bind(&r.evaluation)
         .bind(spec)
         .bind(&r.idempotency_key)
         .bind(r.max_attempts)
@@ -198,6 +201,15 @@ impl RunStore {
     ) -> Result<bool, sqlx::Error> {
         let done = q.bind(ACTIVE[0].as_str()).bind(ACTIVE[1].as_str()).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// The runs of an evaluation, in task order.
+    pub async fn of_evaluation(&self, evaluation: &str) -> Result<Vec<RunRow>, sqlx::Error> {
+        let rows = sqlx::query("SELECT * FROM runs WHERE evaluation = ? ORDER BY seq")
+            .bind(evaluation)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(from_row).collect()
     }
 
     pub async fn existing_by_key(&self, key: &str) -> Result<Option<RunRow>, sqlx::Error> {

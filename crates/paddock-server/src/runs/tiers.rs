@@ -115,11 +115,24 @@ impl Tiers {
 /// bound after 1 GiB for the host and the server, each sandbox counted with the runtime's
 /// overhead. At least 1.
 pub fn machine_capacity(cpus: u32, memory_total: u64, memory_request: u64) -> u32 {
-    let reserve = 1u64 << 30;
+    let b = bounds(cpus, memory_total, memory_request);
+    u32::try_from(b.by_memory.min(b.by_cpu)).unwrap_or(u32::MAX).max(1)
+}
+
+/// What the host keeps for itself and the server before sandboxes are counted.
+pub const HOST_RESERVE: u64 = 1 << 30;
+
+/// The two bounds [`machine_capacity`] takes the lesser of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Bounds {
+    pub by_cpu: u64,
+    pub by_memory: u64,
+}
+
+pub fn bounds(cpus: u32, memory_total: u64, memory_request: u64) -> Bounds {
     let per = memory_request.saturating_add(SANDBOX_OVERHEAD).max(1);
-    let by_memory = memory_total.saturating_sub(reserve) / per;
-    let by_cpu = u64::from(cpus) * 4;
-    u32::try_from(by_memory.min(by_cpu)).unwrap_or(u32::MAX).max(1)
+    Bounds { by_cpu: u64::from(cpus) * 4, by_memory: memory_total.saturating_sub(HOST_RESERVE) / per }
 }
 
 /// This machine's CPUs and memory, from the kernel.
