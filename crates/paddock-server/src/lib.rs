@@ -81,6 +81,15 @@ pub enum ServeError {
     Llm(String),
 }
 
+/// Starts the work a server does besides answering requests: runs are taken back from servers
+/// that ended and admitted from now on. `serve` calls it once it listens (a server that cannot
+/// listen must not start work it will not finish); a caller that serves the router some other
+/// way calls it itself.
+pub async fn start_background(state: &AppState) {
+    state.runs.recover().await;
+    tokio::spawn(state.runs.clone().schedule());
+}
+
 /// Builds the whole application around a runtime.
 pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
     config.validate()?;
@@ -132,8 +141,6 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         activity: Default::default(),
     };
     lifecycle::reconcile(&state).await;
-    runs.recover().await;
-    tokio::spawn(runs.schedule());
     Ok(state)
 }
 
@@ -419,6 +426,7 @@ pub async fn serve(
     let addr = state.config.listen;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|cause| ServeError::Listen { addr, cause })?;
     let bound = listener.local_addr().unwrap_or(addr);
+    start_background(&state).await;
     ready(bound);
     tokio::spawn(lifecycle::reaper(state.clone()));
     let draining = state.draining.clone();

@@ -1061,6 +1061,11 @@ fn user_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 /// directory, or by a server on the same cluster) a row, so the API sees and manages it; it
 /// runs no entrypoint. A sandbox the API is creating right now is left alone.
 async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<SandboxRow>> {
+    // A run's sandbox is the run API's (`GET /v1/runs/{id}` names it), made and given back by
+    // its attempt: the sandbox list leaves it out.
+    if info.spec.labels.contains_key(crate::runs::RUN_LABEL) {
+        return Ok(None);
+    }
     let from_api = info.spec.labels.get(ORIGIN_LABEL).is_some_and(|v| v == "api");
     let age = Duration::from_millis((now_ms() as u64).saturating_sub(info.created_unix_ms));
     if from_api && age < ADOPT_API_SANDBOX_AFTER && create_may_be_under_way(state, info).await? {

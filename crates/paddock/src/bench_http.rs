@@ -473,7 +473,7 @@ const GATEWAY_CALLS: usize = 20;
 /// out. The baseline is the HTTP create → first output of this same bench run.
 fn runs(client: &Client, n: usize, baseline_ms: f64) -> Result<RunsOut> {
     let driver = format!(
-        "curl -s -o /dev/null -w '%{{time_total}}\\n' -X POST -H \"Authorization: Bearer $PADDOCK_TOKEN\" $(for i in $(seq {GATEWAY_CALLS}); do printf '%s ' \"$PADDOCK_GATEWAY/v1/heartbeat\"; done)"
+        "curl -s -w '%{{time_total}}\\n' -X POST -H \"Authorization: Bearer $PADDOCK_TOKEN\" $(for i in $(seq {GATEWAY_CALLS}); do printf -- '-o /dev/null %s ' \"$PADDOCK_GATEWAY/v1/heartbeat\"; done)"
     );
     let mut progress = Progress::new("[5/5] HTTP: runs (submit → first gateway call; gateway round trip)", n);
     let mut admission = Vec::with_capacity(n);

@@ -115,11 +115,14 @@ fn a_sh_and_curl_driver_calls_home_and_reaches_nothing_else() {
     wait_state(&s, &other, "succeeded", None);
     let out = output(&s, &other);
     assert!(out.contains("stolen=403"), "another sandbox's token was not refused:\n{out}");
-    // Nothing is left of either run's sandbox.
+    // Nothing is left of either run's sandbox, and the sandbox list never showed them.
+    for run in [&id, &other] {
+        let (_, r) = s.api("GET", &format!("/v1/runs/{run}"), None);
+        let sandbox = r["sandboxId"].as_str().unwrap().to_owned();
+        assert!(!sandbox_alive(data.path(), &sandbox), "run {run}'s sandbox {sandbox} is left");
+    }
     let (_, list) = s.api("GET", "/v1/sandboxes", None);
-    let running: Vec<&Value> =
-        list["items"].as_array().unwrap().iter().filter(|i| i["status"]["state"] == "Running").collect();
-    assert!(running.is_empty(), "{list}");
+    assert!(list["items"].as_array().unwrap().is_empty(), "run sandboxes are the run API's: {list}");
 }
 
 /// A driver that calls home, then finishes at once from its second attempt on, and otherwise

@@ -45,6 +45,8 @@ pub const MAX_RUN_TIMEOUT: u64 = 28_800;
 /// Attempts when the request gives no `maxAttempts`, and the most it may ask for.
 pub const DEFAULT_MAX_ATTEMPTS: i64 = 3;
 pub const MAX_MAX_ATTEMPTS: i64 = 20;
+/// How often attempts of servers that ended are looked for while this one runs.
+const TAKE_BACK_EVERY: Duration = Duration::from_secs(60);
 /// The label of a sandbox made for a run: the run's id.
 pub const RUN_LABEL: &str = "paddock.dev/run";
 /// The most of a driver's output kept (its newest bytes are dropped past it).
@@ -224,25 +226,7 @@ impl Runs {
     /// A sandbox made for a run (labelled with it) that no live attempt holds is destroyed
     /// too: one a crash left between the runtime's create and the run's row.
     pub async fn recover(&self) {
-        let Ok(active) = self.store.active().await else { return };
-        let mut kept = std::collections::HashSet::new();
-        for run in active {
-            let ended = match run.boot.clone() {
-                Some(b) if b == self.boot => false,
-                Some(b) => {
-                    let dd = self.data_dir.clone();
-                    tokio::task::spawn_blocking(move || crate::boot::ended(&dd, &b)).await.unwrap_or(false)
-                }
-                None => true,
-            };
-            if !ended {
-                kept.insert(run.id.clone());
-                continue;
-            }
-            tracing::info!(run = %run.id, epoch = run.epoch, "the server driving this attempt ended: it is lost");
-            self.put_away(&run, run.sandbox_id.as_deref()).await;
-            self.settle(&run, run.epoch, Outcome::Lost("the server driving it stopped".into())).await;
-        }
+        let kept = self.take_back().await;
         match self.rt.list().await {
             Ok(all) => {
                 for info in all {
@@ -261,9 +245,41 @@ impl Runs {
         self.wake.notify_one();
     }
 
+    /// Takes back the attempts of servers that ended (see [`Runs::recover`]); answers the runs
+    /// whose attempts a live server (this one or another) still drives.
+    async fn take_back(&self) -> std::collections::HashSet<String> {
+        let mut kept = std::collections::HashSet::new();
+        let Ok(active) = self.store.active().await else { return kept };
+        for run in active {
+            let ended = match run.boot.clone() {
+                Some(b) if b == self.boot => false,
+                Some(b) => {
+                    let dd = self.data_dir.clone();
+                    tokio::task::spawn_blocking(move || crate::boot::ended(&dd, &b)).await.unwrap_or(false)
+                }
+                None => true,
+            };
+            if !ended {
+                kept.insert(run.id.clone());
+                continue;
+            }
+            tracing::info!(run = %run.id, epoch = run.epoch, "the server driving this attempt ended: it is lost");
+            self.put_away(&run, run.sandbox_id.as_deref()).await;
+            self.settle(&run, run.epoch, Outcome::Lost("the server driving it stopped".into())).await;
+        }
+        kept
+    }
+
     /// Admits waiting runs whenever something changes, until the server drains.
     pub async fn schedule(self: Arc<Self>) {
+        let mut taken_back = tokio::time::Instant::now();
         loop {
+            // Another server on the same data directory may have died with attempts under way:
+            // they are taken back within a minute, not only at this server's next start.
+            if taken_back.elapsed() >= TAKE_BACK_EVERY {
+                taken_back = tokio::time::Instant::now();
+                self.take_back().await;
+            }
             if !self.draining.load(Ordering::SeqCst)
                 && let Err(e) = self.admit().await
             {
@@ -272,8 +288,8 @@ impl Runs {
             // Asleep until a run arrives or ends, or the next backoff ends: an idle server
             // with queued runs does nothing.
             let wait = match self.store.next_backoff_end().await {
-                Ok(Some(t)) => Duration::from_millis(u64::try_from(t - now_ms()).unwrap_or(0).min(60_000)),
-                _ => Duration::from_secs(3600),
+                Ok(Some(t)) => Duration::from_millis(u64::try_from(t - now_ms()).unwrap_or(0)).min(TAKE_BACK_EVERY),
+                _ => TAKE_BACK_EVERY,
             };
             tokio::select! {
                 () = self.wake.notified() => {}

@@ -37,6 +37,7 @@ impl Server {
         let mut config = Self::config(data.path());
         change(&mut config);
         let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
+        paddock_server::start_background(&state).await;
         let gateway = state.runs.gateway_addr().unwrap();
         Self { app: paddock_server::app(state.clone()), gateway, state, rt, _data: data }
     }
@@ -45,6 +46,7 @@ impl Server {
     pub async fn restarted(self) -> Self {
         let config = Self::config(self._data.path());
         let state = paddock_server::build_state(config, self.rt.clone()).await.unwrap();
+        paddock_server::start_background(&state).await;
         let gateway = state.runs.gateway_addr().unwrap();
         Self { app: paddock_server::app(state.clone()), gateway, state, rt: self.rt, _data: self._data }
     }
