@@ -274,6 +274,45 @@ async fn deny_has_no_route_and_no_dns_until_a_change_opens_it() {
     assert_eq!(sh(&env.rt, &id, "curl -sS -m 5 http://allowed.test/").await.code(), 6);
 }
 
+/// A sandbox that only needs its gateway gets an enforcer without the veth and the redirect
+/// table (a faster start; its namespace has no route out), and a policy that opens anything
+/// replaces that enforcer with one that has them, the gateway's listener included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_sandbox_starts_without_rules_and_a_change_puts_them_in() {
+    let world = World::up("g", "10.77.47");
+    let env = world.env();
+    // The gateway's upstream is a listener of this test that answers one line.
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gateway = upstream.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in upstream.incoming().flatten() {
+            // The forwarder's line, then the request's head: read before answering.
+            let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                line.clear();
+            }
+            let _ = std::io::Write::write_all(&mut conn, b"HTTP/1.0 200 OK\r\n\r\nhome\n");
+        }
+    });
+    let id = env.confined(SandboxSpec { gateway: Some(gateway), ..Default::default() }).await;
+    let bare = env.data().join("sandboxes").join(id.as_str()).join("egress.bare");
+    assert!(bare.exists(), "a deny-all gateway sandbox's enforcer has no rules");
+    let routes = sh(&env.rt, &id, "ip route").await;
+    let links = sh(&env.rt, &id, "ip link").await;
+    assert!(!routes.stdout.contains("default") && !links.stdout.contains("pdk0"), "{}{}", routes.stdout, links.stdout);
+    let home = sh(&env.rt, &id, "curl -sS -m 5 \"$PADDOCK_GATEWAY/\"").await;
+    assert!(home.stdout.ends_with("home\n"), "the gateway answers: {} {}", home.stdout, home.stderr);
+    assert_ne!(sh(&env.rt, &id, &format!("curl -sS -m 3 http://{}/", world.ip)).await.code(), 0);
+
+    env.rt.set_egress(&id, EgressPolicy::allow_all()).await.unwrap();
+    assert!(!bare.exists(), "the enforcer was replaced by one with rules");
+    let out = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
+    assert_eq!(out.stdout, "hello from outside host=allowed.test sni=-\n", "{}", out.stderr);
+    let home = sh(&env.rt, &id, "curl -sS -m 5 \"$PADDOCK_GATEWAY/\"").await;
+    assert!(home.stdout.ends_with("home\n"), "the gateway still answers: {} {}", home.stdout, home.stderr);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_all_still_refuses_the_host_metadata_loopback_and_private_ranges() {
     let world = World::up("a", "10.77.43");
