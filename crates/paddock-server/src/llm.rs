@@ -25,7 +25,7 @@ use crate::error::{ApiError, ApiResult};
 /// The route's path on the gateway; the sandbox's variables point at `<gateway>/llm/v1`.
 pub const ROUTE: &str = "/llm/v1";
 /// The most of a request body read to learn its model (chat requests are far smaller).
-const MAX_REQUEST: usize = 32 << 20;
+const MAX_REQUEST: usize = 8 << 20;
 /// The most of a non-streamed answer read to learn its token count; larger ones pass as they come.
 const MAX_ANSWER_INSPECTED: u64 = 4 << 20;
 

@@ -86,6 +86,7 @@ pub fn view(r: &RunRow) -> Value {
         "tier": r.tier,
         "state": r.state.as_str(),
         "thread": r.thread,
+        "evaluation": r.evaluation,
         "image": r.spec.image,
         "command": r.spec.command,
         "timeout": r.spec.timeout,
@@ -600,7 +601,7 @@ pub fn openapi_paths() -> Value {
     let run = json!({"type": "object", "required": ["id", "tier", "state", "attempt", "epoch"], "properties": {
         "id": {"type": "string"}, "tier": {"type": "string"},
         "state": {"type": "string", "enum": RunState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()},
-        "thread": {"type": ["string", "null"]}, "image": {"type": ["string", "null"]},
+        "thread": {"type": ["string", "null"]}, "evaluation": {"type": ["string", "null"]}, "image": {"type": ["string", "null"]},
         "command": {"type": "array", "items": {"type": "string"}}, "timeout": {"type": "integer"},
         "attempt": {"type": "integer"}, "maxAttempts": {"type": "integer"}, "epoch": {"type": "integer"},
         "exitCode": {"type": ["integer", "null"]}, "reason": {"type": ["string", "null"]},
