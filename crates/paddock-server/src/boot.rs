@@ -62,6 +62,15 @@ pub fn ended(data_dir: &Path, boot: &str) -> bool {
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared).is_ok()
 }
 
+/// [`ended`], but a start of this data directory whose file is gone counts as ended too: a
+/// live start's file is never removed (see [`prune`]), so a pruned one belonged to a server that
+/// ended a day or more ago. For records that name their server's start (runs), never for
+/// sandboxes a server of another data directory may be making.
+pub fn ended_or_gone(data_dir: &Path, boot: &str) -> bool {
+    let valid = !boot.is_empty() && boot.bytes().all(|b| b.is_ascii_hexdigit());
+    valid && (!dir(data_dir).join(boot).exists() || ended(data_dir, boot))
+}
+
 /// Removes the files of starts that ended over a day ago.
 fn prune(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else { return };

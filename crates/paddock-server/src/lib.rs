@@ -270,30 +270,33 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
 /// Sandbox routes accept the API key (proxy mode) or the token of that very sandbox (direct
 /// mode, where the SDK sends only the endpoint's headers). A token never opens another sandbox.
 async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    // Traffic to a sandbox renews it when it asked for that (after the checks below pass).
-    if let Some(id) = sandbox_id_of(req.uri().path()) {
-        let renew = state.clone();
-        let using = state.activity.begin(&id);
-        let authorized = key_or_token(&state, req, next).await;
-        if authorized.status() == StatusCode::UNAUTHORIZED {
-            return authorized;
-        }
-        tokio::spawn(async move { lifecycle::renew_on_access(&renew, &id).await });
-        return authorized.map(|body| activity::Held::wrap(body, using));
+    if let Err(refused) = key_or_token(&state, &req) {
+        return refused.into_response();
     }
-    key_or_token(&state, req, next).await
+    // An authorised request to a sandbox is a use of it (the idle reaper's clock) until its
+    // response has been sent, and renews it when it asked for that.
+    match sandbox_id_of(req.uri().path()).filter(|id| paddock_core::runtime::SandboxId::parse(id).is_ok()) {
+        Some(id) => {
+            let using = state.activity.begin(&id);
+            let renew = state.clone();
+            tokio::spawn(async move { lifecycle::renew_on_access(&renew, &id).await });
+            next.run(req).await.map(|body| activity::Held::wrap(body, using))
+        }
+        None => next.run(req).await,
+    }
 }
 
-async fn key_or_token(state: &AppState, req: Request, next: Next) -> Response {
-    let state = state.clone();
-    if api_key_ok(&state, &req).is_ok() {
-        return next.run(req).await;
+/// Whether a request may reach a sandbox's routes: the API key, a route's own grant for that
+/// sandbox, or that very sandbox's token.
+fn key_or_token(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    if api_key_ok(state, req).is_ok() {
+        return Ok(());
     }
     // A signed route or a ticket opens the sandbox it was made for, and no other.
     if let Some(routes::RouteGrant(id)) = req.extensions().get::<routes::RouteGrant>()
         && sandbox_id_of(req.uri().path()).as_deref() == Some(id.as_str())
     {
-        return next.run(req).await;
+        return Ok(());
     }
     // A token is checked against the id in the path, so it never opens another sandbox.
     let token = req.headers().get(SANDBOX_TOKEN_HEADER).or_else(|| req.headers().get(EXECD_TOKEN_HEADER));
@@ -302,14 +305,9 @@ async fn key_or_token(state: &AppState, req: Request, next: Next) -> Response {
         _ => None,
     };
     match token_ok {
-        Some(true) => next.run(req).await,
-        Some(false) => {
-            ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox").into_response()
-        }
-        None => match api_key_ok(&state, &req) {
-            Err(e) => e.into_response(),
-            Ok(()) => next.run(req).await,
-        },
+        Some(true) => Ok(()),
+        Some(false) => Err(ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox")),
+        None => api_key_ok(state, req),
     }
 }
 

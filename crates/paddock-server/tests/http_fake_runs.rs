@@ -315,11 +315,15 @@ async fn a_requeued_attempt_gets_a_new_epoch_and_the_stale_one_writes_nothing() 
     let old = token(dir.path(), 1).await;
     let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &old, &[], b"", None).await;
     assert_eq!(status, 200);
+    let first = tar_of(&[("r", b"from the first attempt")]);
+    assert_eq!(gateway(s.gateway, "PUT", "/v1/result", &old, &[], &first, None).await.0, 201);
     // 75: the driver asks to run again.
     exit_with(dir.path(), 1, 75);
     let new = token(dir.path(), 2).await;
     let run = wait_state(&s, &id, "starting", Some(2)).await;
-    assert_eq!(run["attempt"], 2, "{run}");
+    assert_eq!((run["attempt"].as_i64(), run["hasResult"].as_bool()), (Some(2), Some(false)), "{run}");
+    let (status, _) = s.request("GET", &format!("/v1/runs/{id}/result"), &[], Vec::new()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "an earlier attempt's result is not the run's");
     let result = tar_of(&[("r", b"from the current attempt")]);
     let (status, _) = gateway(s.gateway, "PUT", "/v1/result", &new, &[], &result, None).await;
     assert_eq!(status, 201);

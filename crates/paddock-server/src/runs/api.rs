@@ -341,10 +341,22 @@ async fn evaluate(State(runs): State<Arc<Runs>>, ApiJson(req): ApiJson<Evaluatio
         };
         let what = t.name.as_deref().map(|n| format!("task {i} ({n})")).unwrap_or_else(|| format!("task {i}"));
         plan(&runs, &submit).map_err(|e| ApiError::new(e.status, e.code, format!("{what}: {}", e.message)))?;
-        if let Some(b64) = &submit.inputs
-            && base64::engine::general_purpose::STANDARD.decode(b64.trim()).is_err()
-        {
-            return Err(ApiError::bad_request(format!("{what}: inputs: not base64 (give a tar, base64-encoded)")));
+        // Inputs are checked whole here too, so no task is queued before a later one fails.
+        if let Some(b64) = &submit.inputs {
+            let raw = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|_| {
+                ApiError::bad_request(format!("{what}: inputs: not base64 (give a tar, base64-encoded)"))
+            })?;
+            if raw.len() as u64 > runs.opts.max_tar_bytes {
+                return Err(ApiError::bad_request(format!(
+                    "{what}: inputs: larger than {} bytes",
+                    runs.opts.max_tar_bytes
+                )));
+            }
+            let limits =
+                super::tarcheck::Limits { max_entries: runs.opts.max_tar_entries, max_bytes: runs.opts.max_tar_bytes };
+            super::tarcheck::check(&raw[..], limits).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARCHIVE", format!("{what}: inputs: {}", e.0))
+            })?;
         }
         submits.push((what, submit));
     }
@@ -438,7 +450,10 @@ async fn cancel(State(runs): State<Arc<Runs>>, RunPath(run): RunPath) -> ApiResu
 
 async fn result(State(runs): State<Arc<Runs>>, RunPath(run): RunPath) -> ApiResult<Response> {
     let path = runs.dir(&run.id).join("result.tar");
-    match tokio::fs::File::open(&path).await {
+    // An earlier attempt's archive is not this run's result.
+    let opened =
+        if run.has_result { tokio::fs::File::open(&path).await } else { Err(std::io::ErrorKind::NotFound.into()) };
+    match opened {
         Ok(f) => {
             Ok(([(header::CONTENT_TYPE, "application/x-tar")], Body::from_stream(tokio_util::io::ReaderStream::new(f)))
                 .into_response())
@@ -473,7 +488,13 @@ async fn put_inputs(State(runs): State<Arc<Runs>>, RunPath(run): RunPath, body: 
         tokio::fs::rename(&tmp, dir.join("inputs.tar"))
             .await
             .map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;
-        runs.store().set_inputs(&run.id).await?;
+        if !runs.store().set_inputs(&run.id).await? {
+            let _ = tokio::fs::remove_file(dir.join("inputs.tar")).await;
+            return Err(ApiError::conflict(format!(
+                "run {} started while its inputs were uploaded: give inputs with the submission to be sure they are there",
+                run.id
+            )));
+        }
         Ok(())
     }
     .await;

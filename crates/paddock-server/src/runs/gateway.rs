@@ -32,6 +32,9 @@ use crate::ApiJson;
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 
+/// The largest event (or other JSON body) a driver may send; results are tars, bounded apart.
+const MAX_EVENT: usize = 64 << 10;
+
 /// The sandbox a connection comes from, as its forwarder named it; `None` for a direct
 /// connection (a runtime whose sandboxes reach the gateway by address).
 #[derive(Debug, Clone)]
@@ -196,7 +199,11 @@ async fn result(State(runs): State<Arc<Runs>>, a: Attempt, headers: HeaderMap, b
     }
     let want = wanted_digest(&headers)?;
     let dir = runs.dir(&a.run);
-    let tmp = dir.join(format!("result.tar.{}.part", a.epoch));
+    let mut nonce = [0u8; 8];
+    rustix::rand::getrandom(&mut nonce, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| ApiError::internal(format!("getrandom: {e}")))?;
+    // One name per upload: two uploads at once never write through each other's file.
+    let tmp = dir.join(format!("result.tar.{}.{}.part", a.epoch, hex::encode(nonce)));
     let outcome = async {
         let got = body_to_file(body, &tmp, runs.opts.max_tar_bytes).await?;
         if let Some(want) = want
@@ -265,12 +272,12 @@ pub fn router(runs: Arc<Runs>) -> Router {
     Router::new()
         .route("/v1/heartbeat", post(heartbeat))
         .route("/v1/inputs", get(inputs))
-        .route("/v1/result", put(result))
-        .route("/v1/events", post(event))
+        .route("/v1/result", put(result).layer(DefaultBodyLimit::disable()))
+        .route("/v1/events", post(event).layer(DefaultBodyLimit::max(MAX_EVENT)))
         .route("/v1/run", get(whoami))
         .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .fallback(|| async { ApiError::not_found("no such gateway route: see the gateway routes in /v1/openapi.json") })
-        .layer(DefaultBodyLimit::disable())
+        .layer(DefaultBodyLimit::max(MAX_EVENT))
         .layer(axum::middleware::from_fn(crate::unread::close_when_unread))
         .with_state(runs)
 }

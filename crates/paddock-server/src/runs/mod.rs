@@ -108,6 +108,8 @@ enum Stop {
 
 /// An attempt this server drives.
 struct Active {
+    /// The attempt's epoch: the entry is its task's only while the epochs match.
+    epoch: i64,
     rank: usize,
     memory: u64,
     /// When it was admitted: the newest is preempted first.
@@ -255,7 +257,7 @@ impl Runs {
                 Some(b) if b == self.boot => false,
                 Some(b) => {
                     let dd = self.data_dir.clone();
-                    tokio::task::spawn_blocking(move || crate::boot::ended(&dd, &b)).await.unwrap_or(false)
+                    tokio::task::spawn_blocking(move || crate::boot::ended_or_gone(&dd, &b)).await.unwrap_or(false)
                 }
                 None => true,
             };
@@ -369,16 +371,25 @@ impl Runs {
     async fn start(self: &Arc<Self>, rank: usize, memory: u64, run: RunRow) -> Result<(), sqlx::Error> {
         let Some(epoch) = self.store.begin_attempt(&run.id, run.epoch, &self.boot).await? else { return Ok(()) };
         let (stop, stop_rx) = watch::channel(None);
-        self.lock_active()
-            .insert(run.id.clone(), Active { rank, memory, admitted_ms: now_ms(), thread: run.thread.clone(), stop });
+        self.lock_active().insert(
+            run.id.clone(),
+            Active { epoch, rank, memory, admitted_ms: now_ms(), thread: run.thread.clone(), stop },
+        );
         self.note_state(&run.id).await;
         let me = self.clone();
         tokio::spawn(async move {
             let row = me.store.get(&run.id).await.ok().flatten().unwrap_or(run);
             let (outcome, sandbox) = me.drive(&row, epoch, stop_rx).await;
             me.put_away(&row, sandbox.as_deref()).await;
+            // Out of the count before the run can be admitted again, and only this attempt's
+            // entry: a next attempt's must never be taken out by the one before.
+            {
+                let mut active = me.lock_active();
+                if active.get(&row.id).is_some_and(|a| a.epoch == epoch) {
+                    active.remove(&row.id);
+                }
+            }
             me.settle(&row, epoch, outcome).await;
-            me.lock_active().remove(&row.id);
             me.wake.notify_one();
         });
         Ok(())
@@ -487,7 +498,9 @@ impl Runs {
                 },
                 changed = stop.changed() => match (changed, *stop.borrow()) {
                     (Ok(()), Some(s)) => Some(Outcome::Stopped(s)),
-                    _ => None,
+                    (Ok(()), None) => None,
+                    // Nobody can stop it any more: never the case while its entry lives.
+                    (Err(_), _) => Some(Outcome::Stopped(Stop::Cancel)),
                 },
                 () = tokio::time::sleep(deadline.unwrap_or(Duration::from_secs(3600))) => self.missed(run, epoch).await,
             };

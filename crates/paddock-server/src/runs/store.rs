@@ -255,8 +255,11 @@ impl RunStore {
 
     /// When the next requeued run's backoff ends, if one waits.
     pub async fn next_backoff_end(&self) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar("SELECT MIN(not_before_ms) FROM runs WHERE state = ?")
+        // Only backoffs still running: one that ended is a waiting run like any other, admitted
+        // when something changes, not a reason to wake at once again and again.
+        sqlx::query_scalar("SELECT MIN(not_before_ms) FROM runs WHERE state = ? AND not_before_ms > ?")
             .bind(RunState::Requeued.as_str())
+            .bind(now_ms())
             .fetch_one(&self.pool)
             .await
     }
@@ -291,7 +294,7 @@ impl RunStore {
         let now = now_ms();
         let done = sqlx::query(
             "UPDATE runs SET state = ?, attempt = attempt + 1, epoch = epoch + 1, boot = ?, sandbox_id = NULL,
-             started_at_ms = ?, first_call_at_ms = NULL, lease_expires_ms = NULL, exit_code = NULL,
+             started_at_ms = ?, first_call_at_ms = NULL, lease_expires_ms = NULL, exit_code = NULL, has_result = 0,
              not_before_ms = NULL, updated_at_ms = ? WHERE id = ? AND epoch = ? AND state IN (?, ?)",
         )
         .bind(RunState::Starting.as_str())
