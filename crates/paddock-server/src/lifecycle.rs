@@ -607,6 +607,7 @@ async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
         if matches!(new_state, "Terminated" | "Failed") {
             // Its commands can no longer run: drop their logs and registry entries.
             state.commands.forget_sandbox(&row.id);
+            forget_use(state, &row.id);
         }
         state.store.set_state(&row.id, new_state, Some(reason), message.as_deref()).await?;
         return Ok(state.store.get(&row.id).await?.unwrap_or(row));
@@ -683,6 +684,7 @@ async fn remove(State(state): State<AppState>, Path(id): Path<String>) -> ApiRes
         Err(e) => return Err(e.into()),
     }
     state.commands.forget_sandbox(&id);
+    forget_use(&state, &id);
     state.store.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -998,6 +1000,12 @@ async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Background work
 
+/// Drops what the server keeps in memory of a sandbox's use, once the sandbox is gone.
+fn forget_use(state: &AppState, id: &str) {
+    state.activity.forget(id);
+    state.renewals.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+}
+
 /// The extensions a create may carry; any other is refused, never stored and ignored.
 const KNOWN_EXTENSIONS: [&str; 2] = ["workspace", RENEW_ON_ACCESS];
 /// OpenSandbox's renew intent: each access extends the expiry to this many seconds from then.
@@ -1209,7 +1217,7 @@ pub async fn reap_idle(state: &AppState, idle: Duration) {
             Ok(()) => {
                 tracing::info!(sandbox = %row.id, thread = ?thread, idle_s = (now - last) / 1000, "gave back an idle sandbox");
                 state.commands.forget_sandbox(&row.id);
-                state.activity.forget(&row.id);
+                forget_use(state, &row.id);
                 if let Err(e) = state.store.delete(&row.id).await {
                     tracing::warn!(sandbox = %row.id, error = %e, "forgetting an idle sandbox");
                 }

@@ -529,6 +529,7 @@ async fn events(
     let mut changed = runs.subscribe();
     let id = run.id.clone();
     tokio::spawn(async move {
+        let mut told_end = false;
         loop {
             let batch = match runs.store().events_after(&id, after, 256).await {
                 Ok(b) => b,
@@ -537,6 +538,10 @@ async fn events(
             let got = batch.len();
             for ev in batch {
                 after = ev.seq;
+                // The stream ends after the event that says the run ended, never before it: the
+                // row turns terminal a moment before that event is written.
+                told_end = ev.kind == "state"
+                    && ev.data["state"].as_str().and_then(RunState::parse).is_some_and(RunState::is_terminal);
                 let data = json!({"seq": ev.seq, "type": ev.kind, "data": ev.data, "at": rfc3339(ev.at_ms)});
                 let event = Event::default().id(ev.seq.to_string()).event(ev.kind.clone()).data(data.to_string());
                 if tx.send(Ok(event)).await.is_err() {
@@ -546,8 +551,8 @@ async fn events(
             if got == 256 {
                 continue;
             }
-            let ended = runs.store().get(&id).await.ok().flatten().is_none_or(|r| r.state.is_terminal());
-            if ended && runs.store().events_after(&id, after, 1).await.map(|e| e.is_empty()).unwrap_or(true) {
+            let gone = runs.store().get(&id).await.ok().flatten().is_none();
+            if told_end || gone {
                 return;
             }
             // Woken by any run's change; a lagging receiver just reads the store again.

@@ -255,7 +255,21 @@ async fn event(State(runs): State<Arc<Runs>>, a: Attempt, ApiJson(ev): ApiJson<D
             let _ = runs.changed.send(a.run.clone());
             Ok((StatusCode::CREATED, axum::Json(json!({"seq": seq}))).into_response())
         }
-        None => Err(stale(&runs, &a).await),
+        None => {
+            let full = runs.store().events_after(&a.run, super::store::MAX_EVENTS - 1, 1).await?;
+            if !full.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "TOO_MANY_EVENTS",
+                    format!(
+                        "run {} holds {} events, the most a run keeps: send fewer, larger ones, or put detail in the result",
+                        a.run,
+                        super::store::MAX_EVENTS
+                    ),
+                ));
+            }
+            Err(stale(&runs, &a).await)
+        }
     }
 }
 

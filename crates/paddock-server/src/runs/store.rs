@@ -147,6 +147,9 @@ pub struct Filter {
 }
 
 const ACTIVE: [RunState; 2] = [RunState::Starting, RunState::Running];
+/// The most events a run keeps: a driver that sends more is refused, so no sandbox can fill the
+/// server's disk through its events.
+pub const MAX_EVENTS: i64 = 10_000;
 
 #[derive(Debug, Clone)]
 pub struct RunStore {
@@ -470,6 +473,7 @@ impl RunStore {
              SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_events WHERE run_id = ?1), 'driver', ?2, ?3
              WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1 AND epoch = ?4 AND sandbox_id = ?5 AND state IN (?6, ?7)
                            AND (lease_expires_ms IS NULL OR lease_expires_ms >= ?3))
+             AND (SELECT COUNT(*) FROM run_events WHERE run_id = ?1) < ?8
              RETURNING seq",
         )
         .bind(run)
@@ -479,6 +483,7 @@ impl RunStore {
         .bind(sandbox)
         .bind(ACTIVE[0].as_str())
         .bind(ACTIVE[1].as_str())
+        .bind(MAX_EVENTS)
         .fetch_optional(&self.pool)
         .await
     }
