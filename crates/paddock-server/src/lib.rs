@@ -300,14 +300,33 @@ fn key_or_token(state: &AppState, req: &Request) -> Result<(), ApiError> {
     }
     // A token is checked against the id in the path, so it never opens another sandbox.
     let token = req.headers().get(SANDBOX_TOKEN_HEADER).or_else(|| req.headers().get(EXECD_TOKEN_HEADER));
-    let token_ok = match (sandbox_id_of(req.uri().path()), token) {
-        (Some(id), Some(token)) => Some(state.token_key.verify(&id, token.as_bytes())),
-        _ => None,
-    };
-    match token_ok {
-        Some(true) => Ok(()),
-        Some(false) => Err(ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox")),
-        None => api_key_ok(state, req),
+    let Some((id, token)) = sandbox_id_of(req.uri().path()).zip(token) else { return api_key_ok(state, req) };
+    // The egress port changes what the sandbox may reach, which the sandbox's own token must not
+    // (whoever holds it runs code in the sandbox): it takes the API key or the egress token that
+    // only an endpoint of port 18080, asked for with the API key, hands out. The sandbox's token
+    // may still read the policy.
+    if proxied_port_of(req.uri().path()) == Some(EGRESS_PORT) {
+        if state.token_key.verify_egress(&id, token.as_bytes()) {
+            return Ok(());
+        }
+        let reads = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+        return match state.token_key.verify(&id, token.as_bytes()) {
+            true if reads => Ok(()),
+            true => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "EGRESS_NEEDS_API_KEY",
+                "a sandbox token may read this sandbox's egress policy but not change it: send the API key, or the headers of this sandbox's endpoint for port 18080",
+            )),
+            false => Err(ApiError::unauthorized(
+                "INVALID_SANDBOX_TOKEN",
+                "this token does not open this sandbox's egress API",
+            )),
+        };
+    }
+    if state.token_key.verify(&id, token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized("INVALID_SANDBOX_TOKEN", "this token does not open this sandbox"))
     }
 }
 

@@ -815,7 +815,13 @@ async fn endpoint(
     let body = if proxy {
         json!({ "endpoint": endpoint })
     } else {
-        let token = state.token_key.token(&row.id);
+        // The egress port's headers carry a token that may change the policy; every other
+        // port's carry the sandbox's own token, which may not.
+        let token = if port == crate::EGRESS_PORT {
+            state.token_key.egress_token(&row.id)
+        } else {
+            state.token_key.token(&row.id)
+        };
         json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: token, crate::EXECD_TOKEN_HEADER: token } })
     };
     Ok(axum::Json(body).into_response())

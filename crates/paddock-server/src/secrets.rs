@@ -131,6 +131,24 @@ impl TokenKey {
         Some((run.to_owned(), epoch, sandbox.to_owned()))
     }
 
+    /// The token of a sandbox's egress API (port 18080), given only with that port's endpoint:
+    /// it may change what the sandbox reaches, so it is made from a message no sandbox token is.
+    pub fn egress_token(&self, sandbox_id: &str) -> String {
+        hex::encode(self.egress_mac(sandbox_id).finalize().into_bytes())
+    }
+
+    fn egress_mac(&self, sandbox_id: &str) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(format!("egress\0{sandbox_id}").as_bytes());
+        mac
+    }
+
+    /// Whether `token` is the egress token of `sandbox_id`, compared in constant time.
+    pub fn verify_egress(&self, sandbox_id: &str, token: &[u8]) -> bool {
+        let Ok(raw) = hex::decode(token) else { return false };
+        self.egress_mac(sandbox_id).verify_slice(&raw).is_ok()
+    }
+
     /// Whether `token` is the one of `sandbox_id`, compared in constant time.
     pub fn verify(&self, sandbox_id: &str, token: &[u8]) -> bool {
         let Ok(raw) = hex::decode(token) else { return false };
@@ -182,6 +200,10 @@ mod tests {
         assert!(!key.verify("sbx-a", &a.as_bytes()[..62]));
         assert!(!key.verify("sbx-a", b"not hex"));
         assert!(!TokenKey::from_bytes([8; 32]).verify("sbx-a", a.as_bytes()), "another key, another token");
+        let egress = key.egress_token("sbx-a");
+        assert!(key.verify_egress("sbx-a", egress.as_bytes()) && !key.verify_egress("sbx-b", egress.as_bytes()));
+        assert!(!key.verify_egress("sbx-a", a.as_bytes()), "a sandbox token is no egress token");
+        assert!(!key.verify("sbx-a", egress.as_bytes()), "nor the other way round");
     }
 
     #[test]

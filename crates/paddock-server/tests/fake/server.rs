@@ -121,6 +121,25 @@ impl Server {
         (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
     }
 
+    /// A JSON request with exactly these headers (no API key unless given).
+    pub async fn without_key(
+        &self,
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(uri).header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res =
+            self.app.clone().oneshot(req.body(Body::from(serde_json::to_vec(body).unwrap())).unwrap()).await.unwrap();
+        let status = res.status();
+        let out = res.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
+    }
+
     pub async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
         let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
         let (status, out) = self.raw(method, uri, "application/json", bytes).await;

@@ -1,0 +1,109 @@
+//! What a sandbox's own token may do, route by route, against `FakeRuntime` (no isolation: see
+//! `fake/mod.rs`). Whoever holds that token runs code in the sandbox, so it must never change
+//! what the sandbox may reach, nor touch the server's lifecycle, runs or other sandboxes.
+
+mod fake;
+
+use axum::http::StatusCode;
+use fake::server::{Server, assert_error};
+use serde_json::json;
+
+/// Every method and path of the server's OpenAPI document with its parameters filled in for
+/// sandbox `id`, plus the egress sidecar's routes (served on port 18080 through the proxy).
+async fn every_route(s: &Server, id: &str) -> Vec<(String, String)> {
+    let (status, doc) = s.call("GET", "/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    let mut routes = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("the document lists paths") {
+        for method in ["get", "put", "post", "patch", "delete"] {
+            // Operations with servers of their own (the runs' gateway) are not on this listener.
+            if item.get(method).is_some_and(|op| op.get("servers").is_none()) {
+                let filled = fill(path, id);
+                routes.push((method.to_uppercase(), format!("/v1{filled}")));
+            }
+        }
+    }
+    for method in ["GET", "PUT", "POST", "PATCH", "DELETE"] {
+        routes.push((method.into(), format!("/v1/sandboxes/{id}/proxy/18080/policy")));
+    }
+    routes.push(("POST".into(), format!("/v1/sandboxes/{id}/proxy/18080/credential-vault/credentials")));
+    routes
+}
+
+/// `{id}` is the sandbox, `{port}` a port of it, any other parameter a name that exists nowhere.
+fn fill(path: &str, id: &str) -> String {
+    let mut out = path.replace("{id}", id).replace("{port}", "8080");
+    while let Some(start) = out.find('{') {
+        let end = out[start..].find('}').map_or(out.len(), |e| start + e + 1);
+        out.replace_range(start..end, "p1");
+    }
+    out
+}
+
+#[tokio::test]
+async fn fake_runtime_a_sandbox_token_reaches_only_its_own_sandbox_and_never_its_egress() {
+    let s = Server::new().await;
+    let body = json!({"image": {"uri": "fake"}, "networkPolicy": {"defaultAction": "deny", "egress": [{"action": "allow", "target": "allowed.test"}]}});
+    let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let (_, execd) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None).await;
+    let token = execd["headers"]["x-paddock-sandbox-token"].as_str().unwrap().to_owned();
+
+    let mut may = Vec::new();
+    for (method, path) in every_route(&s, &id).await {
+        let (status, answer) = s
+            .with_headers(&method, &path, &[("x-paddock-sandbox-token", &token), ("content-type", "application/json")])
+            .await;
+        if status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN {
+            may.push(format!("{method} {path} -> {}", status.as_u16()));
+            continue;
+        }
+        assert!(answer["code"].is_string() && answer["message"].is_string(), "{method} {path}: {answer}");
+    }
+    // The list, for whoever reads the test's output: what a sandbox token opens.
+    println!("a sandbox token may call:\n  {}", may.join("\n  "));
+    let own = format!("/v1/sandboxes/{id}/proxy/");
+    for line in &may {
+        let (method, rest) = line.split_once(' ').unwrap();
+        assert!(rest.starts_with(&own), "a sandbox token opens a route outside its sandbox's proxy: {line}");
+        if rest.starts_with(&format!("{own}18080")) {
+            assert!(method == "GET", "a sandbox token may change its egress: {line}");
+        }
+    }
+    assert!(may.iter().any(|l| l.contains("/proxy/44772/command")), "the token runs commands: {may:?}");
+    assert!(
+        may.iter().any(|l| l.starts_with("GET ") && l.contains("/proxy/18080/policy")),
+        "and reads its policy: {may:?}"
+    );
+
+    // Opening the sandbox with a PUT through the sidecar is refused, and the policy is unchanged.
+    let sidecar = format!("/v1/sandboxes/{id}/proxy/18080/policy");
+    let (status, refused) = s.with_headers("PUT", &sidecar, &[("x-paddock-sandbox-token", &token)]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert_error(&refused, "EGRESS_NEEDS_API_KEY");
+    let (_, policy) = s.call("GET", &sidecar, None).await;
+    assert_eq!(policy["policy"]["defaultAction"], "deny", "{policy}");
+
+    // The endpoint of port 18080, asked for with the API key, carries a token that may change
+    // the policy (the SDK's direct mode) and opens nothing else.
+    let (_, egress) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/18080"), None).await;
+    let egress_token = egress["headers"]["x-execd-access-token"].as_str().unwrap().to_owned();
+    assert_ne!(egress_token, token, "{egress}");
+    let rule = json!([{"action": "allow", "target": "more.test"}]);
+    let (status, changed) = s.without_key("PATCH", &sidecar, &[("x-execd-access-token", &egress_token)], &rule).await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["policy"]["egress"][0]["target"], "more.test", "{changed}");
+    let (status, _) =
+        s.with_headers("GET", &Server::execd(&id, "/ping"), &[("x-execd-access-token", &egress_token)]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the egress token runs no command");
+    let other = s.create().await;
+    let (status, _) = s
+        .with_headers(
+            "GET",
+            &format!("/v1/sandboxes/{other}/proxy/18080/policy"),
+            &[("x-execd-access-token", &egress_token)],
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "nor opens another sandbox's egress");
+}
