@@ -20,6 +20,8 @@ pub enum ImageError {
         "no space left on the device holding the image store: {0}; free disk space (`paddock image prune` removes unused images) and pull again"
     )]
     NoSpace(String),
+    #[error("the image is larger than this host allows: {0}; nothing of the layer was kept")]
+    TooLarge(String),
     #[error("image in use: {0}")]
     InUse(String),
     #[error("unsupported image: {0}")]

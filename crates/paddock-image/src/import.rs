@@ -225,15 +225,24 @@ impl Store {
                 config.rootfs.diff_ids.len()
             )));
         }
+        let mut unpacked = 0;
         for (desc, diff_id) in layers.iter().zip(&config.rootfs.diff_ids) {
-            self.import_layer(src, &member(&desc.digest)?, &desc.digest, diff_id)?;
+            self.import_layer(src, &member(&desc.digest)?, &desc.digest, diff_id, unpacked)?;
+            unpacked += self.layer_size(diff_id);
         }
         self.write_blob(&digest, &manifest_bytes)?;
         self.set_ref(&name, &digest)?;
         self.load(&name, &digest)
     }
 
-    fn import_layer(&self, src: &Source, member: &str, blob_digest: &str, diff_id: &str) -> Result<()> {
+    fn import_layer(
+        &self,
+        src: &Source,
+        member: &str,
+        blob_digest: &str,
+        diff_id: &str,
+        image_before: u64,
+    ) -> Result<()> {
         if self.has_layer(diff_id)? {
             return Ok(());
         }
@@ -250,7 +259,7 @@ impl Store {
                 "{member} in the archive has digest {actual}, not {blob_digest}; the archive is damaged"
             )));
         }
-        self.unpack_layer(open()?, diff_id).map(|_| ())
+        self.unpack_layer(open()?, diff_id, image_before).map(|_| ())
     }
 
     fn oci_layout(&self, src: &Source, file: &Path, tag: Option<Ref>) -> Result<(String, String, Vec<u8>)> {

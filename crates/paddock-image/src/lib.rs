@@ -5,6 +5,7 @@
 
 mod error;
 mod import;
+mod limits;
 mod oci;
 mod pull;
 mod reference;
@@ -13,6 +14,7 @@ mod unpack;
 mod user;
 
 pub use error::ImageError;
+pub use limits::Limits;
 pub use pull::{Credentials, Progress, PullOptions, RegistryCa, RegistryConfig, layer_downloads};
 pub use reference::normalize;
 pub use store::{Image, ImageConfig, ImageInfo, PruneReport, Store};

@@ -382,9 +382,11 @@ impl Store {
                 diff_ids.len()
             )));
         }
-        let mut downloaded = 0;
+        let (mut downloaded, mut unpacked) = (0, 0);
         for (desc, diff_id) in layers.iter().zip(diff_ids) {
-            downloaded += self.fetch_layer(&client, &oref, host, desc, diff_id, progress).await?;
+            let remote = Remote { client: &client, oref: &oref, host };
+            downloaded += self.fetch_layer(&remote, desc, diff_id, unpacked, progress).await?;
+            unpacked += self.layer_size(diff_id);
         }
         self.write_blob(&digest, &bytes)?;
         self.set_ref(&name, &digest)?;
@@ -396,11 +398,10 @@ impl Store {
     /// already did; returns the bytes downloaded.
     async fn fetch_layer(
         &self,
-        client: &Client,
-        oref: &Reference,
-        host: &str,
+        remote: &Remote<'_>,
         desc: &Descriptor,
         diff_id: &str,
+        image_before: u64,
         progress: &(dyn Fn(&Progress) + Send + Sync),
     ) -> Result<u64> {
         let cached = || progress(&Progress::Cached { digest: desc.digest.clone() });
@@ -427,10 +428,10 @@ impl Store {
         let unpacking = tokio::task::spawn_blocking(move || {
             let _lock = lock;
             let layer = Streamed { rx, buf: bytes::Bytes::new(), verified: false };
-            store.unpack_layer_then(layer, &diff, Streamed::verified)
+            store.unpack_layer_then(layer, &diff, image_before, Streamed::verified)
         });
         let mut sink = Some(tx);
-        let downloaded = self.download(client, oref, host, desc, &mut sink, progress).await;
+        let downloaded = self.download(remote.client, remote.oref, remote.host, desc, &mut sink, progress).await;
         if let Some(tx) = sink {
             let end = downloaded.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = tx.send(Piece::End(end)).await;
@@ -439,6 +440,10 @@ impl Store {
             progress(&Progress::Unpacking { digest: desc.digest.clone() });
         }
         let unpacked = unpacking.await.map_err(|e| ImageError::Io(format!("unpack task failed: {e}"))).and_then(|r| r);
+        // A layer past a bound stops its own download, and the bound is what went wrong.
+        if let Err(e @ (ImageError::TooLarge(_) | ImageError::NoSpace(_))) = unpacked {
+            return Err(e);
+        }
         // A damaged blob usually breaks the unpacking too; the digest says what went wrong.
         let n = downloaded?;
         unpacked.map(|_| n)
@@ -483,10 +488,13 @@ impl Store {
                     "{what} from {host} is longer than the {total} bytes its manifest says"
                 )));
             }
+            // The unpacking reads to the download's end unless it failed: then (a bound, a
+            // corrupt archive) the rest of the blob is of no use.
             if let Some(tx) = sink
                 && tx.send(Piece::Data(chunk)).await.is_err()
             {
                 *sink = None;
+                return Err(ImageError::Corrupt(format!("{what} from {host} could not be unpacked")));
             }
             if done - reported >= 1 << 20 {
                 reported = done;
@@ -502,6 +510,13 @@ impl Store {
         progress(&Progress::Layer { digest: desc.digest.clone(), done, total: total.max(done) });
         Ok(done)
     }
+}
+
+/// Where an image's blobs come from.
+struct Remote<'a> {
+    client: &'a Client,
+    oref: &'a Reference,
+    host: &'a str,
 }
 
 /// Pieces of a layer in flight from the download to the unpacking thread, at most: a few MiB,
@@ -629,7 +644,7 @@ mod tests {
     #[test]
     fn pull_future_is_send() {
         fn is_send<T: Send>(_: &T) {}
-        let store = Store { root: "/nonexistent".into() };
+        let store = Store { root: "/nonexistent".into(), limits: crate::Limits::default() };
         let opts = PullOptions::default();
         let fut = store.pull("x", &opts, &|_| {});
         is_send(&fut);

@@ -100,6 +100,8 @@ struct LayerMeta {
 #[derive(Debug, Clone)]
 pub struct Store {
     pub(crate) root: PathBuf,
+    /// What pulls and imports through this handle may unpack.
+    pub(crate) limits: crate::Limits,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -148,7 +150,23 @@ impl Store {
         for sub in ["blobs/sha256", "layers", "leases", "locks", "tmp"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| io("creating the image store", e))?;
         }
-        Ok(Store { root: dir.to_path_buf() })
+        Ok(Store { root: dir.to_path_buf(), limits: crate::Limits::default() })
+    }
+
+    /// The same store, with pulls and imports bounded by `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: crate::Limits) -> Store {
+        self.limits = limits;
+        self
+    }
+
+    /// What all stored layers unpacked to (holes included), read from their metadata.
+    fn layers_bytes(&self) -> u64 {
+        let Ok(rd) = fs::read_dir(self.root.join("layers")) else { return 0 };
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| fs::read(e.path().join("meta.json")).ok())
+            .filter_map(|b| serde_json::from_slice::<LayerMeta>(&b).ok())
+            .map(|m| m.size)
+            .sum()
     }
 
     /// The store directory.
@@ -411,7 +429,7 @@ impl Store {
         Ok(())
     }
 
-    fn layer_size(&self, diff_id: &str) -> u64 {
+    pub(crate) fn layer_size(&self, diff_id: &str) -> u64 {
         let Ok(dir) = self.layer_dir(diff_id) else { return 0 };
         fs::read(dir.join("meta.json"))
             .ok()
@@ -613,8 +631,9 @@ impl Store {
 
     /// Unpacks a verified layer blob (read from `blob`) and publishes it as `diff_id`.
     /// The caller holds the layer's lock and has checked the layer is not there yet.
-    pub(crate) fn unpack_layer(&self, blob: impl Read, diff_id: &str) -> Result<u64> {
-        self.unpack_layer_then(blob, diff_id, |_| Ok(()))
+    /// `image_before` is what the image's earlier layers unpacked to.
+    pub(crate) fn unpack_layer(&self, blob: impl Read, diff_id: &str, image_before: u64) -> Result<u64> {
+        self.unpack_layer_then(blob, diff_id, image_before, |_| Ok(()))
     }
 
     /// Like [`Store::unpack_layer`], for a blob still arriving: once it is unpacked and before
@@ -624,6 +643,7 @@ impl Store {
         &self,
         mut blob: R,
         diff_id: &str,
+        image_before: u64,
         verified: impl FnOnce(&mut R) -> Result<()>,
     ) -> Result<u64> {
         let hex = hex_of(diff_id)?;
@@ -634,7 +654,9 @@ impl Store {
             fs::create_dir_all(&root).map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
             fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
                 .map_err(|e| ImageError::io(format!("creating {}", root.display()), e))?;
-            let unpacked = unpack::unpack(&mut blob, &root)?;
+            let store_before = if self.limits.store_bytes.is_some() { self.layers_bytes() } else { 0 };
+            let bounds = unpack::Bounds { limits: &self.limits, store: &self.root, image_before, store_before };
+            let unpacked = unpack::unpack(&mut blob, &root, &bounds)?;
             verified(&mut blob)?;
             if unpacked.diff_id != diff_id {
                 return Err(ImageError::Corrupt(format!(

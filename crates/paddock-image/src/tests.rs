@@ -5,12 +5,17 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256};
+use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256, sparse_layer};
 use crate::{Image, ImageError, Store};
 
 fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
     fs::create_dir_all(dir).unwrap();
-    crate::unpack::unpack(tar, dir)
+    let limits = crate::Limits::default();
+    crate::unpack::unpack(
+        tar,
+        dir,
+        &crate::unpack::Bounds { limits: &limits, store: dir, image_before: 0, store_before: 0 },
+    )
 }
 
 fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
@@ -138,14 +143,14 @@ fn compressed_layers_and_diff_id_mismatch() {
     assert_eq!(fs::metadata(store.dir()).unwrap().permissions().mode() & 0o777, 0o700);
     let tar = Layer::new().file("f", b"hello").tar();
     let zst = zstd::encode_all(&tar[..], 1).unwrap();
-    store.unpack_layer(&gzip(&tar)[..], &sha256(&tar)).unwrap();
+    store.unpack_layer(&gzip(&tar)[..], &sha256(&tar), 0).unwrap();
     assert_eq!(fs::read(store.layer_dir(&sha256(&tar)).unwrap().join("root/f")).unwrap(), b"hello");
     let other = Layer::new().file("g", b"zstd").tar();
     let zst2 = zstd::encode_all(&other[..], 1).unwrap();
-    store.unpack_layer(&zst2[..], &sha256(&other)).unwrap();
+    store.unpack_layer(&zst2[..], &sha256(&other), 0).unwrap();
     // Content that is not what the config promised: refused, and nothing published.
     let wrong = sha256(b"something else");
-    let err = store.unpack_layer(&zst[..], &wrong).unwrap_err();
+    let err = store.unpack_layer(&zst[..], &wrong, 0).unwrap_err();
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     assert!(!store.has_layer(&wrong).unwrap());
     assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
@@ -154,10 +159,10 @@ fn compressed_layers_and_diff_id_mismatch() {
     let n = gz.len();
     gz[n / 2] ^= 0xff;
     gz[n / 2 + 1] ^= 0xff;
-    let err = store.unpack_layer(&gz[..], &wrong).unwrap_err();
+    let err = store.unpack_layer(&gz[..], &wrong, 0).unwrap_err();
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
     // Garbage is not a tarball.
-    let err = store.unpack_layer(&b"not a tar at all, not at all, not at all"[..], &wrong).unwrap_err();
+    let err = store.unpack_layer(&b"not a tar at all, not at all, not at all"[..], &wrong, 0).unwrap_err();
     assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
 }
 
@@ -436,7 +441,9 @@ fn a_full_disk_gives_no_space_and_no_corrupt_store() {
     let t = tempfile::tempdir().unwrap();
     let mnt = t.path().join("small");
     let _small = crate::testutil::SmallTmpfs::mount(&mnt);
-    let store = Store::open(&mnt.join("images")).unwrap();
+    // No free-space floor: this is about the disk running out all the same.
+    let store =
+        Store::open(&mnt.join("images")).unwrap().with_limits(crate::Limits { min_free: 0, ..Default::default() });
     let layout = t.path().join("layout");
     let small = Layer::new().file("small", b"fits").tar();
     write_layout(&layout, "example.com/small:1", std::slice::from_ref(&small), None);
@@ -451,4 +458,94 @@ fn a_full_disk_gives_no_space_and_no_corrupt_store() {
     assert!(store.lookup("example.com/small:1").unwrap().is_some());
     assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
     assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 1);
+}
+
+fn store_with(t: &Path, limits: crate::Limits) -> Store {
+    Store::open(&t.join("store")).unwrap().with_limits(limits)
+}
+
+/// Nothing of a refused layer stays: no layer, no work directory.
+fn nothing_left(store: &Store, diff_id: &str) {
+    assert!(!store.has_layer(diff_id).unwrap());
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0, "work left in tmp/");
+}
+
+#[test]
+fn a_sparse_bomb_is_refused_by_its_ratio_before_it_fills_the_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let store = store_with(t.path(), crate::Limits::default());
+    // The attack of the hardening issue: 3 GiB declared in a layer of about 200 bytes.
+    let tar = sparse_layer("big", 3 << 30, 0, b"x");
+    let gz = gzip(&tar);
+    assert!(gz.len() < 400, "{} bytes", gz.len());
+    let err = store.unpack_layer(&gz[..], &sha256(&tar), 0).unwrap_err();
+    assert!(matches!(err, ImageError::TooLarge(_)), "{err}");
+    assert!(err.to_string().contains("--image-max-ratio") && err.to_string().contains("bomb"), "{err}");
+    nothing_left(&store, &sha256(&tar));
+    // Zeros compress a thousandfold as well: a plain 80 MiB file of them is refused the same way.
+    let zeros = Layer::new().file("z", &vec![0u8; 80 << 20]).tar();
+    let err = store.unpack_layer(&zstd::encode_all(&zeros[..], 1).unwrap()[..], &sha256(&zeros), 0).unwrap_err();
+    assert!(err.to_string().contains("--image-max-ratio"), "{err}");
+    nothing_left(&store, &sha256(&zeros));
+}
+
+#[test]
+fn sparse_files_and_zero_blocks_unpack_as_holes() {
+    let t = tempfile::tempdir().unwrap();
+    let store = store_with(t.path(), crate::Limits { ratio: u64::MAX, ..Default::default() });
+    let real = 96u64 << 20;
+    let tar = sparse_layer("sparse", real, 40 << 20, b"data in the middle");
+    store.unpack_layer(&gzip(&tar)[..], &sha256(&tar), 0).unwrap();
+    let path = store.layer_dir(&sha256(&tar)).unwrap().join("root/sparse");
+    let m = fs::metadata(&path).unwrap();
+    assert_eq!(m.len(), real, "the declared size");
+    assert!(m.blocks() * 512 < 1 << 20, "{} bytes on disk for a 96 MiB sparse file", m.blocks() * 512);
+    let content = fs::read(&path).unwrap();
+    assert_eq!(&content[40 << 20..(40 << 20) + 18], b"data in the middle");
+    assert!(content[(40 << 20) - 4096..40 << 20] == [0u8; 4096][..] && content.last() == Some(&0));
+    // A plain file's zero blocks become holes too; its data and a trailing hole read back.
+    let mut plain = vec![7u8; 10_000];
+    plain.extend(vec![0u8; 1 << 20]);
+    plain.extend(vec![9u8; 5000]);
+    plain.extend(vec![0u8; 64 << 10]);
+    let tar = Layer::new().file("plain", &plain).tar();
+    let size = store.unpack_layer(&gzip(&tar)[..], &sha256(&tar), 0).unwrap();
+    assert_eq!(size, plain.len() as u64, "holes count as what they read back as");
+    let path = store.layer_dir(&sha256(&tar)).unwrap().join("root/plain");
+    assert_eq!(fs::read(&path).unwrap(), plain);
+    assert!(fs::metadata(&path).unwrap().blocks() * 512 < 200 << 10);
+}
+
+#[test]
+fn each_bound_names_its_limit_and_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let big = Layer::new().file("f", &data).tar();
+    let cases: [(crate::Limits, u64, &str); 3] = [
+        (crate::Limits { layer_bytes: 1 << 20, ..Default::default() }, 0, "--image-max-layer"),
+        (crate::Limits { image_bytes: 4 << 20, ..Default::default() }, 2 << 20, "--image-max"),
+        (crate::Limits { min_free: u64::MAX, ..Default::default() }, 0, "--min-free"),
+    ];
+    for (limits, before, flag) in cases {
+        let store = store_with(t.path(), limits);
+        let err = store.unpack_layer(&gzip(&big)[..], &sha256(&big), before).unwrap_err();
+        assert!(err.to_string().contains(flag), "{flag}: {err}");
+        nothing_left(&store, &sha256(&big));
+    }
+    let mut many = Layer::new();
+    for i in 0..20 {
+        many = many.file(&format!("f{i}"), b"x");
+    }
+    let many = many.tar();
+    let store = store_with(t.path(), crate::Limits { layer_entries: 10, ..Default::default() });
+    let err = store.unpack_layer(&many[..], &sha256(&many), 0).unwrap_err();
+    assert!(matches!(err, ImageError::TooLarge(_)) && err.to_string().contains("--image-max-entries"), "{err}");
+    nothing_left(&store, &sha256(&many));
+    // The store's own bound counts what it already holds.
+    let store = store_with(t.path(), crate::Limits { store_bytes: Some(5 << 20), ..Default::default() });
+    store.unpack_layer(&gzip(&big)[..], &sha256(&big), 0).unwrap();
+    let other = Layer::new().file("g", &data).tar();
+    let err = store.unpack_layer(&gzip(&other)[..], &sha256(&other), 0).unwrap_err();
+    assert!(err.to_string().contains("--image-store-max"), "{err}");
+    nothing_left(&store, &sha256(&other));
 }

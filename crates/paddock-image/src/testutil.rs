@@ -95,6 +95,31 @@ impl Layer {
     }
 }
 
+/// A layer with one GNU sparse file `name` that declares `real` bytes and holds `data` at
+/// offset `at` (the rest is holes): a few hundred bytes once compressed, whatever `real` is.
+pub fn sparse_layer(name: &str, real: u64, at: u64, data: &[u8]) -> Vec<u8> {
+    let octal = |field: &mut [u8; 12], v: u64| field.copy_from_slice(format!("{v:011o}\0").as_bytes());
+    let mut h = tar::Header::new_gnu();
+    h.set_path(name).unwrap();
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(data.len() as u64);
+    let gnu = h.as_gnu_mut().unwrap();
+    octal(&mut gnu.sparse[0].offset, at);
+    octal(&mut gnu.sparse[0].numbytes, data.len() as u64);
+    // The map ends with an empty chunk at the declared size: the trailing hole.
+    octal(&mut gnu.sparse[1].offset, real);
+    octal(&mut gnu.sparse[1].numbytes, 0);
+    gnu.set_real_size(real);
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, data).unwrap();
+    b.into_inner().unwrap()
+}
+
 pub fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }

@@ -18,6 +18,7 @@ use rustix::time::Timespec;
 use sha2::{Digest, Sha256};
 
 use crate::error::{ImageError, Result};
+use crate::limits::{Counted, Limits, Meter};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
@@ -90,20 +91,35 @@ struct DirMeta {
     mtime: i64,
 }
 
-/// Unpacks the (possibly compressed) layer `blob` into the existing empty directory `dest`.
-pub(crate) fn unpack(blob: impl Read, dest: &Path) -> Result<Unpacked> {
+/// Where a layer is unpacked within what bounds: the image's other layers and the store's
+/// contents count against `limits` too.
+pub(crate) struct Bounds<'a> {
+    pub limits: &'a Limits,
+    /// The store's directory, whose filesystem must keep `limits.min_free` free.
+    pub store: &'a Path,
+    pub image_before: u64,
+    pub store_before: u64,
+}
+
+/// Unpacks the (possibly compressed) layer `blob` into the existing empty directory `dest`,
+/// within `bounds`.
+pub(crate) fn unpack(blob: impl Read, dest: &Path, bounds: &Bounds<'_>) -> Result<Unpacked> {
     let io_err = |e: io::Error| corrupt_tar(dest, e);
-    let hashed = HashReader::new(decompress(blob).map_err(io_err)?);
+    let (counted, compressed) = Counted::new(blob);
+    let hashed = HashReader::new(decompress(counted).map_err(io_err)?);
     let mut archive = tar::Archive::new(hashed);
     let root = rustix::fs::open(dest, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| ImageError::errno(format!("opening {}", dest.display()), e))?;
-    let mut size = 0u64;
+    let mut meter = Meter::new(bounds.limits, bounds.store, bounds.image_before, bounds.store_before, compressed)?;
     let mut dirs: Vec<DirMeta> = Vec::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
     let entries = archive.entries().map_err(|e| corrupt_tar(dest, e))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| corrupt_tar(dest, e))?;
-        size += unpack_entry(&root, &mut entry, &mut dirs)?;
+        meter.entry()?;
+        unpack_entry(&root, &mut entry, &mut dirs, &mut meter, &mut buf)?;
     }
+    let size = meter.written;
     // Directory times and modes last: creating entries inside a directory changes its mtime,
     // and a read-only mode must not stop later entries.
     for d in dirs.iter().rev() {
@@ -299,7 +315,13 @@ fn entry_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(u32, u32, u32, 
     Ok((to32(uid_v, "uid")?, to32(gid_v, "gid")?, mode, mtime))
 }
 
-fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &mut Vec<DirMeta>) -> Result<u64> {
+fn unpack_entry<R: Read>(
+    root: &OwnedFd,
+    entry: &mut tar::Entry<'_, R>,
+    dirs: &mut Vec<DirMeta>,
+    meter: &mut Meter<'_>,
+    buf: &mut [u8],
+) -> Result<()> {
     let path = components(&entry.path_bytes())?;
     let (uid_v, gid_v, mode, mtime) = entry_meta(entry)?;
     let kind = entry.header().entry_type();
@@ -308,7 +330,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
         if kind.is_dir() {
             dirs.push(DirMeta { path: Vec::new(), mode, uid: uid_v, gid: gid_v, mtime });
         }
-        return Ok(0);
+        return Ok(());
     };
     let parent = open_dir(root, parent_path, true)?;
     let what = || format!("unpacking {}", show(&path));
@@ -326,7 +348,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
                 )
             })?;
         }
-        return Ok(0);
+        return Ok(());
     }
     if let Some(hidden) = name_bytes.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
         if hidden.is_empty() || hidden == b"." || hidden == b".." {
@@ -337,7 +359,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
         // overlayfs' own whiteout: a 0/0 character device.
         rustix::fs::mknodat(&parent, hidden, FileType::CharacterDevice, Mode::empty(), rustix::fs::makedev(0, 0))
             .map_err(|e| ImageError::errno(what(), e))?;
-        return Ok(0);
+        return Ok(());
     }
     match kind {
         tar::EntryType::Directory => {
@@ -346,7 +368,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
                     .map_err(|e| ImageError::errno(what(), e))?;
             }
             dirs.push(DirMeta { path: path.clone(), mode, uid: uid_v, gid: gid_v, mtime });
-            Ok(0)
+            Ok(())
         }
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
             clear(&parent, name, false)?;
@@ -358,16 +380,19 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
             )
             .map_err(|e| ImageError::errno(what(), e))?;
             let mut file = File::from(fd);
-            let n = io::copy(entry, &mut file).map_err(|e| match e.raw_os_error() {
-                Some(_) => ImageError::io(what(), e),
-                None => ImageError::Corrupt(format!("the layer is truncated or unreadable at {}: {e}", show(&path))),
+            copy_sparse(entry, &mut file, meter, buf).map_err(|e| match e {
+                Copy::Read(e) => {
+                    ImageError::Corrupt(format!("the layer is truncated or unreadable at {}: {e}", show(&path)))
+                }
+                Copy::Write(e) => ImageError::io(what(), e),
+                Copy::Bound(e) => e,
             })?;
             // Owner before mode: chown clears set-id bits anyway, and the mode is final.
             rustix::fs::fchown(&file, Some(uid(uid_v)), Some(gid(gid_v))).map_err(|e| ImageError::errno(what(), e))?;
             rustix::fs::fchmod(&file, Mode::from_raw_mode(strip_mode(mode)))
                 .map_err(|e| ImageError::errno(what(), e))?;
             rustix::fs::futimens(&file, &times(mtime)).map_err(|e| ImageError::errno(what(), e))?;
-            Ok(n)
+            Ok(())
         }
         tar::EntryType::Symlink => {
             let target = entry
@@ -388,7 +413,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
             .map_err(|e| ImageError::errno(what(), e))?;
             rustix::fs::utimensat(&parent, name.as_os_str(), &times(mtime), AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(|e| ImageError::errno(what(), e))?;
-            Ok(0)
+            Ok(())
         }
         tar::EntryType::Link => {
             let target = entry
@@ -412,7 +437,7 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
                     e => ImageError::errno(what(), e),
                 },
             )?;
-            Ok(0)
+            Ok(())
         }
         tar::EntryType::Fifo => {
             clear(&parent, name, false)?;
@@ -435,10 +460,79 @@ fn unpack_entry<R: Read>(root: &OwnedFd, entry: &mut tar::Entry<'_, R>, dirs: &m
             // After chown (which may clear mode bits), and past the umask mknod applied.
             rustix::fs::chmodat(&parent, name.as_os_str(), Mode::from_raw_mode(strip_mode(mode)), AtFlags::empty())
                 .map_err(|e| ImageError::errno(what(), e))?;
-            Ok(0)
+            Ok(())
         }
         // Device nodes are skipped: a sandbox gets its own /dev, and a device file in a lower
         // layer is only a way to reach hardware.
-        _ => Ok(0),
+        _ => Ok(()),
     }
+}
+
+/// Bytes read and written at once while copying a file.
+const COPY_CHUNK: usize = 256 * 1024;
+/// The unit of holes: a zero run this long (and aligned) is skipped rather than written.
+const HOLE_BLOCK: usize = 4096;
+
+enum Copy {
+    Read(io::Error),
+    Write(io::Error),
+    Bound(ImageError),
+}
+
+/// Copies a file's content, each chunk counted against the bounds before it is written, and
+/// every aligned block of zeros left a hole: a sparse file (declared by the tar format, or
+/// zeros in a plain entry) takes no more disk than its data. The tar crate reads a GNU sparse
+/// entry's holes back as zeros and keeps its map private, so zeros are what holes look like
+/// here, as they do to `cp --sparse=always`.
+fn copy_sparse(from: &mut impl Read, to: &mut File, meter: &mut Meter<'_>, buf: &mut [u8]) -> Result<(), Copy> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut len = 0u64;
+    let mut ends_in_hole = false;
+    loop {
+        // Whole chunks keep blocks aligned with the file's offsets.
+        let mut n = 0;
+        while n < buf.len() {
+            match from.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Copy::Read(e)),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        meter.add(n as u64).map_err(Copy::Bound)?;
+        // Runs of data are written and runs of zero blocks skipped, each with one call.
+        let mut flush = |from: usize, to_: usize, zero: bool| -> Result<(), Copy> {
+            if zero {
+                to.seek(SeekFrom::Current((to_ - from) as i64)).map(drop).map_err(Copy::Write)
+            } else {
+                to.write_all(&buf[from..to_]).map_err(Copy::Write)
+            }
+        };
+        let (mut run_start, mut run_zero) = (0, None);
+        let mut at = 0;
+        while at < n {
+            let end = (at + HOLE_BLOCK).min(n);
+            // Most data blocks end the test at their first byte; a whole one folds vectorized.
+            let zero = buf[at] == 0 && buf[at..end].iter().fold(0u8, |acc, b| acc | b) == 0;
+            if run_zero != Some(zero) {
+                if let Some(z) = run_zero {
+                    flush(run_start, at, z)?;
+                }
+                (run_start, run_zero) = (at, Some(zero));
+            }
+            at = end;
+        }
+        if let Some(z) = run_zero {
+            flush(run_start, n, z)?;
+            ends_in_hole = z;
+        }
+        len += n as u64;
+    }
+    if ends_in_hole {
+        to.set_len(len).map_err(Copy::Write)?;
+    }
+    Ok(())
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use oci_client::Reference;
 use oci_client::secrets::RegistryAuth;
 use paddock_image::testutil::{
-    self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256,
+    self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256, sparse_layer,
 };
 use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryCa, RegistryConfig, Store};
 
@@ -76,6 +76,51 @@ fn store() -> (tempfile::TempDir, Store) {
 fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     let mut buf = [0u8; 16];
     rustix::fs::lgetxattr(path, name, &mut buf).ok().map(|n| buf[..n].to_vec())
+}
+
+/// Bytes a directory takes on disk.
+fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        total += m.blocks() * 512;
+        if m.is_dir() {
+            total += disk_usage(&e.path());
+        }
+    }
+    total
+}
+
+/// The hardening issue's attack: an image whose 200-byte layer declares a 3 GiB sparse file
+/// wrote 3.1 GiB. Now the pull stops at the compression-ratio bound, says so, and keeps nothing;
+/// an image past --image-max across its layers is refused at the layer that crosses it.
+#[tokio::test]
+async fn a_pull_is_bounded_by_the_image_limits_and_keeps_nothing_of_a_refused_layer() {
+    let reg = Registry::start(false);
+    let bomb = sparse_layer("var/log/lastlog", 3 << 30, 0, b"x");
+    reg.push("evil/bomb:1", std::slice::from_ref(&bomb), None).await;
+    let (_t, store) = store();
+    let err = store.pull(&format!("{}/evil/bomb:1", reg.host), &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::TooLarge(_)), "{err}");
+    assert!(err.to_string().contains("--image-max-ratio"), "{err}");
+    assert_eq!(fs::read_dir(store.dir().join("layers")).unwrap().count(), 0);
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    assert!(disk_usage(store.dir()) < 1 << 20, "{} bytes in the store", disk_usage(store.dir()));
+    assert!(store.list().unwrap().is_empty());
+
+    let two = vec![Layer::new().file("a", &noise(1, 2 << 20)).tar(), Layer::new().file("b", &noise(2, 2 << 20)).tar()];
+    reg.push("big/two:1", &two, None).await;
+    let (_t2, bounded) = self::store();
+    let store = bounded.with_limits(paddock_image::Limits { image_bytes: 3 << 20, ..Default::default() });
+    let err = store.pull(&format!("{}/big/two:1", reg.host), &opts(), &no_progress).await.unwrap_err();
+    assert!(err.to_string().contains("--image-max") && err.to_string().contains("one image"), "{err}");
+    assert_eq!(
+        fs::read_dir(store.dir().join("layers")).unwrap().count(),
+        1,
+        "the layer that crossed the bound is not kept"
+    );
+    assert_eq!(fs::read_dir(store.dir().join("tmp")).unwrap().count(), 0);
+    assert!(store.list().unwrap().is_empty(), "nor is the image");
 }
 
 #[tokio::test]
@@ -333,8 +378,13 @@ async fn a_disk_that_fills_during_a_pull_gives_no_space_and_no_corrupt_store() {
     let t = tempfile::tempdir().unwrap();
     let mnt = t.path().join("small");
     let _small = testutil::SmallTmpfs::mount(&mnt);
-    let store = Store::open(&mnt.join("images")).unwrap();
+    let floored = Store::open(&mnt.join("images")).unwrap();
     let (small, big_name) = (format!("{}/full/small:1", reg.host), format!("{}/full/big:1", reg.host));
+    // With the default floor of free space (1 GiB), this disk is full already: refused up front.
+    let err = floored.pull(&small, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::NoSpace(_)) && err.to_string().contains("--min-free"), "{err}");
+    // Without it, the disk itself runs out.
+    let store = floored.with_limits(paddock_image::Limits { min_free: 0, ..Default::default() });
 
     let err = store.pull(&big_name, &opts(), &no_progress).await.unwrap_err();
     assert!(matches!(err, ImageError::NoSpace(_)), "{err}");

@@ -51,6 +51,8 @@ pub struct ImageOptions {
     pub aliases: BTreeMap<String, String>,
     /// Never pull: only images already in the store run (air-gapped hosts).
     pub offline: bool,
+    /// What a pull may unpack, and the space it must leave free.
+    pub limits: paddock_image::Limits,
 }
 
 impl ImageOptions {
@@ -112,6 +114,7 @@ pub(crate) async fn prepare(
                     .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() }),
                 registries: options.registries.clone(),
             };
+            let store = store.with_limits(options.limits.clone());
             let image = store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?;
             blocking(move || lease(&store, &holder, image)).await?
         }
@@ -182,6 +185,8 @@ pub fn from_image_error(e: ImageError) -> RuntimeError {
             RuntimeError::InvalidArgument(m)
         }
         ImageError::Registry(m) | ImageError::Corrupt(m) => RuntimeError::Upstream(m),
+        // An image past the host's bounds is the request's problem: a 400 naming the bound.
+        e @ ImageError::TooLarge(_) => RuntimeError::InvalidArgument(e.to_string()),
         ImageError::NoSpace(m) => RuntimeError::Exhausted(m),
         ImageError::InUse(m) => RuntimeError::Conflict(m),
         other => RuntimeError::System(other.to_string()),

@@ -587,8 +587,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
         return Ok(0);
     }
     if let Command::Image(args) = cli.command {
-        let registries = cli.runtime.images.options().registries;
-        return crate::image_cmd::run(&cli.data_dir, args, registries, cli.json).await;
+        let images = cli.runtime.images.options();
+        return crate::image_cmd::run(&cli.data_dir, args, images.registries, images.limits, cli.json).await;
     }
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;

@@ -128,8 +128,13 @@ fn forget_gone_holders(data_dir: &Path, store: &Store) -> Result<()> {
 
 /// Pulls `reference` with progress on stderr unless the store has it: what `paddock run` and
 /// `create` do first, so a long pull is not a silent wait.
-pub async fn ensure_pulled(data_dir: &Path, reference: &str, registries: RegistryConfig) -> Result<()> {
-    let store = Store::open(&data_dir.join("images"))?;
+pub async fn ensure_pulled(
+    data_dir: &Path,
+    reference: &str,
+    registries: RegistryConfig,
+    limits: paddock_image::Limits,
+) -> Result<()> {
+    let store = Store::open(&data_dir.join("images"))?.with_limits(limits);
     if store.lookup(reference)?.is_some() {
         return Ok(());
     }
@@ -138,8 +143,14 @@ pub async fn ensure_pulled(data_dir: &Path, reference: &str, registries: Registr
     Ok(())
 }
 
-pub async fn run(data_dir: &Path, args: ImageArgs, registries: RegistryConfig, json: bool) -> Result<u8> {
-    let store = Store::open(&data_dir.join("images"))?;
+pub async fn run(
+    data_dir: &Path,
+    args: ImageArgs,
+    registries: RegistryConfig,
+    limits: paddock_image::Limits,
+    json: bool,
+) -> Result<u8> {
+    let store = Store::open(&data_dir.join("images"))?.with_limits(limits);
     if !matches!(args.command, ImageCommand::Pull { .. } | ImageCommand::Import { .. }) {
         forget_gone_holders(data_dir, &store)?;
     }

@@ -109,6 +109,26 @@ pub struct ImageOpts {
     /// imported or pulled images run).
     #[arg(long = "pull", global = true, value_enum, default_value = "missing")]
     pub pull: PullPolicy,
+    /// Refuse a layer that unpacks to more than this (holes of sparse files included).
+    #[arg(long = "image-max-layer", global = true, value_name = "BYTES", default_value = "16GiB", value_parser = parse_bytes)]
+    pub max_layer: u64,
+    /// Refuse an image whose layers unpack to more than this together.
+    #[arg(long = "image-max", global = true, value_name = "BYTES", default_value = "32GiB", value_parser = parse_bytes)]
+    pub max_image: u64,
+    /// Refuse a layer with more entries (files, directories, links) than this.
+    #[arg(long = "image-max-entries", global = true, value_name = "N", default_value_t = 1_000_000)]
+    pub max_entries: u64,
+    /// Refuse a layer that unpacks to more than N times its compressed size, past its first
+    /// 64 MiB: a decompression bomb (real layers stay under 20).
+    #[arg(long = "image-max-ratio", global = true, value_name = "N", default_value_t = 100)]
+    pub max_ratio: u64,
+    /// Refuse a pull or import that would make the image store hold more than this (its
+    /// layers as unpacked); no bound by default but --min-free.
+    #[arg(long = "image-store-max", global = true, value_name = "BYTES", value_parser = parse_bytes)]
+    pub store_max: Option<u64>,
+    /// Stop a pull or import before the image store's filesystem has less than this free.
+    #[arg(long = "min-free", global = true, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
+    pub min_free: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -129,6 +149,14 @@ impl ImageOpts {
             },
             aliases: self.aliases.iter().cloned().collect(),
             offline: self.pull == PullPolicy::Never,
+            limits: paddock_image::Limits {
+                layer_bytes: self.max_layer,
+                image_bytes: self.max_image,
+                layer_entries: self.max_entries,
+                ratio: self.max_ratio,
+                store_bytes: self.store_max,
+                min_free: self.min_free,
+            },
         }
     }
 }
@@ -470,7 +498,7 @@ pub async fn prepull(opts: &RuntimeOpts, data_dir: &Path, image: Option<&str>) -
     if let Ok(paddock_runtime_local::image::RootSource::Reference(r)) =
         paddock_runtime_local::image::resolve(image.as_deref())
     {
-        crate::image_cmd::ensure_pulled(data_dir, &r, images.registries).await?;
+        crate::image_cmd::ensure_pulled(data_dir, &r, images.registries, images.limits).await?;
     }
     Ok(())
 }
