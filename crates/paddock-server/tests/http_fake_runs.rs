@@ -204,6 +204,30 @@ async fn bad_run_requests_are_refused_with_the_reason() {
 }
 
 #[tokio::test]
+async fn a_run_larger_than_its_tiers_memory_budget_is_refused_not_queued_forever() {
+    use paddock_server::runs::tiers::{Capacity, Tier, Tiers};
+    let s = Server::with_config(|c| {
+        c.runs.tiers = Tiers {
+            tiers: vec![
+                Tier { name: "interactive".into(), concurrency: 2, memory: None },
+                Tier { name: "batch".into(), concurrency: 2, memory: Some(1 << 30) },
+            ],
+            capacity: Capacity { runs: 4, memory: Some(4 << 30) },
+        };
+    })
+    .await;
+    let body = |tier: &str, memory: &str| json!({"image": "fake", "command": ["true"], "tier": tier, "resources": {"memory": memory}});
+    for (tier, memory, whose) in [("batch", "2Gi", "tier \"batch\""), ("interactive", "8Gi", "capacity")] {
+        let (status, err) = s.call("POST", "/v1/runs", Some(body(tier, memory))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        let says = err["message"].as_str().unwrap();
+        assert!(says.contains("memory budget") && says.contains(whose), "{err}");
+    }
+    let (status, made) = s.call("POST", "/v1/runs", Some(body("batch", "256Mi"))).await;
+    assert_eq!(status, StatusCode::CREATED, "one that fits is queued: {made}");
+}
+
+#[tokio::test]
 async fn a_driver_calls_home_and_its_exit_status_is_the_outcome() {
     let s = Server::new().await;
     let dir = shared_dir();
@@ -387,7 +411,7 @@ async fn interactive_work_preempts_the_newest_batch_attempt_which_runs_again_lat
     exit_with(d2.path(), 2, 0);
     exit_with(d1.path(), 1, 0);
     let run = wait_state(&s, &b2, "succeeded", Some(2)).await;
-    assert_eq!(run["attempt"], 2, "a preemption is an attempt: {run}");
+    assert_eq!(run["attempt"], 1, "a preemption is a new epoch but not one of the run's attempts: {run}");
     wait_state(&s, &b1, "succeeded", Some(1)).await;
 }
 

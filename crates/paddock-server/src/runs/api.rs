@@ -160,6 +160,25 @@ fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
         spec.network = crate::egress::network_of(p.clone())?;
     }
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A run that no budget could ever admit is refused now, not queued forever.
+    let needs = spec.resources.memory_bytes.saturating_add(super::tiers::SANDBOX_OVERHEAD);
+    let fmt = paddock_core::units::format_bytes;
+    let budgets = [
+        (tiers.tiers.iter().find(|t| t.name == tier).and_then(|t| t.memory), format!("tier {tier:?}")),
+        (tiers.capacity.memory, "this server's capacity".to_owned()),
+    ];
+    for (budget, whose) in budgets {
+        if let Some(budget) = budget
+            && needs > budget
+        {
+            return Err(ApiError::bad_request(format!(
+                "resources: a sandbox of {} memory needs {} with the runtime's overhead, more than the {} memory budget of {whose}: ask for less memory or submit to a tier with a larger budget",
+                fmt(spec.resources.memory_bytes),
+                fmt(needs),
+                fmt(budget)
+            )));
+        }
+    }
     let run = RunSpec {
         image: req.image.clone(),
         command: req.command.clone(),
@@ -268,7 +287,8 @@ async fn enqueue(
     .await;
     match made {
         Ok(Inserted::New(row)) => {
-            runs.note_state(&row.id).await;
+            // Its `queued` event was written with the row.
+            runs.announce(&row.id);
             runs.wake.notify_one();
             Ok((StatusCode::CREATED, row))
         }

@@ -209,6 +209,11 @@ impl Runs {
         if let Err(e) = self.store.event(run, kind, &data).await {
             tracing::warn!(run, error = %e, "recording a run event");
         }
+        self.announce(run);
+    }
+
+    /// Tells event streams that `run` has a new event.
+    fn announce(&self, run: &str) {
         let _ = self.changed.send(run.to_owned());
     }
 
@@ -593,7 +598,7 @@ impl Runs {
                     s.finish(&run.id, epoch, RunState::Failed, code, Some(&why)).await
                 } else if self.opts.requeue_codes.contains(&o.exit_code) && attempts_left {
                     let why = format!("the driver asked to run again (exit {})", o.exit_code);
-                    s.requeue(&run.id, epoch, code, &why, now_ms()).await
+                    s.requeue(&run.id, epoch, code, &why, now_ms(), true).await
                 } else if o.oom_killed {
                     s.finish(&run.id, epoch, RunState::Failed, code, Some("the sandbox ran out of memory")).await
                 } else {
@@ -602,7 +607,8 @@ impl Runs {
                 }
             }
             Outcome::Lost(why) if attempts_left => {
-                s.requeue(&run.id, epoch, None, &format!("lost: {why}"), backoff(run.attempt_of(epoch))).await
+                let at = backoff(run.attempt_of(epoch));
+                s.requeue(&run.id, epoch, None, &format!("lost: {why}"), at, true).await
             }
             Outcome::Lost(why) => {
                 let why =
@@ -610,12 +616,12 @@ impl Runs {
                 s.finish(&run.id, epoch, RunState::Failed, None, Some(&why)).await
             }
             // Work stopped to make room, or by a server going down, is not the run's fault: it
-            // runs again whatever its attempts.
+            // runs again whatever its attempts, and the stop is not one of them.
             Outcome::Stopped(Stop::Preempt) => {
-                s.requeue(&run.id, epoch, None, "preempted for higher-priority work", now_ms()).await
+                s.requeue(&run.id, epoch, None, "preempted for higher-priority work", now_ms(), false).await
             }
             Outcome::Stopped(Stop::Drain) => {
-                s.requeue(&run.id, epoch, None, "its server stopped before it finished", now_ms()).await
+                s.requeue(&run.id, epoch, None, "its server stopped before it finished", now_ms(), false).await
             }
             Outcome::Stopped(Stop::Cancel) => Ok(false),
             Outcome::Refused(why) => {

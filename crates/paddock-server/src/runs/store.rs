@@ -167,8 +167,11 @@ impl RunStore {
         Self { pool }
     }
 
+    /// Inserts a new run with its first state event in one transaction: the scheduler may
+    /// admit it the moment the row exists, and its `starting` must follow `queued`.
     pub async fn insert(&self, r: &RunRow) -> Result<Inserted, sqlx::Error> {
         let spec = serde_json::to_string(&r.spec).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
             "INSERT INTO runs (id, tier, state, thread, evaluation, request, idempotency_key, max_attempts, has_inputs, created_at_ms, updated_at_ms)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
@@ -184,16 +187,27 @@ impl RunStore {
         .bind(i64::from(r.has_inputs))
         .bind(r.created_at_ms)
         .bind(r.updated_at_ms)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0
             && let Some(key) = &r.idempotency_key
         {
-            let row =
-                sqlx::query("SELECT * FROM runs WHERE idempotency_key = ?").bind(key).fetch_one(&self.pool).await?;
+            let row = sqlx::query("SELECT * FROM runs WHERE idempotency_key = ?").bind(key).fetch_one(&mut *tx).await?;
+            tx.commit().await?;
             return Ok(Inserted::Existing(from_row(&row)?));
         }
-        Ok(Inserted::New(self.get(&r.id).await?.ok_or(sqlx::Error::RowNotFound)?))
+        let first = serde_json::json!({
+            "state": r.state.as_str(), "attempt": 0, "epoch": 0, "exitCode": null, "reason": null, "sandboxId": null,
+        });
+        sqlx::query("INSERT INTO run_events (run_id, seq, type, data, at_ms) VALUES (?, 1, 'state', ?, ?)")
+            .bind(&r.id)
+            .bind(first.to_string())
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query("SELECT * FROM runs WHERE id = ?").bind(&r.id).fetch_one(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Inserted::New(from_row(&row)?))
     }
 
     /// Runs an update of a run's current attempt, whose last two parameters are the states of
@@ -379,6 +393,8 @@ impl RunStore {
 
     /// Ends the current attempt without ending the run: it waits until `not_before` and is
     /// then admitted again, with a new epoch.
+    /// An attempt stopped through no fault of its own (preempted, its server drained) is
+    /// `charged: false`: it gets a new epoch but does not count against `maxAttempts`.
     pub async fn requeue(
         &self,
         id: &str,
@@ -386,12 +402,14 @@ impl RunStore {
         exit_code: Option<i64>,
         reason: &str,
         not_before: i64,
+        charged: bool,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
-            "UPDATE runs SET state = ?, exit_code = ?, reason = ?, not_before_ms = ?, lease_expires_ms = NULL,
-             updated_at_ms = ? WHERE id = ? AND epoch = ? AND state IN (?, ?)",
+            "UPDATE runs SET state = ?, attempt = attempt - ?, exit_code = ?, reason = ?, not_before_ms = ?,
+             lease_expires_ms = NULL, updated_at_ms = ? WHERE id = ? AND epoch = ? AND state IN (?, ?)",
         )
         .bind(RunState::Requeued.as_str())
+        .bind(i64::from(!charged))
         .bind(exit_code)
         .bind(reason)
         .bind(not_before)
