@@ -162,6 +162,22 @@ pub struct SandboxSpec {
     /// besides, and sets [`GATEWAY_ENV`] in its environment to the URL that leads there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<std::net::SocketAddr>,
+    /// What the runtime's forwarder sends after the sandbox's id in its first line
+    /// ([`GATEWAY_PREAMBLE`]), so the gateway knows the line comes from a forwarder and not
+    /// from any process that can reach its port. Never given to the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_secret: Option<GatewaySecret>,
+}
+
+/// The proof of a gateway forwarder: kept with the sandbox's record (root's), never printed.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GatewaySecret(pub String);
+
+impl std::fmt::Debug for GatewaySecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewaySecret(<redacted>)")
+    }
 }
 
 /// The variable that holds the gateway's base URL inside a sandbox with a gateway.
@@ -181,8 +197,10 @@ pub fn expand_gateway(env: &mut BTreeMap<String, String>, url: &str) {
 }
 
 /// The first line a runtime's forwarder may send the gateway on each connection, followed by
-/// a space and the sandbox's id, before the sandbox's own bytes: the gateway then refuses a
-/// token of another sandbox there. Only the forwarder can write it, since it comes first.
+/// a space, the sandbox's id, a space and the spec's [`GatewaySecret`], before the sandbox's
+/// own bytes: the gateway then refuses a token of another sandbox there. Only the forwarder can
+/// write it, since it comes first, and only it holds the secret, so no other process that
+/// reaches the gateway's port can claim to be a sandbox.
 pub const GATEWAY_PREAMBLE: &str = "PADDOCK-GATEWAY-FROM";
 
 /// A registry user name and password (or token).

@@ -175,7 +175,8 @@ impl LocalRuntime {
     /// Starts or updates a sandbox's egress enforcer with `policy`.
     async fn apply_egress(&self, id: &SandboxId, policy: &EgressPolicy) -> Result<EgressStatus, RuntimeError> {
         let ids = self.host_ids(id)?;
-        let gateway = self.read_record(id)?.info.spec.gateway;
+        let spec = self.read_record(id)?.info.spec;
+        let gateway = spec.gateway.map(|a| (a, spec.gateway_secret));
         crate::egress::apply(&self.dd, &self.exe, &self.egress, id, ids, policy, gateway).await
     }
 

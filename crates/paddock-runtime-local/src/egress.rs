@@ -53,6 +53,9 @@ struct Start {
     /// The server's gateway, forwarded to from [`GATEWAY_INSIDE`] in the sandbox.
     #[serde(default)]
     gateway: Option<SocketAddr>,
+    /// What the forwarder proves itself with to the gateway.
+    #[serde(default)]
+    gateway_secret: Option<paddock_core::spec::GatewaySecret>,
     /// Whether to put the veth and the redirect table in place. A sandbox whose policy denies
     /// everything and that only needs its gateway goes without: its namespace has no route out,
     /// so nothing but the forwarder's loopback listener is reachable, and its start is ~25 ms
@@ -172,7 +175,7 @@ pub async fn apply(
     id: &SandboxId,
     host_ids: (u32, u32),
     policy: &EgressPolicy,
-    gateway: Option<SocketAddr>,
+    gateway: Option<(SocketAddr, Option<paddock_core::spec::GatewaySecret>)>,
 ) -> Result<EgressStatus, RuntimeError> {
     policy.validate().map_err(RuntimeError::InvalidArgument)?;
     store_policy(dd, id, policy)?;
@@ -186,7 +189,8 @@ pub async fn apply(
         return Ok(status);
     }
     let (uid, gid) = host_ids;
-    let config = Start { policy: policy.clone(), options: options.clone(), uid, gid, gateway, rules };
+    let (gateway, gateway_secret) = gateway.map_or((None, None), |(a, s)| (Some(a), s));
+    let config = Start { policy: policy.clone(), options: options.clone(), uid, gid, gateway, gateway_secret, rules };
     if let Err(e) = start(dd, exe, id, config).await {
         // Another caller may have started one in the meantime (its listeners are then in the
         // way of ours): hand the policy to that one.
@@ -467,7 +471,12 @@ fn host_resolvers() -> Vec<SocketAddr> {
 async fn serve(start: Start, served: Served, init: OwnedFd, id: SandboxId) {
     let Served { listeners, gateway } = served;
     if let (Some(listener), Some(upstream)) = (gateway, start.gateway) {
-        tokio::spawn(forward_gateway(listener, upstream, id));
+        let line = format!(
+            "{} {id} {}\r\n",
+            paddock_core::spec::GATEWAY_PREAMBLE,
+            start.gateway_secret.as_ref().map_or("", |s| s.0.as_str())
+        );
+        tokio::spawn(forward_gateway(listener, upstream, line));
     }
     let upstream = if start.options.dns.is_empty() { host_resolvers() } else { start.options.dns.clone() };
     let guard =
@@ -501,7 +510,8 @@ async fn serve(start: Start, served: Served, init: OwnedFd, id: SandboxId) {
 /// Relays each connection to the gateway from inside the sandbox to the server's gateway
 /// listener, after a line that names the sandbox. It bypasses the policy and the guard on
 /// purpose: this one upstream is the sandbox's way home, whatever else it may reach.
-async fn forward_gateway(listener: std::net::TcpListener, upstream: SocketAddr, id: SandboxId) {
+async fn forward_gateway(listener: std::net::TcpListener, upstream: SocketAddr, line: String) {
+    let line: std::sync::Arc<str> = line.into();
     let listener = match listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) {
         Ok(l) => l,
         Err(e) => {
@@ -514,7 +524,7 @@ async fn forward_gateway(listener: std::net::TcpListener, upstream: SocketAddr, 
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let id = id.clone();
+        let line = line.clone();
         tokio::spawn(async move {
             let Ok(Ok(mut home)) =
                 tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(upstream)).await
@@ -523,7 +533,7 @@ async fn forward_gateway(listener: std::net::TcpListener, upstream: SocketAddr, 
             };
             let _ = inside.set_nodelay(true);
             let _ = home.set_nodelay(true);
-            if home.write_all(format!("{} {id}\r\n", paddock_core::spec::GATEWAY_PREAMBLE).as_bytes()).await.is_err() {
+            if home.write_all(line.as_bytes()).await.is_err() {
                 return;
             }
             let _ = tokio::io::copy_bidirectional(&mut inside, &mut home).await;

@@ -412,6 +412,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         && state.rt.capabilities().gateway
     {
         spec.gateway = state.runs.gateway_addr();
+        spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(state.token_key.gateway_secret()));
         for (k, v) in crate::llm::sandbox_env(llm) {
             spec.env.entry(k).or_insert(v);
         }

@@ -149,6 +149,14 @@ impl TokenKey {
         self.egress_mac(sandbox_id).verify_slice(&raw).is_ok()
     }
 
+    /// What gateway forwarders prove themselves with (the same for every sandbox, and across
+    /// restarts, since sandboxes outlive a server): made from a message no token is.
+    pub fn gateway_secret(&self) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(b"gateway-forwarder\0");
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// Whether `token` is the one of `sandbox_id`, compared in constant time.
     pub fn verify(&self, sandbox_id: &str, token: &[u8]) -> bool {
         let Ok(raw) = hex::decode(token) else { return false };

@@ -75,6 +75,11 @@ fn exit_with(dir: &Path, epoch: i64, code: i32) {
 
 /// One gateway call over a fresh connection, as a driver's `curl` makes it; `from` is the
 /// forwarder's line a local sandbox's connection starts with.
+/// What a sandbox's forwarder sends after the preamble: its id and the forwarders' secret.
+fn forwarder(s: &Server, sandbox: &str) -> String {
+    format!("{sandbox} {}", s.state.token_key.gateway_secret())
+}
+
 async fn gateway(
     addr: SocketAddr,
     method: &str,
@@ -105,10 +110,11 @@ async fn gateway(
         }
         req.extend_from_slice(b"\r\n");
         req.extend_from_slice(&body);
-        tcp.write_all(&req).unwrap();
+        // A connection the gateway closes (a forged forwarder line) answers status 0.
+        let _ = tcp.write_all(&req);
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut out = Vec::new();
-        tcp.read_to_end(&mut out).unwrap();
+        let _ = tcp.read_to_end(&mut out);
         let text = String::from_utf8_lossy(&out);
         let status: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
         let at = out.windows(4).position(|w| w == b"\r\n\r\n").map_or(out.len(), |p| p + 4);
@@ -320,10 +326,18 @@ async fn wrong_and_foreign_tokens_change_nothing() {
     let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &forged, &[], b"", None).await;
     assert_eq!((status, code_of(&body).as_str()), (401, "INVALID_TOKEN"), "an edited epoch breaks the signature");
     // Through the forwarder of another sandbox, this token is not that sandbox's.
-    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some("sbx-0123456789ab")).await;
+    let other = forwarder(&s, "sbx-0123456789ab");
+    let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some(&other)).await;
     assert_eq!((status, code_of(&body).as_str()), (403, "FOREIGN_TOKEN"));
+    // A line without the forwarders' secret (any process on this host can reach the port) is
+    // no forwarder's: the connection is closed, whatever sandbox it names.
+    for line in [sandbox.clone(), format!("{sandbox} not-the-secret"), format!("{sandbox} {}", "0".repeat(64))] {
+        let (status, body) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some(&line)).await;
+        assert_eq!(status, 0, "{line}: {}", String::from_utf8_lossy(&body));
+    }
     assert_eq!(run_of(&s, &id).await["state"], "starting", "no refused call counted as the driver's");
-    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some(&sandbox)).await;
+    let own = forwarder(&s, &sandbox);
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", Some(&own)).await;
     assert_eq!(status, 200, "its own sandbox's forwarder passes it");
     let (status, body) = gateway(s.gateway, "GET", "/v1/nothing", &t, &[], b"", None).await;
     assert_eq!((status, code_of(&body).as_str()), (404, "NOT_FOUND"));
@@ -575,7 +589,7 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     assert!(env.contains(&format!("PADDOCK_LLM_BASE={route}\n")), "{env}");
     assert!(env.contains(&format!("OPENAI_BASE_URL={route}\n")), "{env}");
     assert!(!env.contains(KEY), "the provider key reached the sandbox's environment");
-    let sandbox = run_of(&s, &id).await["sandboxId"].as_str().unwrap().to_owned();
+    let sandbox = forwarder(&s, run_of(&s, &id).await["sandboxId"].as_str().unwrap());
 
     // From a sandbox (the forwarder's line), whatever credential it sends: the key goes upstream.
     let ask = br#"{"model": "m-1", "messages": []}"#;
@@ -608,6 +622,10 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     let calls = seen.lock().unwrap().len();
     let (status, out) = gateway(s.gateway, "GET", "/llm/v1/models", "sk-anything", &[], b"", None).await;
     assert_eq!((status, code_of(&out).as_str()), (401, "NOT_A_SANDBOX"));
+    // Nor does a process that names a sandbox without the forwarders' secret reach the model.
+    let bare = run_of(&s, &id).await["sandboxId"].as_str().unwrap().to_owned();
+    let (status, _) = gateway(s.gateway, "GET", "/llm/v1/models", "sk-anything", &[], b"", Some(&bare)).await;
+    assert_eq!(status, 0);
     assert_eq!(seen.lock().unwrap().len(), calls, "a refused call never reached the upstream");
     exit_with(dir.path(), 1, 0);
     wait_state(&s, &id, "succeeded", None).await;

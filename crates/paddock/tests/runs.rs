@@ -239,8 +239,20 @@ fn the_model_route_adds_a_key_no_sandbox_ever_holds() {
         &[("PADDOCK_LLM_KEY", KEY)],
     );
     let id = s.create();
+    // The forwarders' proof is in the sandbox's record on the host, and nowhere inside.
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(data.path().join("sandboxes").join(&id).join("record.json")).unwrap())
+            .unwrap();
+    let secret = record["info"]["spec"]["gateway_secret"].as_str().expect("the record keeps the forwarders' secret");
+    assert_eq!(secret.len(), 64, "{record}");
+    // In halves with one character left to a regex dot, so neither the script's nor grep's
+    // own command line holds it whole.
+    let (a, b) = (&secret[..32], &secret[33..]);
     let script = format!(
-        r#"curl -sS -H 'Authorization: Bearer made-up' -H 'content-type: application/json' -d '{{"model": "m"}}' "$OPENAI_BASE_URL/chat/completions"; echo
+        r#"a={a}; b={b}
+echo "secret-in-env=$(env | grep -c "$a.$b")"
+echo "secret-in-proc=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$a.$b")"
+curl -sS -H 'Authorization: Bearer made-up' -H 'content-type: application/json' -d '{{"model": "m"}}' "$OPENAI_BASE_URL/chat/completions"; echo
 echo "base=$PADDOCK_LLM_BASE"
 echo "in-env=$(env | grep -c {KEY})"
 echo "in-proc=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c {KEY})"
@@ -251,7 +263,11 @@ echo "upstream-direct=$(curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://12
     assert_eq!(code, 0, "{out}");
     assert!(out.contains(r#"{"ok": true}"#), "the call did not reach the upstream:\n{out}");
     assert!(out.contains("base=http://127.0.0.1:8081/llm/v1"), "{out}");
-    assert!(out.contains("in-env=0") && out.contains("in-proc=0"), "the key is inside the sandbox:\n{out}");
+    assert!(out.contains("\nin-env=0") && out.contains("\nin-proc=0"), "the key is inside the sandbox:\n{out}");
+    assert!(
+        out.contains("secret-in-env=0") && out.contains("secret-in-proc=0"),
+        "the forwarders' secret is inside:\n{out}"
+    );
     assert!(out.contains("upstream-direct=000"), "the sandbox reached the upstream past the route:\n{out}");
     let heads = heads.lock().unwrap();
     assert_eq!(heads.len(), 1, "{heads:?}");

@@ -297,8 +297,9 @@ pub fn router(runs: Arc<Runs>) -> Router {
 }
 
 /// The forwarder's first line, if the connection starts with one: `None` when it does not
-/// (a direct connection), `Err` when it starts like one but is malformed.
-async fn preamble(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<String>> {
+/// (a direct connection), `Err` when it starts like one but is malformed or does not carry
+/// `secret` (then it is no forwarder, and the connection is closed).
+async fn preamble(tcp: &mut tokio::net::TcpStream, secret: &str) -> std::io::Result<Option<String>> {
     use tokio::io::AsyncReadExt;
     let tag = format!("{} ", paddock_core::spec::GATEWAY_PREAMBLE);
     let mut peeked = vec![0u8; tag.len()];
@@ -315,13 +316,17 @@ async fn preamble(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<Str
     // Byte by byte, so not one byte of the request after it is taken.
     let mut line = Vec::with_capacity(64);
     let mut b = [0u8; 1];
-    while line.len() < 128 {
+    while line.len() < 256 {
         tcp.read_exact(&mut b).await?;
         if b[0] == b'\n' {
             let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
-            let id = text.strip_prefix(&tag).unwrap_or_default().trim().to_owned();
-            return if paddock_core::runtime::SandboxId::parse(&id).is_ok() {
-                Ok(Some(id))
+            let mut words = text.strip_prefix(&tag).unwrap_or_default().split(' ');
+            let (id, proof) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+            if !crate::constant_time_eq(proof.as_bytes(), secret.as_bytes()) {
+                return Err(std::io::Error::other("a forwarder line without the forwarders' secret"));
+            }
+            return if paddock_core::runtime::SandboxId::parse(id).is_ok() && words.next().is_none() {
+                Ok(Some(id.to_owned()))
             } else {
                 Err(std::io::Error::other("a malformed forwarder line"))
             };
@@ -359,6 +364,7 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
         None => router(runs.clone()),
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(runs.opts.gateway_max_connections.max(1)));
+    let secret: Arc<str> = runs.key.gateway_secret().into();
     tokio::spawn(async move {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
@@ -372,11 +378,10 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
                     continue;
                 }
             };
-            let app = app.clone();
-            let http = http.clone();
+            let (app, http, secret) = (app.clone(), http.clone(), secret.clone());
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
-                let from = match tokio::time::timeout(Duration::from_secs(10), preamble(&mut tcp)).await {
+                let from = match tokio::time::timeout(Duration::from_secs(10), preamble(&mut tcp, &secret)).await {
                     Ok(Ok(from)) => from,
                     _ => return,
                 };

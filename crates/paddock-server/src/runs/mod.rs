@@ -415,6 +415,7 @@ impl Runs {
         // is left to: a crash never leaves one behind for good.
         spec.timeout_secs = Some(run.spec.timeout + 600);
         spec.gateway = Some(*self.gateway.get().ok_or("the gateway is not listening")?);
+        spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(self.key.gateway_secret()));
         spec.labels.insert(RUN_LABEL.into(), run.id.clone());
         if let Some(t) = &run.thread {
             let thread = ThreadId::new(t.clone()).map_err(|e| e.to_string())?;
