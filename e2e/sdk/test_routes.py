@@ -25,6 +25,7 @@ from conftest import EXTERNAL, IMAGE, PaddockServer, capabilities, wait_until
 
 DOMAIN = "sandboxes.test"
 PORT = 8765
+WS_PER_SANDBOX = 4
 
 # A WebSocket echo server and plain HTTP, with nothing but the standard library.
 SERVER = r'''
@@ -71,20 +72,26 @@ while True:
 '''.replace("PORT_NUMBER", str(PORT))
 
 
-def ws_echo(host: str, port: int, path: str, headers: dict[str, str], message: str) -> tuple[int, str]:
-    """One WebSocket handshake and one text message through the server; (status, echo)."""
+def ws_open(port: int, path: str, headers: dict[str, str]) -> tuple[int, socket.socket, str, bytes]:
+    """A WebSocket handshake through the server, left open: (status, socket, key, what was read)."""
     key = base64.b64encode(os.urandom(16)).decode()
     lines = [f"GET {path} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade",
              f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13", *(f"{k}: {v}" for k, v in headers.items())]
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            head += chunk
-        status = int(head.split(b" ", 2)[1]) if head else 0
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return (int(head.split(b" ", 2)[1]) if head else 0), s, key, head
+
+
+def ws_echo(host: str, port: int, path: str, headers: dict[str, str], message: str) -> tuple[int, str]:
+    """One WebSocket handshake and one text message through the server; (status, echo)."""
+    status, s, key, head = ws_open(port, path, headers)
+    with s:
         if status != 101:
             return status, head.decode(errors="replace")
         accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
@@ -111,7 +118,8 @@ def http_get(port: int, path: str, headers: dict[str, str]) -> tuple[int, str]:
 def routed_server():
     if EXTERNAL:
         pytest.skip("needs a server started with --sandbox-domain")
-    s = PaddockServer("routes", ["--sandbox-domain", DOMAIN])
+    s = PaddockServer("routes", ["--sandbox-domain", DOMAIN, "--max-websockets-per-sandbox", str(WS_PER_SANDBOX),
+                                 "--ws-idle-timeout", "3s"])
     try:
         s.start()
         if capabilities(s).get("runtime") != "local":
@@ -186,3 +194,38 @@ def test_a_ticket_opens_one_websocket_handshake_once(routed_server, app):
     assert ws_echo("", port, path, {}, "ticket") == (101, "echo:ticket")
     status, _ = ws_echo("", port, path, {}, "again")
     assert status == 401, "a ticket must work once"
+
+
+
+def test_websockets_have_a_cap_per_sandbox_and_close_when_idle(routed_server, app):
+    """Upgraded connections leave --max-connections, so they have caps of their own; a
+    tunnel that carries nothing for --ws-idle-timeout is closed, both ways."""
+    key = {"OPEN-SANDBOX-API-KEY": routed_server.api_key}
+    path = f"/v1/sandboxes/{app.id}/proxy/{PORT}/ws"
+    held = []
+    try:
+        # Earlier tests' tunnels end as their clients close: wait until all places are free.
+        def fill():
+            while len(held) < WS_PER_SANDBOX:
+                status, s, _, _ = ws_open(routed_server.port, path, key)
+                if status != 101:
+                    s.close()
+                    return False
+                held.append(s)
+            return True
+        wait_until(fill, 10, f"{WS_PER_SANDBOX} WebSockets to open")
+        status, s, _, _ = ws_open(routed_server.port, path, key)
+        s.close()
+        assert status == 503, status
+        # Idle: after 3 s of silence the server ends each tunnel, which the client sees as EOF.
+        started = time.monotonic()
+        for s in held:
+            s.settimeout(15)
+            assert s.recv(4096) == b"", "an idle tunnel was not closed"
+        assert time.monotonic() - started >= 2, "closed before the idle time"
+        # Their places are free again.
+        wait_until(lambda: ws_echo("", routed_server.port, path, key, "after")[0] == 101, 10,
+                   "a WebSocket to open once the idle ones are closed")
+    finally:
+        for s in held:
+            s.close()

@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub runs: crate::runs::RunOptions,
     /// The model route every sandbox gets (`llm`), when `--llm-base` is given.
     pub llm: Option<crate::llm::LlmConfig>,
+    /// Caps and the idle time of WebSockets through the port proxy (`tunnels`).
+    pub tunnels: crate::tunnels::TunnelLimits,
 }
 
 /// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
@@ -130,6 +132,7 @@ mod tests {
             sandbox_domain: None,
             runs: crate::runs::RunOptions::for_tests(),
             llm: None,
+            tunnels: Default::default(),
         }
     }
 

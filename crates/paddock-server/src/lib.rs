@@ -23,6 +23,7 @@ mod slow;
 pub mod state;
 pub mod store;
 pub mod time_fmt;
+pub mod tunnels;
 mod unread;
 
 use std::sync::Arc;
@@ -124,6 +125,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         None => None,
     };
     runs::gateway::listen(runs.clone(), model_route).await.map_err(|cause| ServeError::Gateway { cause })?;
+    let tunnels = tunnels::Tunnels::new(config.tunnels.clone());
     let state = AppState {
         rt,
         store,
@@ -134,6 +136,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
         token_key,
         tickets: Default::default(),
         pool: Default::default(),
+        tunnels,
         budget: budget::MemoryBudget::new(config_budget),
         boot,
         runs: runs.clone(),

@@ -137,6 +137,25 @@ async fn forward(
     // A WebSocket (or any other upgrade): the client's side of the switch, taken before the
     // request moves on to the sandbox. Its connection is the upgrade's alone, never pooled.
     let client_upgrade = req.headers().contains_key(header::UPGRADE).then(|| hyper::upgrade::on(&mut req));
+    // A tunnel's place is taken before the sandbox is dialed, and held until the tunnel ends.
+    let tunnel = match client_upgrade {
+        Some(_) => Some(state.tunnels.open(sid.as_str()).map_err(|full| {
+            let why = match full {
+                crate::tunnels::Full::All(n) => {
+                    format!("{n} WebSockets are open through this server, its limit (--max-websockets)")
+                }
+                crate::tunnels::Full::Sandbox(n) => {
+                    format!("{n} WebSockets are open to this sandbox, the limit of one (--max-websockets-per-sandbox)")
+                }
+            };
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "TOO_MANY_WEBSOCKETS",
+                format!("{why}: close one, or retry later"),
+            )
+        })?),
+        None => None,
+    };
     let key = (sid.to_string(), port);
     let pooled = if client_upgrade.is_none() { state.pool.take(&key) } else { None };
 
@@ -182,10 +201,12 @@ async fn forward(
     {
         let sandbox_upgrade = hyper::upgrade::on(&mut response);
         // Both sides switched: from here on the bytes are the protocol's, copied as they come
-        // until either side closes.
+        // until either side closes or the tunnel sits idle.
+        let idle = state.tunnels.idle();
         tokio::spawn(async move {
+            let _place = tunnel;
             let (Ok(client), Ok(sandbox)) = tokio::join!(client_upgrade, sandbox_upgrade) else { return };
-            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(sandbox)).await;
+            crate::tunnels::relay(TokioIo::new(client), TokioIo::new(sandbox), idle).await;
         });
         return Ok(response.map(Body::new));
     }

@@ -26,6 +26,8 @@ pub struct AppState {
     pub token_key: Arc<TokenKey>,
     /// Idle connections of the port proxy.
     pub(crate) pool: Arc<crate::proxy::Pool>,
+    /// WebSockets and other upgrades through the port proxy (`tunnels.rs`).
+    pub tunnels: Arc<crate::tunnels::Tunnels>,
     /// Single-use tickets for routes (`routes.rs`).
     pub tickets: Arc<crate::routes::Tickets>,
     /// What requests may hold in memory at once (`budget.rs`).

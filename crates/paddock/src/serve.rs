@@ -64,6 +64,16 @@ pub struct ServeArgs {
     /// Connections served at once; further ones wait until one closes.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// WebSockets (and other upgrades) open through the port proxy at once; they leave
+    /// --max-connections once upgraded, so they have a cap of their own.
+    #[arg(long, default_value_t = 1024)]
+    max_websockets: usize,
+    /// WebSockets open to one sandbox at once.
+    #[arg(long, default_value_t = 256)]
+    max_websockets_per_sandbox: usize,
+    /// Close a WebSocket through the port proxy that carried nothing either way for this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    ws_idle_timeout: Duration,
     /// Request data the server holds in memory at once: JSON bodies (2 MiB each at most) and
     /// files edited in place. Requests past it wait up to 10 s, then get a 503 to retry.
     #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
@@ -274,6 +284,11 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         },
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        tunnels: paddock_server::tunnels::TunnelLimits {
+            all: args.max_websockets,
+            per_sandbox: args.max_websockets_per_sandbox,
+            idle: args.ws_idle_timeout,
+        },
         max_request_memory: args.max_request_memory,
         workspace_bytes: args.workspace_size,
         workspace_inodes: args.workspace_inodes,

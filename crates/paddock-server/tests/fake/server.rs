@@ -71,6 +71,7 @@ impl Server {
             sandbox_domain: None,
             runs: paddock_server::runs::RunOptions::for_tests(),
             llm: None,
+            tunnels: Default::default(),
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),
