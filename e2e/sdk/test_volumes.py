@@ -126,6 +126,16 @@ def test_a_host_directory_is_read_write_as_its_owner_and_read_only_when_asked(ma
     fails(sb, "python3 -c \"import os; os.open('/tmp/s', os.O_CREAT | os.O_WRONLY, 0o4755)\"")
 
 
+def test_a_host_volume_mounts_below_tmp_as_the_code_interpreter_suite_asks(make, roots, volume_server):
+    """OpenSandbox's code-interpreter suite mounts its logs at /tmp/opensandbox-e2e/logs."""
+    needs_host_volumes(volume_server)
+    sb = make(volumes=[Volume(name="logs", host=Host(path=str(roots["user"])), mountPath="/tmp/opensandbox-e2e/logs")])
+    confined(sb)
+    run_ok(sb, "echo from-tmp > /tmp/opensandbox-e2e/logs/tmp.log && echo mine > /tmp/mine")
+    assert (roots["user"] / "tmp.log").read_text() == "from-tmp\n"
+    assert not (roots["user"] / "mine").exists()
+
+
 def test_host_paths_outside_the_roots_or_through_symlinks_are_refused(make, roots, volume_server):
     needs_host_volumes(volume_server)
     for path, why in [(str(roots["outside"]), "outside the directories this server allows"),

@@ -65,7 +65,10 @@ fn yes() -> bool {
 pub const MAX_VOLUMES: usize = 32;
 
 /// Mount paths that belong to the sandbox's own setup and cannot take a volume, at or below.
-const RESERVED: &[&str] = &["/proc", "/sys", "/dev", "/run", "/workspace", "/tmp"];
+const RESERVED: &[&str] = &["/proc", "/sys", "/dev", "/run", "/workspace"];
+/// Directories every sandbox gets fresh and writable: a volume may be mounted below one (the
+/// mount point is made in it before anything runs), not on it.
+pub const FRESH_DIRS: &[&str] = &["/tmp"];
 
 fn err(message: impl Into<String>) -> SpecError {
     SpecError { field: "volumes", message: message.into() }
@@ -124,6 +127,12 @@ impl VolumeMount {
         if clean_relative(rel).is_none() {
             return Err(err(format!(
                 "mountPath {:?} of {} must be a normalized absolute path below / (no '.', '..' or '//')",
+                self.mount_path, self.name
+            )));
+        }
+        if let Some(r) = FRESH_DIRS.iter().find(|r| self.mount_path == **r) {
+            return Err(err(format!(
+                "mountPath {} of {} is the sandbox's own {r}: mount below it ({r}/logs) or under /mnt or /data",
                 self.mount_path, self.name
             )));
         }
@@ -204,11 +213,12 @@ mod tests {
     #[test]
     fn mount_paths_must_be_clean_absolute_and_outside_the_sandbox_setup() {
         assert!(validate_volumes(&[host("a", "/mnt/data"), host("b", "/data")]).is_ok());
-        for bad in ["mnt", "/", "/mnt/../etc", "/mnt//x", "/mnt/./x", "/proc/x", "/workspace", "/tmp/a", "/dev"] {
+        for bad in ["mnt", "/", "/mnt/../etc", "/mnt//x", "/mnt/./x", "/proc/x", "/workspace", "/tmp", "/dev"] {
             let e = validate_volumes(&[host("a", bad)]).unwrap_err();
             assert_eq!(e.field, "volumes", "{bad}");
         }
         assert!(validate_volumes(&[host("a", "/workspaces")]).is_ok(), "a prefix is not a parent");
+        assert!(validate_volumes(&[host("a", "/tmp/opensandbox-e2e/logs")]).is_ok(), "below the fresh /tmp");
     }
 
     #[test]

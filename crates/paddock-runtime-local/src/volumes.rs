@@ -349,6 +349,10 @@ pub fn plan_targets(volumes: &[VolumeMount], source: &Path) -> Result<(Vec<OsStr
     let mut shadowed: Vec<OsString> = Vec::new();
     let mut extra: Vec<OsString> = Vec::new();
     for v in volumes {
+        // Below a directory the sandbox gets fresh (/tmp), the mount point is made there.
+        if paddock_core::volume::FRESH_DIRS.iter().any(|d| v.mount_path.starts_with(&format!("{d}/"))) {
+            continue;
+        }
         let parts = v.target_components();
         let exists = (1..=parts.len()).all(|n| {
             let p = source.join(parts[..n].join("/"));

@@ -364,6 +364,11 @@ impl RootPlan {
         }
         for v in &self.volumes {
             let rel = v.target.strip_prefix("/").unwrap_or(&v.target);
+            // Below the fresh /tmp (mounted a moment ago; nothing of the sandbox has run, so
+            // nothing in it can be a symlink) the mount point is made first.
+            if rel.starts_with("tmp") && rel != Path::new("tmp") {
+                fs::create_dir_all(sk.join(rel)).map_err(|e| SysError::path("mkdir", &v.target, e))?;
+            }
             bind(&v.staged, &sk.join(rel), false)?;
         }
         Ok(())

@@ -128,6 +128,43 @@ async fn host_volumes_map_only_ordinary_owners_and_keep_read_only_and_set_id_out
     assert!(e.to_string().contains("--volume-root"), "{e}");
 }
 
+/// OpenSandbox's code-interpreter suite mounts its log directory at
+/// `/tmp/opensandbox-e2e/logs`: a volume below the sandbox's fresh /tmp gets its mount point
+/// made there, keeps its flags, and leaves the rest of /tmp the sandbox's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_mount_below_the_sandboxs_own_tmp() {
+    let roots = tempfile::Builder::new().prefix("pvt").tempdir_in("/tmp").unwrap();
+    let logs = roots.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::set_permissions(roots.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&logs, Some(1000), Some(1000)).unwrap();
+    let mut env = Env::new();
+    env.rt = env.rt.clone().with_volumes(VolumeOptions::new(std::slice::from_ref(&logs)).unwrap());
+    let id = env
+        .confined(spec(vec![
+            host("logs", &logs, "/tmp/opensandbox-e2e/logs", false),
+            host("ro", &logs, "/tmp/ro", true),
+        ]))
+        .await;
+    let out = sh(
+        &env.rt,
+        &id,
+        "echo line > /tmp/opensandbox-e2e/logs/run.log && echo scratch > /tmp/own && ls /tmp | sort | tr '\n' ' '",
+    )
+    .await;
+    assert_eq!(out.stdout, "opensandbox-e2e own ro ", "{}", out.stderr);
+    assert_eq!(std::fs::read_to_string(logs.join("run.log")).unwrap(), "line\n");
+    assert!(!logs.join("own").exists(), "the rest of /tmp is the sandbox's, not the volume's");
+    let out = sh(&env.rt, &id, "touch /tmp/ro/x").await;
+    assert!(out.stderr.contains("Read-only file system"), "{}", out.stderr);
+    assert!(!logs.join("x").exists());
+    env.rt.destroy(&id).await.unwrap();
+    assert_nothing_left(env.data(), &id);
+    // At /tmp itself: refused, naming what to do.
+    let e = env.rt.create(spec(vec![host("t", &logs, "/tmp", false)])).await.unwrap_err();
+    assert!(e.to_string().contains("mount below it"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn named_volumes_are_shared_capped_and_never_followed_out_of() {
     let env = Env::new();
