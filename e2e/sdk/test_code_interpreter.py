@@ -9,6 +9,8 @@ created without it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -162,8 +164,63 @@ def test_runs_without_a_context_use_the_languages_default(interpreter):
 
 def test_unsupported_languages_are_refused_clearly(interpreter):
     with pytest.raises(SandboxException) as e:
-        interpreter.codes.create_context(SupportedLanguage.JAVA)
+        interpreter.codes.create_context("cobol")
     assert "not supported" in str(e.value)
+
+
+def go_path() -> str:
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    return f"{os.path.dirname(go)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def test_java_go_and_typescript_run_what_opensandboxs_own_suite_sends(server, make_sandbox):
+    """The snippets and checks of OpenSandbox's code-interpreter suite for Java, Go and
+    TypeScript (tests/python/tests/test_code_interpreter_e2e_sync.py), on the host's root:
+    a JDK, Go (on the PATH given) and Node with the typescript package, as CI installs them."""
+    if not local_runtime(server):
+        pytest.skip("the cluster's test image has no JDK, Go or TypeScript")
+    sb = make_sandbox(env={"PATH": go_path()})
+    ci = CodeInterpreterSync.create(sb, skip_health_check=True)
+    try:
+        java = ci.codes.create_context(SupportedLanguage.JAVA)
+        assert java.id and java.language == "java"
+        ex = ci.codes.run('System.out.println("Hello from Java!");\nint result = 2 + 2;\n'
+                          'System.out.println("2 + 2 = " + result);\nresult', context=java)
+        assert ex.error is None, ex.error
+        assert [r.text for r in ex.result] == ["4"] and ex.complete is not None
+        out = "".join(m.text for m in ex.logs.stdout)
+        assert "Hello from Java!" in out and "2+2=4" in out.replace(" ", ""), out
+        ex = ci.codes.run("import java.util.*;\nList<Integer> numbers = Arrays.asList(1, 2, 3, 4, 5);\n"
+                          "int sum = numbers.stream().mapToInt(Integer::intValue).sum();\n"
+                          'System.out.println("Sum: " + sum);\nresult', context=java)
+        assert [r.text for r in ex.result] == ["4"], "state is kept between runs"
+        ex = ci.codes.run("int x = 10 / 0; // This will cause ArithmeticException", context=java)
+        assert ex.error is not None and ex.error.name == "EvalException", ex.error
+        assert "ArithmeticException" in ex.error.value, ex.error
+
+        go = ci.codes.create_context(SupportedLanguage.GO)
+        assert go.id and go.language == "go"
+        ex = ci.codes.run('package main\nimport "fmt"\nfunc main() {\n    fmt.Print("Hello from Go!")\n'
+                          '    result := 2 + 2\n    fmt.Print("2 + 2 =", result)\n}', context=go)
+        assert ex.error is None, ex.error
+        assert "Hello from Go!" in "".join(m.text for m in ex.logs.stdout)
+        ex = ci.codes.run("package main\nfunc main() {\n    undeclaredVariable++  // This will cause compilation error\n}",
+                          context=go)
+        assert ex.error is not None and "undeclaredVariable" in ex.error.value, ex.error
+
+        ts = ci.codes.create_context(SupportedLanguage.TYPESCRIPT)
+        assert ts.id and ts.language == "typescript"
+        ex = ci.codes.run("console.log('Hello from TypeScript!');\nconst result: number = 2 + 2;\n"
+                          "console.log(`2 + 2 = ${result}`);", context=ts)
+        assert ex.error is None, ex.error
+        assert "".join(m.text for m in ex.logs.stdout) == "Hello from TypeScript!\n2 + 2 = 4\n"
+        ex = ci.codes.run("interface Person {\n  name: string;\n  age: number;\n}\n"
+                          "const person: Person = { name: 'John', age: 30 };\nperson.age + result", context=ts)
+        assert [r.text for r in ex.result] == ["34"], "types stripped, state kept"
+        ex = ci.codes.run("throw new Error('ts-runtime-error');", context=ts)
+        assert ex.error is not None and ex.error.value == "ts-runtime-error", ex.error
+    finally:
+        ci.close()
 
 
 def test_a_missing_interpreter_is_a_clear_error(server, make_sandbox):

@@ -381,3 +381,118 @@ async fn fake_runtime_deleting_a_context_stops_the_cell_it_is_running() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// TypeScript on the Node driver: types are stripped (Node 22.13+) or transpiled by the
+/// typescript package (CI installs it globally, as `.ci/run` says); state is kept as in
+/// JavaScript. (An image with neither gets a 400 naming both: the driver says so before it is
+/// ready, as a missing interpreter does, tested below.)
+#[tokio::test]
+async fn fake_runtime_typescript_contexts_keep_state_and_type_annotations_run() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let ts = context(&s, &id, "typescript").await;
+    let first = "const x: number = 40;\ninterface P { n: number }\nfunction add(a: number): number { return a + 2 }";
+    let ev = run(&s, &id, json!({"code": first, "context": {"id": ts}})).await;
+    assert!(of(&ev, "error").is_empty(), "{ev:?}");
+    let ev =
+        run(&s, &id, json!({"code": "const p: P = { n: add(x) };\nconsole.log('hi');\np.n", "context": {"id": ts}}))
+            .await;
+    assert_eq!(text(&ev, "stdout"), "hi\n", "{ev:?}");
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "42", "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "(null as any).x", "context": {"id": ts}})).await;
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "TypeError", "{ev:?}");
+    // A TypeScript context is listed as one, apart from JavaScript's.
+    let (_, list) = s.call("GET", &Server::execd(&id, "/code/contexts?language=typescript"), None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+}
+
+/// Java: a JShell per context (CI's machine has a JDK), state kept between runs, the last
+/// expression's value as the result, exceptions and compile errors as errors, and an interrupt
+/// that stops a loop while the context lives on.
+#[tokio::test]
+async fn fake_runtime_java_contexts_keep_state_in_a_jshell() {
+    assert!(
+        have("java"),
+        "the Java context test needs a JDK on this host (Debian: apt-get install default-jdk-headless)"
+    );
+    let s = Server::new().await;
+    let id = s.create().await;
+    let java = context(&s, &id, "java").await;
+    let ev =
+        run(&s, &id, json!({"code": "int x = 40;\nint add(int a) { return a + 2; }", "context": {"id": java}})).await;
+    assert!(of(&ev, "error").is_empty() && of(&ev, "result").is_empty(), "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "System.out.println(\"hi\");\nadd(x)", "context": {"id": java}})).await;
+    assert_eq!(text(&ev, "stdout"), "hi\n", "{ev:?}");
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "42", "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "Object o = null;\no.toString()", "context": {"id": java}})).await;
+    // Named as the IJava kernel (and OpenSandbox's suite) names it, the value saying what was thrown.
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "EvalException", "{ev:?}");
+    assert!(of(&ev, "error")[0]["error"]["evalue"].as_str().unwrap().contains("NullPointerException"), "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "undefinedThing + 1", "context": {"id": java}})).await;
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "CompilationError", "{ev:?}");
+    assert!(of(&ev, "error")[0]["error"]["evalue"].as_str().unwrap().contains("cannot find symbol"), "{ev:?}");
+    let t0 = Instant::now();
+    let looping = run(&s, &id, json!({"code": "while (true) { x = x + 0; }", "context": {"id": java}}));
+    let interrupt = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        s.call("DELETE", &Server::execd(&id, &format!("/code?id={java}")), None).await
+    };
+    let (ev, (status, _)) = tokio::join!(looping, interrupt);
+    assert_eq!(status, StatusCode::OK);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?} {ev:?}", t0.elapsed());
+    let ev = run(&s, &id, json!({"code": "x + 2", "context": {"id": java}})).await;
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "42", "the context lived on: {ev:?}");
+}
+
+/// Where this host's `go` is: on PATH, or where the official archive puts it.
+fn go_dir() -> Option<std::path::PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .find(|d| d.join("go").is_file());
+    on_path.or_else(|| Some(std::path::PathBuf::from("/usr/local/go/bin")).filter(|d| d.join("go").is_file()))
+}
+
+/// Go: a cell that is a whole program runs as one (OpenSandbox's suite sends those); other
+/// cells keep their declarations for later cells and run their statements once; compile
+/// errors and panics are errors; an interrupt ends the cell, not the context.
+#[tokio::test]
+async fn fake_runtime_go_contexts_run_programs_and_keep_declarations() {
+    let go = go_dir().expect("the Go context test needs a Go toolchain on this host (CI's machine has /usr/local/go)");
+    let s = Server::new().await;
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", go.display());
+    let (status, body) =
+        s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}, "env": {"PATH": path}}))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let ctx = context(&s, &id, "go").await;
+    let whole = "package main\nimport \"fmt\"\nfunc main() {\n    fmt.Print(\"Hello from Go!\")\n}";
+    let ev = run(&s, &id, json!({"code": whole, "context": {"id": ctx}})).await;
+    assert_eq!(text(&ev, "stdout"), "Hello from Go!", "{ev:?}");
+    let ev = run(
+        &s,
+        &id,
+        json!({"code": "import \"fmt\"\nvar x = 40\nfunc add(a int) int { return a + 2 }", "context": {"id": ctx}}),
+    )
+    .await;
+    assert!(of(&ev, "error").is_empty(), "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "fmt.Println(\"hi\", add(x))", "context": {"id": ctx}})).await;
+    assert_eq!(text(&ev, "stdout"), "hi 42\n", "declarations and imports are kept: {ev:?}");
+    let broken = "package main\nfunc main() {\n    undeclaredVariable++\n}";
+    let ev = run(&s, &id, json!({"code": broken, "context": {"id": ctx}})).await;
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "CompilationError", "{ev:?}");
+    assert!(of(&ev, "error")[0]["error"]["evalue"].as_str().unwrap().contains("undeclaredVariable"), "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "var s []int\n_ = s[3]", "context": {"id": ctx}})).await;
+    assert!(text(&ev, "stderr").contains("index out of range"), "{ev:?}");
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "ExitError", "{ev:?}");
+    let looping = run(&s, &id, json!({"code": "for {}", "context": {"id": ctx}}));
+    let interrupt = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.call("DELETE", &Server::execd(&id, &format!("/code?id={ctx}")), None).await
+    };
+    let (ev, (status, _)) = tokio::join!(looping, interrupt);
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(of(&ev, "error")[0]["error"]["ename"], "Interrupted", "{ev:?}");
+    let ev = run(&s, &id, json!({"code": "fmt.Println(add(0))", "context": {"id": ctx}})).await;
+    assert_eq!(text(&ev, "stdout"), "2\n", "the context lived on: {ev:?}");
+}

@@ -37,6 +37,15 @@ use crate::store::now_ms;
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");
 const NODE_DRIVER: &str = include_str!("drivers/node.js");
 const BASH_DRIVER: &str = include_str!("drivers/bash.sh");
+const JAVA_DRIVER: &str = include_str!("drivers/PaddockDriver.java");
+const GO_DRIVER: &str = include_str!("drivers/driver.go");
+/// Builds the Go driver (its `$1`) with the image's `go` and runs it. The build cache goes to
+/// the sandbox's /tmp unless one is set (a sandbox's HOME may be read-only), and no toolchain
+/// is ever downloaded.
+const GO_LAUNCH: &str = "d=$(mktemp -d) && printf '%s' \"$1\" > \"$d/driver.go\" && export GOCACHE=\"${GOCACHE:-${TMPDIR:-/tmp}/.paddock-go-cache}\" GOTOOLCHAIN=\"${GOTOOLCHAIN:-local}\" && go build -o \"$d/driver\" \"$d/driver.go\" && rm -f \"$d/driver.go\" && exec \"$d/driver\"";
+/// Writes the Java driver (its `$1`) to a directory of its own and runs it from source; the
+/// driver removes the directory once started.
+const JAVA_LAUNCH: &str = "d=$(mktemp -d) && printf '%s' \"$1\" > \"$d/PaddockDriver.java\" && exec java -XX:TieredStopAtLevel=1 \"$d/PaddockDriver.java\" \"$d\"";
 
 /// Most code contexts (and, separately, bash sessions) per sandbox: each is a process in the
 /// sandbox and a few descriptors and a task in the server.
@@ -73,6 +82,12 @@ const BUSY: &str = "error running codes session is busy";
 pub(super) enum Language {
     Python,
     JavaScript,
+    /// On the Node driver, each cell turned into JavaScript first (`drivers/node.js`).
+    TypeScript,
+    /// A JShell per context (`drivers/PaddockDriver.java`).
+    Java,
+    /// Each cell a program, declarations kept (`drivers/driver.go`).
+    Go,
     Bash,
 }
 
@@ -81,12 +96,15 @@ impl Language {
         match name.trim().to_ascii_lowercase().as_str() {
             "python" | "python3" => Ok(Self::Python),
             "javascript" | "js" | "node" => Ok(Self::JavaScript),
+            "typescript" | "ts" => Ok(Self::TypeScript),
+            "java" => Ok(Self::Java),
+            "go" | "golang" => Ok(Self::Go),
             "bash" | "shell" | "sh" => Ok(Self::Bash),
             other => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "LANGUAGE_NOT_SUPPORTED",
                 format!(
-                    "language {other:?} is not supported by Paddock's code interpreter: use python, javascript or bash"
+                    "language {other:?} is not supported by Paddock's code interpreter: use python, javascript, typescript, java, go or bash"
                 ),
             )),
         }
@@ -96,14 +114,30 @@ impl Language {
         match self {
             Self::Python => "python",
             Self::JavaScript => "javascript",
+            Self::TypeScript => "typescript",
+            Self::Java => "java",
+            Self::Go => "go",
             Self::Bash => "bash",
+        }
+    }
+
+    /// How long a driver may take to say it is ready: Java starts two JVMs, and Go builds its
+    /// driver, which the first time in a sandbox compiles the parts of the standard library
+    /// it needs (about 10 s on 2 cores).
+    fn ready_timeout(self) -> Duration {
+        match self {
+            Self::Java => Duration::from_secs(60),
+            Self::Go => Duration::from_secs(120),
+            _ => READY_TIMEOUT,
         }
     }
 
     fn interpreter(self) -> &'static str {
         match self {
             Self::Python => "python3",
-            Self::JavaScript => "node",
+            Self::JavaScript | Self::TypeScript => "node",
+            Self::Java => "java",
+            Self::Go => "go",
             Self::Bash => "bash",
         }
     }
@@ -111,7 +145,9 @@ impl Language {
     fn argv(self) -> Vec<String> {
         let v: &[&str] = match self {
             Self::Python => &["python3", "-c", PYTHON_DRIVER],
-            Self::JavaScript => &["node", "-e", NODE_DRIVER],
+            Self::JavaScript | Self::TypeScript => &["node", "-e", NODE_DRIVER],
+            Self::Java => &["sh", "-c", JAVA_LAUNCH, "sh", JAVA_DRIVER],
+            Self::Go => &["sh", "-c", GO_LAUNCH, "sh", GO_DRIVER],
             // The driver is fed on stdin (see `request`), which stays the request channel.
             Self::Bash => &["bash", "--noprofile", "--norc", "-s"],
         };
@@ -121,7 +157,7 @@ impl Language {
     /// The bytes that ask the driver to run `code` (in `cwd` for this run, bash only).
     fn request(self, code: &str, cwd: Option<&str>) -> Vec<u8> {
         match self {
-            Self::Python | Self::JavaScript => {
+            Self::Python | Self::JavaScript | Self::TypeScript | Self::Java | Self::Go => {
                 let mut line = serde_json::to_vec(&json!({ "code": code })).unwrap_or_default();
                 line.push(b'\n');
                 line
@@ -558,6 +594,9 @@ async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> A
         // No display here: figures are rendered to PNG results after each cell.
         env.insert("MPLBACKEND".to_owned(), "Agg".to_owned());
     }
+    if language == Language::TypeScript {
+        env.insert("PADDOCK_CODE_LANG".to_owned(), "typescript".to_owned());
+    }
     let request = ExecRequest { argv: language.argv(), cwd: ctx.cwd.clone(), env, timeout_ms: None, stdin: true };
     let Process { stdin, stdout, stderr, control } = state.rt.exec(sandbox, request).await.map_err(|e| {
         let e = ApiError::from(e);
@@ -589,7 +628,7 @@ async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> A
         outcome: None,
     };
     let mut early_err = Vec::new();
-    let ready = tokio::time::timeout(READY_TIMEOUT, async {
+    let ready = tokio::time::timeout(language.ready_timeout(), async {
         let (mut out_ready, mut err_ready) = (false, false);
         let (mut ob, mut eb) = (vec![0u8; 8192], vec![0u8; 8192]);
         while !(out_ready && err_ready) {
@@ -654,7 +693,8 @@ async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> A
                     if said.is_empty() { "it said nothing" } else { &said }
                 ),
             };
-            Err(ApiError::new(StatusCode::BAD_REQUEST, "LANGUAGE_NOT_AVAILABLE", message))
+            // The language is Paddock's, but this image lacks what it needs.
+            Err(ApiError::new(StatusCode::BAD_REQUEST, "LANGUAGE_NOT_SUPPORTED", message))
         }
         Err(_) => {
             *lock(&ctx.signals) = None;
@@ -664,7 +704,7 @@ async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> A
                 format!(
                     "`{}` did not start within {}s in sandbox {sandbox}: the sandbox may be overloaded or paused",
                     language.interpreter(),
-                    READY_TIMEOUT.as_secs()
+                    language.ready_timeout().as_secs()
                 ),
             ))
         }

@@ -134,7 +134,7 @@ fn routes() -> Vec<Route> {
             "Run code in a context; output, results and errors as server-sent events",
             &[],
             Some(json!({"type": "object", "properties": {"code": {"type": "string"}, "context": {"type": "object",
-                "properties": {"id": {"type": "string"}, "language": {"type": "string", "enum": ["python", "javascript", "bash"]}}}}})),
+                "properties": {"id": {"type": "string"}, "language": {"type": "string", "enum": ["python", "javascript", "typescript", "java", "go", "bash"]}}}}})),
             "200",
         ),
         r("/code", "delete", "Interrupt what a context runs", &[("id", "the context id", true)], None, "200"),

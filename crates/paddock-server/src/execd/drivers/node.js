@@ -8,6 +8,35 @@ const util = require('util');
 const { Console } = require('console');
 const MARK = '\x1ePADDOCK-' + (process.env.PADDOCK_CODE_NONCE || '') + ' ';
 delete process.env.PADDOCK_CODE_NONCE;
+const typescript = process.env.PADDOCK_CODE_LANG === 'typescript';
+delete process.env.PADDOCK_CODE_LANG;
+
+// TypeScript cells become JavaScript first: with Node's own type stripping (22.13 and later),
+// else with the typescript package wherever this Node finds it (its global modules included).
+// Neither: the driver says what is missing and exits before it is ready.
+function typescriptToJs() {
+  const mod = require('module');
+  if (typeof mod.stripTypeScriptTypes === 'function') {
+    return (code) => mod.stripTypeScriptTypes(code, { mode: 'transform' });
+  }
+  const path = require('path');
+  const places = [
+    ...(process.env.NODE_PATH || '').split(':').filter(Boolean),
+    path.join(path.dirname(process.execPath), '..', 'lib', 'node_modules'),
+    '/usr/local/lib/node_modules', '/usr/lib/node_modules',
+  ];
+  for (const where of [undefined, ...places]) {
+    try {
+      const ts = require(where ? require.resolve('typescript', { paths: [where] }) : 'typescript');
+      const options = { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.CommonJS, esModuleInterop: true };
+      return (code) => ts.transpile(code, options);
+    } catch (e) { /* next place */ }
+  }
+  process.stderr.write('TypeScript contexts need Node.js 22.13 or later (this image has ' + process.version
+    + ') or the typescript package (npm install -g typescript) in the image\n');
+  process.exit(3);
+}
+const toJs = typescript ? typescriptToJs() : (code) => code;
 const reply = (obj, stream) => (stream || process.stdout).write(MARK + JSON.stringify(obj) + '\n');
 const sandbox = {
   console: new Console({ stdout: process.stdout, stderr: process.stderr }),
@@ -38,7 +67,7 @@ async function run(code) {
   cells += 1;
   let value;
   try {
-    const script = new vm.Script(code, { filename: '<cell-' + cells + '>' });
+    const script = new vm.Script(toJs(code), { filename: '<cell-' + cells + '>' });
     value = script.runInContext(context, { breakOnSigint: true });
     if (value && typeof value.then === 'function') value = await value;
     if (value !== undefined) return { t: 'result', data: { 'text/plain': util.inspect(value) } };
