@@ -124,7 +124,7 @@ async fn fake_runtime_python_context_keeps_state_and_reports_results_and_errors(
 async fn fake_runtime_code_refusals_are_clear() {
     let s = Server::new().await;
     let id = s.create().await;
-    let (status, body) = s.call("POST", &Server::execd(&id, "/code/context"), Some(json!({"language": "java"}))).await;
+    let (status, body) = s.call("POST", &Server::execd(&id, "/code/context"), Some(json!({"language": "cobol"}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_error(&body, "LANGUAGE_NOT_SUPPORTED");
     let (status, body) =

@@ -1359,8 +1359,11 @@ mod tests {
     fn languages_parse_with_clear_refusals() {
         assert_eq!(Language::parse("Python").unwrap(), Language::Python);
         assert_eq!(Language::parse("javascript").unwrap(), Language::JavaScript);
-        let e = Language::parse("java").unwrap_err();
+        assert_eq!(Language::parse("TypeScript").unwrap(), Language::TypeScript);
+        assert_eq!(Language::parse("java").unwrap(), Language::Java);
+        assert_eq!(Language::parse("go").unwrap(), Language::Go);
+        let e = Language::parse("cobol").unwrap_err();
         assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "LANGUAGE_NOT_SUPPORTED"));
-        assert!(e.message.contains("python, javascript or bash"));
+        assert!(e.message.contains("typescript, java, go or bash"), "{}", e.message);
     }
 }
