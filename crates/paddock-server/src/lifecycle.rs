@@ -52,6 +52,7 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/networkpolicy", crate::egress::policy_routes())
         .route("/sandboxes/{id}/egress", get(crate::egress::status))
         .route("/sandboxes/{id}/tickets", post(crate::routes::issue_ticket))
+        .route("/sandboxes/{id}/signatures/revoke", post(crate::routes::revoke_signatures))
         .route("/templates", any(not_served))
         .route("/templates/{id}", any(not_served))
         .route("/pools", any(not_served))
@@ -807,7 +808,7 @@ async fn endpoint(
             .trim()
             .parse()
             .map_err(|_| ApiError::bad_request(format!("expires {expires:?} is not a Unix time in seconds")))?;
-        let endpoint = crate::routes::signed_endpoint(&state, &host, &row.id, port, expires)?;
+        let endpoint = crate::routes::signed_endpoint(&state, &host, &row.id, port, expires).await?;
         return Ok(axum::Json(json!({ "endpoint": endpoint })).into_response());
     }
     // Both modes reach the sandbox through this server (its network has no other way in). In
@@ -1336,6 +1337,8 @@ fn lifecycle_paths() -> Value {
                 "responses": {"200": ok("The policy now", policy_status.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/egress": {"get": {"summary": "The egress policy, how it is enforced, counters and the newest denials", "parameters": [id.clone()],
             "responses": {"200": {"description": "Egress status"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/signatures/revoke": {"post": {"summary": "Revoke every signed route and endpoint of the sandbox made so far, and its unused tickets", "parameters": [id.clone()],
+            "responses": {"200": {"description": "The sandbox's new signing epoch and how many tickets were dropped"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/tickets": {"post": {"summary": "A single-use ticket for one request to a port (a browser's WebSocket handshake)", "parameters": [id.clone()],
             "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["port"], "additionalProperties": false,
                 "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}, "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": 300}}}}}},

@@ -122,10 +122,14 @@ pub async fn ingress(State(state): State<AppState>, mut req: Request, next: Next
             return ApiError::unauthorized("ROUTE_EXPIRED", "this signed route has expired: ask for a new endpoint")
                 .into_response();
         }
-        if !state.token_key.verify_route(&route.id, route.port, *expires, sig) {
+        let epoch = match state.store.route_epoch(&route.id).await {
+            Ok(e) => e,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        if !state.token_key.verify_route(&route.id, route.port, *expires, epoch, sig) {
             return ApiError::unauthorized(
                 "INVALID_ROUTE_SIGNATURE",
-                "this route's signature is not valid for this sandbox and port",
+                "this route's signature is not valid for this sandbox and port, or its sandbox's signed routes were revoked",
             )
             .into_response();
         }
@@ -163,7 +167,7 @@ pub async fn ingress(State(state): State<AppState>, mut req: Request, next: Next
 
 /// A signed route for a sandbox's port valid until `expires` (Unix seconds), as an endpoint
 /// without scheme: by Host when the server has a sandbox domain, else by `/r/` path on `host`.
-pub fn signed_endpoint(state: &AppState, host: &str, id: &str, port: u16, expires: u64) -> ApiResult<String> {
+pub async fn signed_endpoint(state: &AppState, host: &str, id: &str, port: u16, expires: u64) -> ApiResult<String> {
     let now = now_s();
     if expires <= now {
         return Err(ApiError::bad_request(format!(
@@ -181,7 +185,8 @@ pub fn signed_endpoint(state: &AppState, host: &str, id: &str, port: u16, expire
             "the egress policy port cannot have a signed route: it changes what the sandbox may reach, so it takes the API key",
         ));
     }
-    let sig = state.token_key.route_signature(id, port, expires);
+    let epoch = state.store.route_epoch(id).await?;
+    let sig = state.token_key.route_signature(id, port, expires, epoch);
     let label = format!("{id}-{port}-{}-{sig}", base36(expires));
     Ok(match &state.config.sandbox_domain {
         Some(domain) => format!("{label}.{domain}"),
@@ -221,6 +226,21 @@ fn take_ticket(state: &AppState, ticket: &str, route: &Route) -> bool {
 pub struct TicketRequest {
     port: u16,
     ttl_seconds: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/signatures/revoke`: every signed route and endpoint of the sandbox
+/// made before stops working (its route epoch moves on), and its unused tickets are dropped.
+/// Links made after are signed anew.
+pub async fn revoke_signatures(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let (sid, _) = state.sandbox(&id).await?;
+    let epoch = state.store.bump_route_epoch(sid.as_str()).await?;
+    let dropped = {
+        let mut t = state.tickets.0.lock().unwrap_or_else(|e| e.into_inner());
+        let before = t.len();
+        t.retain(|_, (owner, _, _)| owner != sid.as_str());
+        before - t.len()
+    };
+    Ok(axum::Json(json!({"id": sid.as_str(), "signingEpoch": epoch, "ticketsDropped": dropped})).into_response())
 }
 
 /// `POST /v1/sandboxes/{id}/tickets {port, ttlSeconds?}`: a single-use credential for one

@@ -89,20 +89,26 @@ impl TokenKey {
     /// The signature of a route to `port` of a sandbox valid until `expires`: 12 bytes of an
     /// HMAC over a message no sandbox token is made from (ids hold no NUL), in hex, so the
     /// whole route fits one DNS label.
-    pub fn route_signature(&self, sandbox_id: &str, port: u16, expires: u64) -> String {
-        hex::encode(&self.route_mac(sandbox_id, port, expires).finalize().into_bytes()[..12])
+    /// `epoch` is the sandbox's route epoch: revoking its routes moves it on.
+    pub fn route_signature(&self, sandbox_id: &str, port: u16, expires: u64, epoch: i64) -> String {
+        hex::encode(&self.route_mac(sandbox_id, port, expires, epoch).finalize().into_bytes()[..12])
     }
 
-    fn route_mac(&self, sandbox_id: &str, port: u16, expires: u64) -> Hmac<Sha256> {
+    fn route_mac(&self, sandbox_id: &str, port: u16, expires: u64, epoch: i64) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
-        mac.update(format!("route\0{sandbox_id}\0{port}\0{expires}").as_bytes());
+        // Epoch 0 signs what servers signed before routes could be revoked.
+        let message = match epoch {
+            0 => format!("route\0{sandbox_id}\0{port}\0{expires}"),
+            n => format!("route\0{sandbox_id}\0{port}\0{expires}\0{n}"),
+        };
+        mac.update(message.as_bytes());
         mac
     }
 
-    /// Whether `signature` signs that route, compared in constant time.
-    pub fn verify_route(&self, sandbox_id: &str, port: u16, expires: u64, signature: &str) -> bool {
+    /// Whether `signature` signs that route at that epoch, compared in constant time.
+    pub fn verify_route(&self, sandbox_id: &str, port: u16, expires: u64, epoch: i64, signature: &str) -> bool {
         let Ok(raw) = hex::decode(signature) else { return false };
-        self.route_mac(sandbox_id, port, expires).verify_truncated_left(&raw).is_ok() && raw.len() == 12
+        self.route_mac(sandbox_id, port, expires, epoch).verify_truncated_left(&raw).is_ok() && raw.len() == 12
     }
 
     /// The gateway token of one attempt of a run: names the run, its epoch and its sandbox, and

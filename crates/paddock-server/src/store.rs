@@ -176,7 +176,27 @@ impl Store {
     pub async fn delete(&self, id: &str) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM sandboxes WHERE id = ?").bind(id).execute(&self.pool).await?;
         sqlx::query("DELETE FROM entrypoint_logs WHERE id = ?").bind(id).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM route_epochs WHERE id = ?").bind(id).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// The epoch a sandbox's signed routes are signed with (0 until revoked once).
+    pub async fn route_epoch(&self, id: &str) -> Result<i64, sqlx::Error> {
+        let epoch: Option<i64> = sqlx::query_scalar("SELECT epoch FROM route_epochs WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(epoch.unwrap_or(0))
+    }
+
+    /// Revokes every signed route of a sandbox: its epoch moves on; the new one.
+    pub async fn bump_route_epoch(&self, id: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(
+            "INSERT INTO route_epochs (id, epoch) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
     }
 
     /// Stores (replacing) what is kept of a sandbox's entrypoint, while its row exists.

@@ -107,3 +107,45 @@ async fn fake_runtime_a_sandbox_token_reaches_only_its_own_sandbox_and_never_its
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "nor opens another sandbox's egress");
 }
+
+/// A signed endpoint of port 44772 as the path to its `/ping`.
+async fn signed(s: &Server, id: &str, expires: u64) -> String {
+    let (status, ep) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772?expires={expires}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{ep}");
+    let endpoint = ep["endpoint"].as_str().unwrap().to_owned();
+    format!("/r/{}/ping", endpoint.rsplit_once("/r/").unwrap().1)
+}
+
+/// A signed link (to port 44772 it runs commands for up to a week) can be revoked: every link
+/// of the sandbox made before stops working, its unused tickets too; links made after work.
+#[tokio::test]
+async fn fake_runtime_signed_links_and_tickets_of_a_sandbox_can_be_revoked() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let old = signed(&s, &id, expires).await;
+    let (status, body) = s.with_headers("GET", &old, &[]).await;
+    assert_eq!(status, StatusCode::OK, "a signed link runs execd with no key: {body}");
+    let (_, ticket) = s.call("POST", &format!("/v1/sandboxes/{id}/tickets"), Some(json!({"port": 44772}))).await;
+    let query = ticket["query"].as_str().unwrap().to_owned();
+
+    // Revoking takes the API key, never a link of its own.
+    let revoke = format!("/v1/sandboxes/{id}/signatures/revoke");
+    assert_eq!(s.with_headers("POST", &revoke, &[]).await.0, StatusCode::UNAUTHORIZED);
+    let (status, revoked) = s.call("POST", &revoke, None).await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    assert_eq!((revoked["signingEpoch"].as_i64(), revoked["ticketsDropped"].as_i64()), (Some(1), Some(1)), "{revoked}");
+
+    let (status, body) = s.with_headers("GET", &old, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_error(&body, "INVALID_ROUTE_SIGNATURE");
+    let (status, body) = s.with_headers("GET", &format!("/r/{id}-44772/ping?{query}"), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_error(&body, "INVALID_TICKET");
+    let new = signed(&s, &id, expires).await;
+    assert_ne!(new, old);
+    assert_eq!(s.with_headers("GET", &new, &[]).await.0, StatusCode::OK, "a link made after works");
+    // Revoked again: the newer one goes too.
+    s.call("POST", &revoke, None).await;
+    assert_eq!(s.with_headers("GET", &new, &[]).await.0, StatusCode::UNAUTHORIZED);
+}
