@@ -219,3 +219,11 @@ def test_files_can_be_given_to_nobody_to_other_users_and_back_but_never_to_root(
     # A file the sandbox does not own stays out of reach (the root filesystem is the host's).
     with pytest.raises(SandboxException):
         sandbox.files.set_permissions([SetPermissionEntry(path="/etc/hostname", owner="nobody", mode=644)])
+    # Set-id bits are refused, not dropped in silence: no file in a sandbox may have them.
+    tool = f"{_dir('/workspace')}/tool"
+    sandbox.files.write_file(tool, "#!/bin/sh\n", mode=755)
+    for mode in (4755, 2755):
+        with pytest.raises(SandboxException) as e:
+            sandbox.files.set_permissions([SetPermissionEntry(path=tool, mode=mode)])
+        assert "set-user-id or set-group-id" in str(e.value), e.value
+    assert run_ok(sandbox, f"stat -c %a {tool}") == ["755"]

@@ -324,8 +324,25 @@ struct Permission {
     group: Option<String>,
 }
 
+/// The mode asked for. Set-user-id and set-group-id bits are refused rather than dropped in
+/// silence: no sandbox filesystem honours them (all are nosuid, and the kernel clears them on
+/// files the sandbox user makes), so answering 200 would say something was done that was not.
 fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
-    parse_mode(p.mode.unwrap_or(0)).map_err(invalid_body)
+    let mode = parse_mode(p.mode.unwrap_or(0)).map_err(invalid_body)?;
+    if let Some(m) = mode
+        && m & 0o6000 != 0
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "SETID_NOT_ALLOWED",
+            format!(
+                "mode {:o} has the set-user-id or set-group-id bit, which no file in a sandbox may have: give it without them ({:o})",
+                m,
+                m & !0o6000
+            ),
+        ));
+    }
+    Ok(mode)
 }
 
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
