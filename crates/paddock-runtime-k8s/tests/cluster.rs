@@ -1,10 +1,10 @@
-//! Tests against a real cluster, run only with `PADDOCK_K8S_TESTS=1` and a `KUBECONFIG` (see
-//! dev/k8s/README.md). Each test makes its own namespace `paddock-test-<random>` and deletes it.
+//! Tests against a real cluster, ignored unless asked for (`--ignored`), and then run only with
+//! `PADDOCK_K8S_TESTS=1` and a `KUBECONFIG` (see dev/k8s/README.md). Each test makes its own namespace `paddock-test-<random>` and deletes it.
 //! The sandbox images are `paddock.local/sandbox:1` (busybox) and `paddock.local/sandbox-workdir:1`
 //! (the same with a WorkingDir), never pulled.
 //!
 //! PADDOCK_K8S_TESTS=1 KUBECONFIG=/var/lib/paddock-k8s/admin.kubeconfig \
-//!     cargo test -p paddock-runtime-k8s --test cluster -- --test-threads 2
+//!     cargo test -p paddock-runtime-k8s --test cluster -- --ignored --test-threads 2
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,12 +27,13 @@ const IMAGE: &str = "paddock.local/sandbox:1";
 /// The same with `WorkingDir` `/srv/app`.
 const WORKDIR_IMAGE: &str = "paddock.local/sandbox-workdir:1";
 
-fn enabled(test: &str) -> bool {
-    let on = std::env::var(GATE).as_deref() == Ok("1");
-    if !on {
-        eprintln!("{test}: skipped (cluster test): set {GATE}=1 and KUBECONFIG to run it");
-    }
-    on
+/// Cluster tests are ignored in the default lane; run with `--ignored` they need the cluster,
+/// and say so rather than pass without one.
+fn require_cluster() {
+    assert!(
+        std::env::var(GATE).as_deref() == Ok("1"),
+        "a cluster test: set {GATE}=1 and KUBECONFIG to the test cluster's (dev/k8s/README.md)"
+    );
 }
 
 fn random_suffix() -> String {
@@ -129,10 +130,9 @@ fn agent_binary() -> std::path::PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_sandbox_exec_files_and_destroy() {
-    if !enabled("cluster_sandbox_exec_files_and_destroy") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), KubeConfig { agent: None, ..config(&ns) });
         exec_files_and_destroy(client, ns, rt, false).await;
@@ -143,10 +143,9 @@ async fn cluster_sandbox_exec_files_and_destroy() {
 /// The same behaviour through Paddock's agent in the Pod, which is also only reachable
 /// through a port-forward, and whose death costs only speed.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_the_agent_serves_the_same_exec_and_files() {
-    if !enabled("cluster_the_agent_serves_the_same_exec_and_files") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), KubeConfig { agent: Some(agent_binary()), ..config(&ns) });
         exec_files_and_destroy(client, ns, rt, true).await;
@@ -374,10 +373,9 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_acquire_release_and_destroy_workspace() {
-    if !enabled("cluster_acquire_release_and_destroy_workspace") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let mut cfg = config(&ns);
         cfg.storage_class = Some("standard".into());
@@ -444,10 +442,9 @@ async fn cluster_acquire_release_and_destroy_workspace() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_concurrent_acquires_make_one_pod() {
-    if !enabled("cluster_concurrent_acquires_make_one_pod") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         // Two runtimes with their own clients: as if two servers acquired at once.
         let a = Arc::new(KubeRuntime::new(client.clone(), config(&ns)));
@@ -552,10 +549,9 @@ async fn plain_exec(client: &Client, ns: &str, name: &str, command: &str) -> i32
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_deny_policy_blocks_other_pods() {
-    if !enabled("cluster_deny_policy_blocks_other_pods") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let serve = "mkdir -p /tmp/w && echo ok >/tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
@@ -618,10 +614,9 @@ async fn cluster_deny_policy_blocks_other_pods() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_expired_sandboxes_are_reaped() {
-    if !enabled("cluster_expired_sandboxes_are_reaped") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let mut spec = small_spec();
@@ -658,10 +653,9 @@ async fn cluster_expired_sandboxes_are_reaped() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_oom_kill_is_reported() {
-    if !enabled("cluster_oom_kill_is_reported") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         // The server's default: CPU requested as limited, so the Pod is Guaranteed and its
         // keeper's OOM score far below its commands'.
@@ -702,10 +696,9 @@ async fn cluster_oom_kill_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_missing_image_fails_fast_and_cleans_up() {
-    if !enabled("cluster_missing_image_fails_fast_and_cleans_up") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let spec = SandboxSpec { image: Some("paddock.local/no-such-image:1".into()), ..small_spec() };
@@ -739,10 +732,9 @@ async fn cluster_missing_image_fails_fast_and_cleans_up() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_dawn_workspace_is_adopted() {
-    if !enabled("cluster_dawn_workspace_is_adopted") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         // What Dawn leaves behind: its PVC and keeper Pod, with Dawn's names and labels only.
         let labels = serde_json::json!({"app.kubernetes.io/managed-by": "dawn", "dawn.sh/thread": "legacy-thread"});
@@ -797,10 +789,9 @@ async fn cluster_dawn_workspace_is_adopted() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_large_environments_reach_the_command() {
-    if !enabled("cluster_large_environments_reach_the_command") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let sbx = rt.create(small_spec()).await.unwrap();
@@ -828,10 +819,9 @@ async fn cluster_large_environments_reach_the_command() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_claim_model_serves_from_a_warm_pool() {
-    if !enabled("cluster_claim_model_serves_from_a_warm_pool") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
         let resource =
@@ -927,10 +917,9 @@ async fn cluster_claim_model_serves_from_a_warm_pool() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
-    if !enabled("cluster_unused_workspace_pvcs_are_reaped_after_their_ttl") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         use paddock_runtime_k8s::reap_pvcs::{UNUSED_SINCE_ANNOTATION, unused_since};
         let rt = KubeRuntime::new(client.clone(), config(&ns));
@@ -985,10 +974,9 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
 /// that the API server takes the objects, that allow-all still keeps the cluster closed, and
 /// that changes land on the NetworkPolicy and the Pod while the sandbox runs.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_cluster() {
-    if !enabled("cluster_egress_rules_become_the_network_policy_and_never_open_the_cluster") {
-        return;
-    }
+    require_cluster();
     use paddock_core::egress::{Action, EgressPolicy, EgressRule};
     with_namespace(move |client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
@@ -1055,11 +1043,10 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
     use paddock_core::volume::{VolumeMount, VolumeSource};
-    if !enabled("cluster_named_volumes_are_pvcs_shared_kept_and_deleted") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         let mut cfg = config(&ns);
         cfg.storage_class = Some("standard".into());
@@ -1163,10 +1150,9 @@ async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
 /// deleted (pool and template), one a claim still uses is kept, and with `MAX_PROFILES` (32)
 /// profiles in the namespace a further shape gets a keeper Pod instead of a new profile.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
 async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper_pods() {
-    if !enabled("cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper_pods") {
-        return;
-    }
+    require_cluster();
     with_namespace(|client, ns| async move {
         use kube::api::DynamicObject;
         use paddock_runtime_k8s::claim;

@@ -1,6 +1,7 @@
 //! `/code` contexts and `/session` bash sessions against `FakeRuntime` (host processes, no
 //! isolation: see `fake/mod.rs`): state kept between runs, results, errors, interrupt, busy
-//! contexts, deletion. Needs python3 and bash on the host; the JavaScript test needs node.
+//! contexts, deletion. Needs python3, bash, node (with the typescript package), a JDK and Go on
+//! the host, as `.ci/run` has them.
 
 mod fake;
 
@@ -218,10 +219,7 @@ async fn fake_runtime_bash_and_javascript_contexts_keep_state() {
     let ev = run(&s, &id, json!({"code": "echo again", "context": {"id": ctx}})).await;
     assert_eq!(text(&ev, "stdout"), "again\n", "{ev:?}");
 
-    if !have("node") {
-        eprintln!("node is not installed: skipping the JavaScript half");
-        return;
-    }
+    assert!(have("node"), "the JavaScript half needs node on this host (Debian: apt-get install nodejs)");
     let js = context(&s, &id, "javascript").await;
     let ev =
         run(&s, &id, json!({"code": "var n = 20; const m = 1; console.log('log', n)", "context": {"id": js}})).await;
