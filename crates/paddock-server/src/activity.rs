@@ -63,19 +63,20 @@ impl Drop for Use {
     }
 }
 
-/// A response body that holds its request's [`Use`] until it has been sent or dropped.
-pub struct Held {
+/// A response body that holds a guard (its request's [`Use`], or its connection's request in
+/// flight) until it has been sent or dropped.
+pub struct Held<G> {
     inner: Body,
-    _use: Use,
+    _guard: G,
 }
 
-impl Held {
-    pub fn wrap(inner: Body, u: Use) -> Body {
-        Body::new(Held { inner, _use: u })
+impl<G: Unpin + Send + 'static> Held<G> {
+    pub fn wrap(inner: Body, guard: G) -> Body {
+        Body::new(Held { inner, _guard: guard })
     }
 }
 
-impl http_body::Body for Held {
+impl<G: Unpin> http_body::Body for Held<G> {
     type Data = Bytes;
     type Error = axum::Error;
 

@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// Connections one peer address may hold (`conns`).
+    pub max_connections_per_peer: usize,
     /// Request data held in memory at once, bytes: JSON bodies and files edited in place
     /// (`budget.rs`). At least [`MIN_REQUEST_MEMORY`].
     pub max_request_memory: u64,
@@ -125,6 +127,7 @@ mod tests {
             deadlines: Default::default(),
             header_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_connections_per_peer: 512,
             max_request_memory: DEFAULT_REQUEST_MEMORY,
             workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,

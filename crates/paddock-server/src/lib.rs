@@ -6,6 +6,7 @@ pub mod activity;
 mod boot;
 pub mod budget;
 pub mod config;
+pub mod conns;
 pub mod deadline;
 mod egress;
 pub mod error;
@@ -453,17 +454,20 @@ pub async fn serve(
     let runs = state.runs.clone();
     let max_connections = state.config.max_connections;
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let conns = conns::Conns::new(state.config.max_connections_per_peer);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.config.header_timeout);
     let no_auth = state.config.api_key.is_none();
     let stall = state.config.header_timeout;
-    let mut router =
-        app(state).layer(middleware::from_fn(move |req: Request, next: Next| slow::body_deadline(stall, req, next)));
+    let tracked = conns.clone();
+    let mut router = app(state)
+        .layer(middleware::from_fn(move |req: Request, next: Next| slow::body_deadline(stall, req, next)))
+        .layer(middleware::from_fn(move |req: Request, next: Next| in_flight(tracked.clone(), req, next)));
     if no_auth {
         let port = bound.port();
         router = router.layer(middleware::from_fn(move |req: Request, next: Next| local_only(port, req, next)));
     }
-    let service = hyper_util::service::TowerToHyperService::new(router);
+
     // Draining is done by hand: hyper-util's graceful shutdown does not take a connection that
     // may be upgraded (a WebSocket through the port proxy).
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
@@ -477,14 +481,23 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         // A slot first, then accept: at the cap, new connections wait in the kernel's backlog
-        // instead of costing a descriptor and a task each.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-            () = &mut shutdown => break,
+        // instead of costing a descriptor and a task each. While they wait, the connection
+        // longest without a request in flight (one trickling its headers) is closed for them.
+        let slot = loop {
+            if let Ok(slot) = slots.clone().try_acquire_owned() {
+                break Some(slot);
+            }
+            conns.evict_idlest(None);
+            tokio::select! {
+                slot = slots.clone().acquire_owned() => break Some(slot.expect("the semaphore is never closed")),
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                () = &mut shutdown => break None,
+            }
         };
-        let tcp = tokio::select! {
+        let Some(slot) = slot else { break };
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok((tcp, peer)) => (tcp, peer),
                 Err(e) => {
                     // Out of descriptors, or a connection reset before it was accepted: pause
                     // rather than spin, and keep serving the connections already open.
@@ -497,9 +510,19 @@ pub async fn serve(
         };
         // Streamed events are small writes; without TCP_NODELAY each one after the first waits
         // for the client's delayed ACK (about 40 ms).
+        // A peer past its share, all of whose connections are serving, is refused this one.
+        let Some(registered) = conns.register(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
         let tcp = slow::WriteDeadline::new(tcp, stall);
-        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service.clone()).with_upgrades();
+        let this = registered.conn.clone();
+        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(this.clone());
+                req
+            },
+        ));
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).with_upgrades();
         let mut drain = drain_rx.clone();
         tokio::spawn(async move {
             tokio::pin!(conn);
@@ -510,7 +533,10 @@ pub async fn serve(
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
+                // Closed to make room: it had no request in flight.
+                () = registered.conn.close.notified() => Ok(()),
             };
+            drop(registered);
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection closed with an error");
             }
@@ -534,6 +560,18 @@ pub async fn serve(
     };
     tokio::join!(connections, runs.drain(drain));
     Ok(())
+}
+
+/// Counts a request as in flight on its connection until its response has been sent, so the
+/// connection is never closed to make room while it serves (`conns`).
+async fn in_flight(conns: Arc<conns::Conns>, req: Request, next: Next) -> Response {
+    match req.extensions().get::<Arc<conns::Conn>>().cloned() {
+        Some(conn) => {
+            let serving = conns.begin(&conn);
+            next.run(req).await.map(|body| activity::Held::wrap(body, serving))
+        }
+        None => next.run(req).await,
+    }
 }
 
 /// A JSON body whose rejection is a `{code, message}` 400 instead of axum's plain text.

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// Connections served at once; further ones wait until one closes.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Connections one peer address may hold; past it (and at --max-connections) the one that
+    /// has gone longest without a request in flight is closed for the new one.
+    #[arg(long, default_value_t = 512)]
+    max_connections_per_peer: usize,
     /// WebSockets (and other upgrades) open through the port proxy at once; they leave
     /// --max-connections once upgraded, so they have a cap of their own.
     #[arg(long, default_value_t = 1024)]
@@ -284,6 +288,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         },
         header_timeout: args.header_timeout,
         max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
         tunnels: paddock_server::tunnels::TunnelLimits {
             all: args.max_websockets,
             per_sandbox: args.max_websockets_per_sandbox,

@@ -453,6 +453,58 @@ fn slow_and_idle_connections_are_closed_and_cannot_starve_others() {
     assert_eq!(s.api("GET", "/v1/sandboxes", None).0, 200);
 }
 
+/// The hardening issue's reconnecting slowloris: twice the cap of connections from one peer,
+/// each trickling its headers and reopened as soon as it is closed. At the cap, the connection
+/// longest without a request in flight is closed for a new one, so a real request still gets
+/// through in about a second (it took 22 s before, the header deadline's worth), and the peer
+/// never holds more than its share.
+#[test]
+fn reconnecting_slow_clients_cannot_hold_the_server() {
+    let dir = data_dir();
+    let s = Server::start(dir.path(), &["--header-timeout", "30s", "--max-connections", "32"]);
+    let port = s.port;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reconnects = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let attacker = {
+        let (stop, reconnects) = (stop.clone(), reconnects.clone());
+        std::thread::spawn(move || {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let open = || {
+                let c = TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok()?;
+                c.set_write_timeout(Some(Duration::from_millis(100))).ok()?;
+                Some(c)
+            };
+            let mut conns: Vec<Option<TcpStream>> = (0..64).map(|_| open()).collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    let alive = c.as_mut().is_some_and(|c| c.write_all(b"X").is_ok());
+                    if !alive {
+                        *c = open();
+                        reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let (status, _) = s.api("GET", "/v1/sandboxes", None);
+        assert_eq!(status, 200);
+        waits.push(started.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    attacker.join().unwrap();
+    eprintln!(
+        "slowloris: requests waited {waits:?}; the attacker reopened {} connections",
+        reconnects.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(waits.iter().all(|w| *w < Duration::from_secs(5)), "a request waited {waits:?} behind slow clients");
+    assert!(reconnects.load(std::sync::atomic::Ordering::Relaxed) > 0, "the attacker's connections were never closed");
+}
+
 #[test]
 fn a_body_that_stops_arriving_or_a_response_left_unread_frees_its_connection() {
     let dir = data_dir();

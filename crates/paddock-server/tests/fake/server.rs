@@ -64,6 +64,7 @@ impl Server {
             max_upload_bytes: 1 << 20,
             header_timeout: Duration::from_secs(30),
             max_connections: 64,
+            max_connections_per_peer: 64,
             max_request_memory: paddock_server::config::DEFAULT_REQUEST_MEMORY,
             workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
