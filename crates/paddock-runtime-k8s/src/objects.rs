@@ -172,6 +172,11 @@ pub fn sandbox_annotations(
     Ok(annotations)
 }
 
+/// What a sandbox's container logs may take of its node's disk, bytes.
+pub const LOG_BYTES: u64 = 64 << 20;
+/// The size of a sandbox's in-memory `/run`, bytes.
+pub const RUN_BYTES: u64 = 16 << 20;
+
 /// The hardened Pod spec of a sandbox: `pvc` is its workspace claim (else an emptyDir);
 /// `with_env` bakes the spec's environment in (a warm-pool template cannot: commands get it
 /// at exec time instead, as they do anyway). No `PATH` or `HOME` of Paddock's is set: the
@@ -188,6 +193,22 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             None => json!({"name": "workspace", "emptyDir": {}}),
         },
     };
+    // Ephemeral storage: what its node-backed emptyDirs (/tmp, a scratch /workspace) may hold
+    // plus its logs, requested as much as limited (the node's disk is not over-committed, and
+    // the Pod's QoS, which only CPU and memory decide, is unchanged); with an uncapped scratch
+    // workspace there is no bound to give.
+    let ephemeral = match (pvc, r.workspace_bytes) {
+        (Some(_), _) => Some(0),
+        (None, Some(b)) => Some(b),
+        (None, None) => None,
+    }
+    .map(|scratch| r.tmp_bytes.saturating_add(scratch).saturating_add(LOG_BYTES).to_string());
+    let mut requests = json!({"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()});
+    let mut limits = json!({"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()});
+    if let Some(e) = ephemeral {
+        requests["ephemeral-storage"] = json!(e);
+        limits["ephemeral-storage"] = json!(e);
+    }
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
@@ -210,10 +231,7 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             // No workingDir: the image's `WorkingDir` is where commands that name no
             // directory start (`/workspace` when it is `/`), as on the local runtime.
             "env": env,
-            "resources": {
-                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()},
-                "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
-            },
+            "resources": {"requests": requests, "limits": limits},
             "securityContext": {
                 "allowPrivilegeEscalation": false,
                 "readOnlyRootFilesystem": true,
@@ -222,12 +240,16 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             },
             "volumeMounts": [
                 {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "run", "mountPath": "/run"},
                 {"name": "workspace", "mountPath": "/workspace"},
             ],
         }],
         "volumes": [
             {"name": "tmp", "emptyDir": {"sizeLimit": r.tmp_bytes.to_string()}},
             workspace_volume,
+            // A writable /run (pid files, sockets) in memory, as Dawn's and Hephaestus's Pods
+            // have; it counts against the container's memory.
+            {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_BYTES.to_string()}},
         ],
     });
     // One Pod volume per claim (a claim listed twice in a Pod, once read-only, never becomes
@@ -294,13 +316,10 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
             "image": image,
             "imagePullPolicy": shape.image_pull_policy,
             "command": command,
-            "resources": {
-                // What the sandbox container asks for: it adds nothing to scheduling, and the
-                // Pod keeps the sandbox container's QoS class. A Guaranteed Pod's keeper has
-                // an OOM score (-997) far below its commands' (1000): see `exec::WRAPPER`.
-                "requests": {"cpu": format!("{cpu_request}m"), "memory": r.memory_bytes.to_string()},
-                "limits": {"cpu": format!("{}m", r.millicpus), "memory": r.memory_bytes.to_string()},
-            },
+            // What the sandbox container asks for: it adds nothing to scheduling, and the Pod
+            // keeps the sandbox container's QoS class. A Guaranteed Pod's keeper has an OOM
+            // score (-997) far below its commands' (1000): see `exec::WRAPPER`.
+            "resources": pod_spec["containers"][0]["resources"].clone(),
             // Root only for these chowns: no other capability, no escalation.
             "securityContext": {
                 "runAsUser": 0,
@@ -663,16 +682,20 @@ mod tests {
             json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true,
                    "capabilities": {"drop": ["ALL"]}})
         );
+        let disk = (268435456 + paddock_core::spec::DEFAULT_WORKSPACE + LOG_BYTES).to_string();
         assert_eq!(
             c["resources"],
-            json!({"requests": {"cpu": "1000m", "memory": "536870912"}, "limits": {"cpu": "1000m", "memory": "536870912"}})
+            json!({"requests": {"cpu": "1000m", "memory": "536870912", "ephemeral-storage": disk},
+                   "limits": {"cpu": "1000m", "memory": "536870912", "ephemeral-storage": disk}})
         );
+        assert_eq!(c["volumeMounts"][1], json!({"name": "run", "mountPath": "/run"}), "a writable /run");
         // Only the spec's variables: the keeper keeps the image's PATH (commands get it).
         assert_eq!(c["env"], json!([{"name": "A", "value": "1"}]));
         assert_eq!(
             s["volumes"],
             json!([{"name": "tmp", "emptyDir": {"sizeLimit": "268435456"}},
-                   {"name": "workspace", "emptyDir": {"sizeLimit": paddock_core::spec::DEFAULT_WORKSPACE.to_string()}}])
+                   {"name": "workspace", "emptyDir": {"sizeLimit": paddock_core::spec::DEFAULT_WORKSPACE.to_string()}},
+                   {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_BYTES.to_string()}}])
         );
         let m = &p["metadata"];
         assert_eq!(m["labels"], json!({MANAGED_BY: "paddock", SANDBOX_LABEL: "sbx-0123456789ab"}));
@@ -707,12 +730,12 @@ mod tests {
         };
         let s = pod_spec(&shape(), &spec, None, true);
         assert_eq!(
-            s["volumes"].as_array().unwrap()[2..],
+            s["volumes"].as_array().unwrap()[3..],
             [json!({"name": "vol-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": false}})],
             "one Pod volume per claim"
         );
         assert_eq!(
-            s["containers"][0]["volumeMounts"].as_array().unwrap()[2..],
+            s["containers"][0]["volumeMounts"].as_array().unwrap()[3..],
             [
                 json!({"name": "vol-0", "mountPath": "/mnt/data", "readOnly": false}),
                 json!({"name": "vol-0", "mountPath": "/mnt/train", "readOnly": true, "subPath": "datasets/train"})

@@ -38,9 +38,39 @@ pub(crate) fn mounted(pods: &[Pod]) -> HashSet<String> {
         .collect()
 }
 
-/// When a run first saw this PVC unused, if one did.
-pub fn unused_since(pvc: &PersistentVolumeClaim) -> Option<u64> {
-    pvc.metadata.annotations.as_ref()?.get(UNUSED_SINCE_ANNOTATION)?.parse().ok()
+/// Dawn's reaper's mark (Unix seconds), read in `dawn-compat` naming so that a migrated
+/// workspace keeps the age Dawn gave it, and cleared with ours.
+pub const DAWN_UNBOUND_SINCE: &str = "dawn.sh/unbound-since";
+
+/// A mark's time in Unix ms, if it is one, judged as Dawn's reaper judges its own: digits only,
+/// not starting with 0, and not in the future. Anything else is re-marked, so a mark of 0 never
+/// deletes at once and one from a clock ahead never keeps a workspace for ever.
+fn valid_mark(raw: &str, now_ms: u64, unit_ms: u64) -> Option<u64> {
+    if raw.is_empty() || raw.starts_with('0') || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms = raw.parse::<u64>().ok()?.checked_mul(unit_ms)?;
+    (ms <= now_ms).then_some(ms)
+}
+
+/// When a run first saw this PVC unused, if a valid mark says so: ours, or in `dawn-compat`
+/// naming Dawn's, whichever is older.
+pub fn unused_since(pvc: &PersistentVolumeClaim, now_ms: u64, naming: NamingMode) -> Option<u64> {
+    let marks = pvc.metadata.annotations.as_ref()?;
+    let ours = marks.get(UNUSED_SINCE_ANNOTATION).and_then(|v| valid_mark(v, now_ms, 1));
+    let dawns = match naming {
+        NamingMode::DawnCompat => marks.get(DAWN_UNBOUND_SINCE).and_then(|v| valid_mark(v, now_ms, 1000)),
+        NamingMode::Hashed => None,
+    };
+    ours.into_iter().chain(dawns).min()
+}
+
+/// Whether a PVC carries any mark (valid or not), to clear when it is used again.
+fn marked(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|m| m.contains_key(UNUSED_SINCE_ANNOTATION) || m.contains_key(DAWN_UNBOUND_SINCE))
 }
 
 pub fn expired(since_ms: u64, now_ms: u64, ttl: Duration) -> bool {
@@ -63,9 +93,9 @@ impl crate::KubeRuntime {
         let mut report = PvcReport::default();
         for pvc in pvcs.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let name = pvc.metadata.name.clone().unwrap_or_default();
-            let since = unused_since(pvc);
+            let since = unused_since(pvc, now, self.config.naming);
             if used.contains(&name) {
-                if since.is_some() {
+                if marked(pvc) {
                     self.mark(&name, None).await?;
                 }
                 report.in_use.push(name);
@@ -110,10 +140,14 @@ impl crate::KubeRuntime {
         Ok(report)
     }
 
-    /// Sets (`Some`) or clears (`None`) a PVC's unused-since mark.
+    /// Sets (`Some`) or clears (`None`) a PVC's unused-since mark; clearing takes Dawn's too.
     async fn mark(&self, name: &str, since: Option<u64>) -> Result<(), RuntimeError> {
-        let value = since.map(|s| serde_json::Value::String(s.to_string())).unwrap_or(serde_json::Value::Null);
-        let patch = serde_json::json!({"metadata": {"annotations": {UNUSED_SINCE_ANNOTATION: value}}});
+        let patch = match since {
+            Some(s) => serde_json::json!({"metadata": {"annotations": {UNUSED_SINCE_ANNOTATION: s.to_string()}}}),
+            None => {
+                serde_json::json!({"metadata": {"annotations": {UNUSED_SINCE_ANNOTATION: null, DAWN_UNBOUND_SINCE: null}}})
+            }
+        };
         match self.claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(e) if crate::is_code(&e, 404) => Ok(()),
@@ -131,7 +165,7 @@ mod tests {
         let ttl = Duration::from_secs(3600);
         assert!(!expired(1_000, 1_000 + 3_600_000, ttl), "exactly the TTL is not past it");
         assert!(expired(1_000, 1_001 + 3_600_000, ttl));
-        assert!(!expired(5_000, 1_000, ttl), "a mark from a clock ahead of ours never expires early");
+        assert!(!expired(5_000, 1_000, ttl), "a mark ahead of now is not past the TTL (and is re-marked)");
     }
 
     #[test]
@@ -149,6 +183,29 @@ mod tests {
             "metadata": {"name": "c", "annotations": {UNUSED_SINCE_ANNOTATION: "42"}}
         }))
         .unwrap();
-        assert_eq!(unused_since(&pvc), Some(42));
+        assert_eq!(unused_since(&pvc, 1_000, NamingMode::Hashed), Some(42));
+    }
+
+    fn with_marks(marks: serde_json::Value) -> PersistentVolumeClaim {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "c", "annotations": marks}})).unwrap()
+    }
+
+    #[test]
+    fn invalid_marks_are_none_and_dawns_counts_in_dawn_compat() {
+        let now = 1_700_000_000_000;
+        for bad in ["0", "", "0123", "12a", "-5", " 42", "99999999999999999999999", "1800000000000"] {
+            let pvc = with_marks(serde_json::json!({UNUSED_SINCE_ANNOTATION: bad}));
+            assert_eq!(unused_since(&pvc, now, NamingMode::Hashed), None, "{bad:?} is no mark (re-marked)");
+        }
+        // Dawn's mark is seconds; only dawn-compat reads it, and the older of the two counts.
+        let pvc =
+            with_marks(serde_json::json!({DAWN_UNBOUND_SINCE: "1600000000", UNUSED_SINCE_ANNOTATION: "1650000000000"}));
+        assert_eq!(unused_since(&pvc, now, NamingMode::DawnCompat), Some(1_600_000_000_000));
+        assert_eq!(unused_since(&pvc, now, NamingMode::Hashed), Some(1_650_000_000_000));
+        let dawn_only = with_marks(serde_json::json!({DAWN_UNBOUND_SINCE: "1600000000"}));
+        assert_eq!(unused_since(&dawn_only, now, NamingMode::DawnCompat), Some(1_600_000_000_000));
+        assert!(marked(&dawn_only), "a used PVC's Dawn mark is cleared too");
+        let future = with_marks(serde_json::json!({DAWN_UNBOUND_SINCE: "1800000000"}));
+        assert_eq!(unused_since(&future, now, NamingMode::DawnCompat), None, "a mark in the future is re-marked");
     }
 }

@@ -943,8 +943,10 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
             (r.in_use.clone(), r.waiting.clone(), r.deleted.len()),
             (vec![pvc_of(&used)], vec![pvc_of(&idle)], 0)
         );
-        assert!(unused_since(&claims.get(&pvc_of(&idle)).await.unwrap()).is_some());
-        assert!(unused_since(&claims.get(&pvc_of(&used)).await.unwrap()).is_none());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let since = |pvc: &PersistentVolumeClaim| unused_since(pvc, now + 60_000, NamingMode::Hashed);
+        assert!(since(&claims.get(&pvc_of(&idle)).await.unwrap()).is_some());
+        assert!(since(&claims.get(&pvc_of(&used)).await.unwrap()).is_none());
 
         // Used again: the mark goes, even with a zero TTL.
         rt.acquire(&idle, small_spec()).await.unwrap();

@@ -99,6 +99,7 @@ pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<A
     if before != after {
         tracing::info!(?before, ?after, "raised the open-file limit to the hard limit");
     }
+    secrets::ensure_data_dir(&config.data_dir)?;
     let path = config.data_dir.join("server.db");
     secrets::prepare_database_file(&path)?;
     let token_key = Arc::new(secrets::TokenKey::load_or_create(&config.data_dir)?);

@@ -177,6 +177,18 @@ pub fn make_private(path: &Path) -> Result<(), SecretError> {
         .map_err(err("restricting the permissions of", path))
 }
 
+/// Makes the data directory (0700, parents as needed) when it is missing, as the local runtime
+/// does for its own: a server on the Kubernetes runtime has no other reason to make it.
+/// An existing directory keeps its mode.
+pub fn ensure_data_dir(path: &Path) -> Result<(), SecretError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(err("creating the data directory", path))
+}
+
 /// Creates the database file 0600 before SQLite opens it, and tightens the files an older
 /// version left readable. SQLite gives its -wal and -shm files the database file's own mode,
 /// so they come out 0600 too.
@@ -218,6 +230,16 @@ mod tests {
         assert!(key.verify_egress("sbx-a", egress.as_bytes()) && !key.verify_egress("sbx-b", egress.as_bytes()));
         assert!(!key.verify_egress("sbx-a", a.as_bytes()), "a sandbox token is no egress token");
         assert!(!key.verify("sbx-a", egress.as_bytes()), "nor the other way round");
+    }
+
+    #[test]
+    fn a_missing_data_directory_is_made_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a/b/data");
+        ensure_data_dir(&data).unwrap();
+        assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
+        ensure_data_dir(&data).unwrap();
+        prepare_database_file(&data.join("server.db")).unwrap();
     }
 
     #[test]
