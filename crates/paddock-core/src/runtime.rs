@@ -451,6 +451,10 @@ pub struct Capabilities {
     /// which runs need.
     #[serde(default)]
     pub gateway: bool,
+    /// The size a sandbox's workspace gets when neither its request nor the server names one
+    /// (the Kubernetes runtime's `--workspace-pvc-size`).
+    #[serde(default)]
+    pub default_workspace_bytes: Option<u64>,
 }
 
 /// A sandbox's resource use at one moment.

@@ -1224,6 +1224,7 @@ impl Runtime for KubeRuntime {
             metrics: true,
             volumes: vec!["named".into()],
             gateway: false,
+            default_workspace_bytes: Some(self.config.workspace_default_bytes),
         }
     }
 

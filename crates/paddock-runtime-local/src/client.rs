@@ -613,6 +613,7 @@ impl Runtime for LocalRuntime {
                 vec!["host".into(), "named".into()]
             },
             gateway: true,
+            default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
         }
     }
 

@@ -40,7 +40,9 @@ pub struct ServerConfig {
     /// (`budget.rs`). At least [`MIN_REQUEST_MEMORY`].
     pub max_request_memory: u64,
     /// Size and inode caps of `/workspace` for creates that give none (`resourceLimits`).
-    pub workspace_bytes: u64,
+    /// `None`: the runtime's default (`Capabilities::default_workspace_bytes`), which
+    /// `build_state` puts here.
+    pub workspace_bytes: Option<u64>,
     pub workspace_inodes: u64,
     /// Routes `<sandbox-id>-<port>.<domain>` by Host (`--sandbox-domain`); signed endpoints
     /// are then given in that form.
@@ -98,7 +100,7 @@ impl ServerConfig {
             return Err(ConfigError::RequestMemory);
         }
         let mut spec = paddock_core::spec::SandboxSpec::default();
-        spec.resources.workspace_bytes = Some(self.workspace_bytes);
+        spec.resources.workspace_bytes = self.workspace_bytes;
         spec.resources.workspace_inodes = self.workspace_inodes;
         spec.validate().map_err(|e| ConfigError::Workspace(e.to_string()))?;
         self.runs.tiers.validate().map_err(|e| ConfigError::Runs(e.0))?;
@@ -129,7 +131,7 @@ mod tests {
             max_connections: 1024,
             max_connections_per_peer: 512,
             max_request_memory: DEFAULT_REQUEST_MEMORY,
-            workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
+            workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             default_network: Default::default(),
             sandbox_domain: None,
@@ -174,7 +176,7 @@ mod tests {
     #[test]
     fn default_workspace_caps_are_checked_and_name_the_flags() {
         let mut c = config();
-        c.workspace_bytes = 1024;
+        c.workspace_bytes = Some(1024);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("workspace-size") && e.contains("--workspace-size"), "{e}");
         let mut c = config();

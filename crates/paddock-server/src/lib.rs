@@ -93,7 +93,12 @@ pub async fn start_background(state: &AppState) {
 }
 
 /// Builds the whole application around a runtime.
-pub async fn build_state(config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
+pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Result<AppState, ServeError> {
+    // A workspace size the operator did not give is the runtime's (Kubernetes: its PVC size).
+    config.workspace_bytes = config
+        .workspace_bytes
+        .or(rt.capabilities().default_workspace_bytes)
+        .or(Some(paddock_core::spec::DEFAULT_WORKSPACE));
     config.validate()?;
     let (before, after) = health::raise_descriptor_limit();
     if before != after {

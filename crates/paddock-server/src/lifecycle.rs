@@ -402,7 +402,7 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         Some(Some(t)) => Some(t as u64),
     };
     let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, network, ..Default::default() };
-    spec.resources.workspace_bytes = Some(state.config.workspace_bytes);
+    spec.resources.workspace_bytes = state.config.workspace_bytes;
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     let pids = req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids");
     crate::resources::apply(&mut spec, req.resource_limits.iter().chain(pids))?;

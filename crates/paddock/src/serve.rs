@@ -85,8 +85,9 @@ pub struct ServeArgs {
     /// Size cap of /workspace for sandboxes created without `resourceLimits.workspace`. A
     /// scratch workspace is memory (a tmpfs charged to the sandbox), so it is also at most the
     /// sandbox's memory; a persistent one is a disk image that keeps its size for life.
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
-    workspace_size: u64,
+    /// Default: the runtime's (2 GiB locally; on Kubernetes `--workspace-pvc-size`).
+    #[arg(long, value_parser = parse_bytes)]
+    workspace_size: Option<u64>,
     /// Most files and directories /workspace may hold, for sandboxes created without
     /// `resourceLimits.workspace-inodes`.
     #[arg(long, default_value_t = paddock_core::spec::DEFAULT_WORKSPACE_INODES)]

@@ -138,7 +138,7 @@ pub struct Runs {
     data_dir: PathBuf,
     boot: String,
     /// Caps of `/workspace` for run sandboxes, as for API sandboxes.
-    workspace: (u64, u64),
+    workspace: (Option<u64>, u64),
     /// Variables every sandbox of this server gets (the model route's), under the run's own.
     sandbox_env: Vec<(String, String)>,
     wake: Notify,
@@ -156,7 +156,7 @@ pub struct Home {
     /// The server's start (`boot.rs`), which owns the attempts it drives.
     pub boot: String,
     /// Caps of `/workspace`, as for API sandboxes.
-    pub workspace: (u64, u64),
+    pub workspace: (Option<u64>, u64),
     /// Variables every sandbox of the server gets (the model route's).
     pub sandbox_env: Vec<(String, String)>,
 }
@@ -405,7 +405,7 @@ impl Runs {
         let mut env: BTreeMap<String, String> = self.sandbox_env.iter().cloned().collect();
         env.extend(run.spec.env.clone());
         let mut spec = SandboxSpec { image: run.spec.image.clone(), env, ..Default::default() };
-        spec.resources.workspace_bytes = Some(self.workspace.0);
+        spec.resources.workspace_bytes = self.workspace.0;
         spec.resources.workspace_inodes = self.workspace.1;
         crate::resources::apply(&mut spec, run.spec.resources.iter()).map_err(|e| e.message)?;
         if let Some(p) = &run.spec.network_policy {

@@ -227,6 +227,8 @@ impl Runtime for FakeRuntime {
             volumes: Vec::new(),
             // Its commands run on the host, so the gateway's own address is the way home.
             gateway: true,
+            // Not the server's own default, so a test can tell whose applied.
+            default_workspace_bytes: Some(96 << 20),
         }
     }
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {

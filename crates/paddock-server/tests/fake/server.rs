@@ -66,7 +66,7 @@ impl Server {
             max_connections: 64,
             max_connections_per_peer: 64,
             max_request_memory: paddock_server::config::DEFAULT_REQUEST_MEMORY,
-            workspace_bytes: paddock_core::spec::DEFAULT_WORKSPACE,
+            workspace_bytes: None,
             workspace_inodes: paddock_core::spec::DEFAULT_WORKSPACE_INODES,
             default_network: Default::default(),
             sandbox_domain: None,
