@@ -476,6 +476,9 @@ async fn fake_runtime_go_contexts_run_programs_and_keep_declarations() {
     assert!(of(&ev, "error").is_empty(), "{ev:?}");
     let ev = run(&s, &id, json!({"code": "fmt.Println(\"hi\", add(x))", "context": {"id": ctx}})).await;
     assert_eq!(text(&ev, "stdout"), "hi 42\n", "declarations and imports are kept: {ev:?}");
+    let ev =
+        run(&s, &id, json!({"code": "func main() {\n\tfmt.Println(\"own\", add(1))\n}", "context": {"id": ctx}})).await;
+    assert_eq!(text(&ev, "stdout"), "own 3\n", "a cell's own main runs, with the kept declarations: {ev:?}");
     let broken = "package main\nfunc main() {\n    undeclaredVariable++\n}";
     let ev = run(&s, &id, json!({"code": broken, "context": {"id": ctx}})).await;
     assert_eq!(of(&ev, "error")[0]["error"]["ename"], "CompilationError", "{ev:?}");

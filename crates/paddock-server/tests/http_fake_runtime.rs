@@ -208,7 +208,11 @@ async fn fake_runtime_workspace_caps_default_to_the_servers_and_are_set_per_sand
     assert_eq!((r.workspace_bytes, r.workspace_inodes), (Some(96 << 20), paddock_core::spec::DEFAULT_WORKSPACE_INODES));
     let sized = Server::with_config(|c| c.workspace_bytes = Some(32 << 20)).await;
     let id = SandboxId::parse(&sized.create().await).unwrap();
-    assert_eq!(sized.rt.get(&id).await.unwrap().spec.resources.workspace_bytes, Some(32 << 20), "the server's flag wins");
+    assert_eq!(
+        sized.rt.get(&id).await.unwrap().spec.resources.workspace_bytes,
+        Some(32 << 20),
+        "the server's flag wins"
+    );
     let body = json!({"image": {"uri": "fake"}, "entrypoint": ["true"], "timeout": 600,
         "resourceLimits": {"workspace": "64Mi", "workspace-inodes": "5000"}});
     let (status, created) = s.call("POST", "/v1/sandboxes", Some(body)).await;

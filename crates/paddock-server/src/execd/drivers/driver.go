@@ -5,7 +5,8 @@
 // Go has no REPL, so a cell is a program:
 //   - a cell that starts with `package` is a whole program, run as it is, keeping nothing;
 //   - any other cell is split into top-level declarations (import, func, type, var, const),
-//     which the context keeps, and statements, which run once in main. Each cell's program is
+//     which the context keeps, and statements, which run once in main (a cell may declare its
+//     own func main instead, which runs once and is not kept). Each cell's program is
 //     the kept declarations, its own, and its statements: functions and types stay defined,
 //     and package variables too, though their initializers run again with every cell (their
 //     values are not carried from one cell's process to the next). Imports no cell uses any
@@ -87,17 +88,29 @@ func split(code string) (imps, ds []string, stmts string) {
 	return imps, ds, strings.Join(body, "\n")
 }
 
+// program is the kept and the cell's declarations, and a main of the cell's statements, unless
+// the cell declares its own main.
 func program(imps, ds []string, stmts string) string {
 	var b strings.Builder
 	b.WriteString("package main\n\n")
 	for _, i := range imps {
 		b.WriteString("import " + i + "\n")
 	}
+	ownMain := false
 	for _, d := range ds {
 		b.WriteString("\n" + d + "\n")
+		ownMain = ownMain || isMain(d)
 	}
-	b.WriteString("\nfunc main() {\n" + stmts + "\n}\n")
+	if !ownMain || strings.TrimSpace(stmts) != "" {
+		b.WriteString("\nfunc main() {\n" + stmts + "\n}\n")
+	}
 	return b.String()
+}
+
+// isMain says whether a declaration is a `func main`, which runs once and is never kept.
+func isMain(d string) bool {
+	rest := strings.TrimSpace(strings.TrimPrefix(d, "func"))
+	return strings.HasPrefix(d, "func") && strings.HasPrefix(rest, "main(")
 }
 
 func without(list []string, drop string) []string {
@@ -177,9 +190,14 @@ func run(dir, code string) map[string]any {
 				return compileError(out)
 			}
 		}
-		// Declarations and imports are kept only once their cell compiled.
+		// Declarations and imports are kept only once their cell compiled; a main never is.
 		imports = all
-		decls = allDecls
+		decls = decls[:0:0]
+		for _, d := range allDecls {
+			if !isMain(d) {
+				decls = append(decls, d)
+			}
+		}
 	}
 	if whole {
 		if out, ok := build(dir, src); !ok {
