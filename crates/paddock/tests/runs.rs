@@ -245,13 +245,14 @@ fn the_model_route_adds_a_key_no_sandbox_ever_holds() {
             .unwrap();
     let secret = record["info"]["spec"]["gateway_secret"].as_str().expect("the record keeps the forwarders' secret");
     assert_eq!(secret.len(), 64, "{record}");
-    // In halves with one character left to a regex dot, so neither the script's nor grep's
-    // own command line holds it whole.
-    let (a, b) = (&secret[..32], &secret[33..]);
+    // In halves with the middle character in a bracket expression, so neither the script's nor
+    // grep's own command line holds a match: grep's argument `a[c]b` does not match `a[c]b`
+    // (a regex dot would, and grep read its own command line through /proc now and then).
+    let (a, c, b) = (&secret[..32], &secret[32..33], &secret[33..]);
     let script = format!(
-        r#"a={a}; b={b}
-echo "secret-in-env=$(env | grep -c "$a.$b")"
-echo "secret-in-proc=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$a.$b")"
+        r#"a={a}; c={c}; b={b}
+echo "secret-in-env=$(env | grep -c "$a[$c]$b")"
+echo "secret-in-proc=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$a[$c]$b")"
 curl -sS -H 'Authorization: Bearer made-up' -H 'content-type: application/json' -d '{{"model": "m"}}' "$OPENAI_BASE_URL/chat/completions"; echo
 echo "base=$PADDOCK_LLM_BASE"
 echo "in-env=$(env | grep -c {KEY})"
