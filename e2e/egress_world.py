@@ -13,13 +13,16 @@ namespace:
   wild.test are NET.2; rebind.test is 127.0.0.1; hostaddr.test is NET.1 (the host's own end);
   metadata.test is LINK; every other name is NXDOMAIN; AAAA answers are empty.
 - HTTP on port 80 and HTTPS (the test CA) on 443, on both addresses: `GET /` answers
-  "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes.
+  "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes, and
+  `GET` or `POST /echo...` answers what it received as JSON (method, path, headers and their
+  sha256, body, sni), `GET /redirect?to=URL` answers 302 to URL.
 
 Prints one JSON line ({"ns", "ca", "dns", "ip", "raw_ip", "host_ip", "link_local_ip"}) once everything answers,
 then runs until its stdin closes or it gets SIGTERM, and removes all of it.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 NAMES_ON_SERVER = ("allowed.test", "other.test", "denied.test")
@@ -80,7 +84,33 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    def echo(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        sni = getattr(self.connection, "paddock_sni", None)
+        # Digests too: a credential proxy may overwrite values it injected when they come back.
+        doc = {"method": self.command, "path": self.path, "sni": sni, "body": body.decode("utf-8", "replace"),
+               "headers": {k.lower(): v for k, v in self.headers.items()},
+               "digests": {k.lower(): hashlib.sha256(v.encode()).hexdigest() for k, v in self.headers.items()}}
+        out = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_POST(self) -> None:
+        self.echo()
+
     def do_GET(self) -> None:
+        if self.path.startswith("/echo"):
+            return self.echo()
+        if self.path.startswith("/redirect?to="):
+            self.send_response(302)
+            self.send_header("Location", urllib.parse.unquote(self.path.split("=", 1)[1]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/bytes/"):
             n = int(self.path.rsplit("/", 1)[1])
             self.send_response(200)

@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -281,6 +282,28 @@ class PaddockServer:
 
 
 # ---------------------------------------------------------------- helpers for tests
+
+
+@contextlib.contextmanager
+def egress_world(tag: str, net: str):
+    """A private outside world (e2e/egress_world.py) on NET: skipped without root or with an
+    external server; torn down on exit. Yields its JSON description plus `ca_pem`."""
+    if EXTERNAL or os.geteuid() != 0:
+        pytest.skip("the test world is a network namespace on this host: needs root and a local server")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "e2e" / "egress_world.py"), "--name", f"{tag}{os.getpid() % 10000}",
+         "--net", net],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    assert line, "the egress test world did not start"
+    info = json.loads(line)
+    info["ca_pem"] = open(info["ca"]).read()
+    try:
+        yield info
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
 
 
 def capabilities(server: "PaddockServer") -> dict:

@@ -7,37 +7,20 @@ sandboxes reach its two addresses (a private range, refused otherwise)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
 
-from conftest import EXTERNAL, REPO_ROOT, PaddockServer, capabilities, out, run_ok, sandboxes_on
+from conftest import PaddockServer, capabilities, egress_world, out, run_ok, sandboxes_on
 
 NET = "10.77.61"
 
 
 @pytest.fixture(scope="module")
 def world():
-    if EXTERNAL or os.geteuid() != 0:
-        pytest.skip("the test world is a network namespace on this host: needs root and a local server")
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "e2e" / "egress_world.py"), "--name", f"e{os.getpid() % 10000}", "--net", NET],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    line = proc.stdout.readline()
-    assert line, "the egress test world did not start"
-    info = json.loads(line)
-    info["ca_pem"] = open(info["ca"]).read()
-    try:
+    with egress_world("e", NET) as info:
         yield info
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -265,6 +265,9 @@ pub struct EgressCounters {
     pub connections_denied: u64,
     pub dns_allowed: u64,
     pub dns_denied: u64,
+    /// Requests a credential binding was applied to.
+    #[serde(default)]
+    pub credentials_injected: u64,
 }
 
 /// One denied connection or DNS query.

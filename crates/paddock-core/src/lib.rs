@@ -6,4 +6,5 @@ pub mod naming;
 pub mod runtime;
 pub mod spec;
 pub mod units;
+pub mod vault;
 pub mod volume;

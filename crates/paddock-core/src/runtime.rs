@@ -423,6 +423,9 @@ impl RuntimeError {
     }
 }
 
+/// Why a runtime without an egress enforcer has no credential vault.
+pub const VAULT_UNSUPPORTED: &str = "this runtime has no egress enforcer of Paddock's to add credentials to a sandbox's requests (a NetworkPolicy only allows or drops connections): use the local runtime for the credential vault";
+
 /// What a runtime can do, so callers (the server, tests, clients through the API) ask instead
 /// of assuming.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -455,6 +458,10 @@ pub struct Capabilities {
     /// (the Kubernetes runtime's `--workspace-pvc-size`).
     #[serde(default)]
     pub default_workspace_bytes: Option<u64>,
+    /// A sandbox's egress may carry a credential vault (`Runtime::set_vault`), and a sandbox
+    /// may be made with the credential proxy (`SandboxSpec::credential_proxy`).
+    #[serde(default)]
+    pub credential_vault: bool,
 }
 
 /// A sandbox's resource use at one moment.
@@ -541,6 +548,19 @@ pub trait Runtime: Send + Sync {
         let _ = policy;
         self.get(id).await?;
         Err(RuntimeError::Unsupported("this runtime cannot change a running sandbox's egress policy".into()))
+    }
+    /// The sandbox's credential vault, values included (callers show only
+    /// `Vault::state`); `None` when it has none.
+    async fn vault(&self, id: &SandboxId) -> Result<Option<crate::vault::Vault>, RuntimeError> {
+        self.get(id).await?;
+        Err(RuntimeError::Unsupported(VAULT_UNSUPPORTED.into()))
+    }
+    /// Puts a vault in force (`None` removes it); answers once the sandbox's egress follows
+    /// it. The caller has checked it against the sandbox's policy.
+    async fn set_vault(&self, id: &SandboxId, vault: Option<crate::vault::Vault>) -> Result<(), RuntimeError> {
+        let _ = vault;
+        self.get(id).await?;
+        Err(RuntimeError::Unsupported(VAULT_UNSUPPORTED.into()))
     }
     /// The named volumes this runtime keeps.
     async fn volumes(&self) -> Result<Vec<crate::volume::NamedVolume>, RuntimeError> {

@@ -167,6 +167,11 @@ pub struct SandboxSpec {
     /// from any process that can reach its port. Never given to the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_secret: Option<GatewaySecret>,
+    /// The credential proxy (OpenSandbox's `credentialProxy.enabled`): the sandbox gets a CA
+    /// of its own in its trust store and CA variables, so its vault may bind `https` hosts
+    /// (`Capabilities::credential_vault`). Bindings over plain `http` do not need it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 /// The proof of a gateway forwarder: kept with the sandbox's record (root's), never printed.

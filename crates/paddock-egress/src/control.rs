@@ -12,10 +12,16 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::state::Enforcer;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     Status,
-    Set { policy: EgressPolicy },
+    Set {
+        policy: EgressPolicy,
+    },
+    /// Replaces the credential vault (`None` empties it); answered once it is in force.
+    SetVault {
+        vault: Option<paddock_core::vault::Vault>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,8 +31,8 @@ pub enum Reply {
     Error(String),
 }
 
-/// The most bytes one request may take (a policy of 4096 long rules fits).
-const MAX_REQUEST: u64 = 2 << 20;
+/// The most bytes one request may take (a policy of 4096 long rules, or a full vault, fits).
+const MAX_REQUEST: u64 = 8 << 20;
 
 /// Serves the control socket; `on_set` runs after a new policy is in force (the runtime
 /// persists it there, so a restarted enforcer comes back with it).
@@ -52,6 +58,10 @@ pub async fn serve(
                         }
                         Err(e) => Reply::Error(e),
                     },
+                    Ok(Request::SetVault { vault }) => {
+                        enf.set_vault(vault);
+                        Reply::Ok(enf.status())
+                    }
                     Err(e) => Reply::Error(format!("not a control request: {e}")),
                 };
                 let mut out = serde_json::to_vec(&reply).unwrap_or_default();

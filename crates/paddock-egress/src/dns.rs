@@ -77,6 +77,21 @@ pub async fn answer(enf: &Enforcer, bytes: &[u8]) -> Option<Vec<u8>> {
         return m.to_vec().ok();
     }
     enf.allowed(Kind::Dns);
+    if let Some(ips) = static_answer(enf, &name) {
+        let mut m = reply_to(&query, ResponseCode::NoError);
+        if q.query_type() == RecordType::A {
+            for ip in ips {
+                if let IpAddr::V4(v4) = ip {
+                    m.answers.push(hickory_proto::rr::Record::from_rdata(
+                        q.name().clone(),
+                        STATIC_TTL,
+                        RData::A(hickory_proto::rr::rdata::A(v4)),
+                    ));
+                }
+            }
+        }
+        return m.to_vec().ok();
+    }
     if matches!(q.query_type(), RecordType::AAAA | RecordType::HTTPS | RecordType::SVCB) {
         return reply_to(&query, ResponseCode::NoError).to_vec().ok();
     }
@@ -100,6 +115,17 @@ pub async fn answer(enf: &Enforcer, bytes: &[u8]) -> Option<Vec<u8>> {
         return m.to_vec().ok();
     }
     reply.to_vec().ok()
+}
+
+const STATIC_TTL: u32 = 60;
+
+/// The operator's own address for a name (`--egress-host`), checked by the guard like any
+/// answer and bound to the name.
+fn static_answer(enf: &Enforcer, name: &str) -> Option<Vec<IpAddr>> {
+    let ips = enf.config.hosts.get(name)?;
+    let kept: Vec<IpAddr> = ips.iter().copied().filter(|ip| enf.config.guard.check(*ip).is_ok()).collect();
+    enf.bind(name, &kept, STATIC_TTL);
+    Some(kept)
 }
 
 /// Drops IPv6 and address-hint records and the addresses the guard refuses; binds the rest to
@@ -183,6 +209,9 @@ async fn tcp_exchange(server: SocketAddr, wire: &[u8], id: u16) -> Option<Messag
 /// The IPv4 addresses of a name, as the proxy dials them: from a recent answer the sandbox
 /// got, else asked of the upstream resolvers now (and checked against the guard).
 pub async fn resolve(enf: &Enforcer, name: &str) -> Vec<IpAddr> {
+    if let Some(ips) = static_answer(enf, name) {
+        return ips;
+    }
     if let Some(ips) = enf.cached(name) {
         return ips;
     }
@@ -252,7 +281,6 @@ pub async fn serve_tcp(enf: std::sync::Arc<Enforcer>, listener: tokio::net::TcpL
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::Guard;
     use crate::state::Config;
     use paddock_core::egress::{Action, EgressPolicy, EgressRule};
 
@@ -271,7 +299,7 @@ mod tests {
             egress: vec![EgressRule { action: Action::Allow, target: "ok.test".into() }],
         };
         // No upstream at all: a forwarded query would get SERVFAIL, not NXDOMAIN.
-        let enf = Enforcer::new(policy, Config { guard: Guard::default(), upstream: vec![] });
+        let enf = Enforcer::new(policy, Config::default());
         let reply = Message::from_vec(&answer(&enf, &query("evil.test.", RecordType::A)).await.unwrap()).unwrap();
         assert_eq!(reply.metadata.id, 0x4242);
         assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain);

@@ -16,6 +16,8 @@
 pub mod control;
 pub mod dns;
 pub mod guard;
+pub mod inject;
+pub mod intercept;
 pub mod proxy;
 pub mod sniff;
 pub mod state;

@@ -9,6 +9,10 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use paddock_core::vault::Scheme;
+
+use crate::inject::Target;
+use crate::intercept::Replay;
 use crate::sniff::{Hello, sniff};
 use crate::state::{Enforcer, Kind};
 
@@ -148,6 +152,21 @@ async fn handle(enf: &Enforcer, mut conn: TcpStream) {
     enf.allowed(Kind::Tcp);
     let _ = upstream.set_nodelay(true);
     let _ = conn.set_nodelay(true);
+    // Connections to a host the vault binds are looked into; every other one is relayed as is.
+    let vault = enf.vault();
+    let port = orig.port();
+    match (&hello, hello.name()) {
+        (Hello::Http(_), Some(name)) if !vault.bindings.is_empty() => {
+            let target = Target { scheme: Scheme::Http, host: name.to_string(), port };
+            return crate::inject::relay(enf, conn, first, upstream, &target).await;
+        }
+        (Hello::Tls(_), Some(name)) if vault.takes(Scheme::Https, name, port) => {
+            if let Some(i) = &enf.config.interception {
+                return intercept(enf, i, conn, first, upstream, name, port).await;
+            }
+        }
+        _ => {}
+    }
     if upstream.write_all(&first).await.is_err() {
         return reset(conn);
     }
@@ -155,22 +174,64 @@ async fn handle(enf: &Enforcer, mut conn: TcpStream) {
     let _ = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut upstream, RELAY_BUFFER, RELAY_BUFFER).await;
 }
 
+/// Terminates the sandbox's TLS with a certificate from its own CA, dials the upstream with
+/// TLS checked against the host's trust, and injects between the two.
+async fn intercept(
+    enf: &Enforcer,
+    i: &crate::intercept::Interception,
+    conn: TcpStream,
+    first: Vec<u8>,
+    upstream: TcpStream,
+    name: &str,
+    port: u16,
+) {
+    let target = format!("{name}:{port} (credential proxy)");
+    let (acceptor, server_name) = match (i.acceptor(name), crate::intercept::Interception::server_name(name)) {
+        (Ok(a), Ok(n)) => (a, n),
+        (Err(e), _) | (_, Err(e)) => {
+            enf.denied(Kind::Tcp, target, format!("no certificate could be made: {e}"));
+            return reset(conn);
+        }
+    };
+    let client = match tokio::time::timeout(WHOLE_HELLO, acceptor.accept(Replay::new(first, conn))).await {
+        Ok(Ok(c)) => c,
+        _ => return,
+    };
+    let up = match tokio::time::timeout(DIAL, i.connector().connect(server_name, upstream)).await {
+        Ok(Ok(u)) => u,
+        Ok(Err(e)) => {
+            // The sandbox sees its handshake succeed and the connection close: the reason is
+            // in the denial log, since TLS has no place for it.
+            enf.denied(Kind::Tcp, target, format!("the upstream's TLS failed (no credential was sent): {e}"));
+            return;
+        }
+        Err(_) => return,
+    };
+    let t = Target { scheme: Scheme::Https, host: name.to_string(), port };
+    crate::inject::relay(enf, client, Vec::new(), up, &t).await;
+}
+
 /// Tells the client why, where the protocol lets words through: an HTTP 403 whose body and
 /// `X-Paddock-Egress` header say it is a policy decision (so an agent stops retrying), a reset
 /// otherwise (TLS has no way to carry text before the server's hello).
 async fn refuse(mut conn: TcpStream, hello: &Hello, why: &str) {
     if matches!(hello, Hello::Http(_)) {
-        let body = format!(
-            "Paddock egress policy denied this request: {why}.\nThis is a deliberate block by the sandbox's network policy, not a network fault; retrying or using another route will not help.\n"
-        );
-        let head = format!(
-            "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nX-Paddock-Egress: denied\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        let _ = conn.write_all(head.as_bytes()).await;
-        let _ = conn.write_all(body.as_bytes()).await;
+        let _ = conn.write_all(&forbidden("policy denied", why, "network policy")).await;
         let _ = conn.shutdown().await;
         return;
     }
     reset(conn)
+}
+
+/// An HTTP 403 whose body and `X-Paddock-Egress` header say the block is deliberate (so an
+/// agent stops retrying).
+pub(crate) fn forbidden(verb: &str, why: &str, by: &str) -> Vec<u8> {
+    let body = format!(
+        "Paddock egress {verb} this request: {why}.\nThis is a deliberate block by the sandbox's {by}, not a network fault; retrying or using another route will not help.\n"
+    );
+    let head = format!(
+        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nX-Paddock-Egress: denied\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    [head.into_bytes(), body.into_bytes()].concat()
 }

@@ -111,7 +111,8 @@ fn http(buf: &[u8]) -> Progress {
     }
 }
 
-fn strip_port(authority: &str) -> String {
+/// The host of an authority (`host`, `host:port`, `[v6]:port`), lowercase, without a final dot.
+pub(crate) fn strip_port(authority: &str) -> String {
     let a = authority.trim();
     let host = if let Some(rest) = a.strip_prefix('[') {
         rest.split(']').next().unwrap_or(rest)

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use paddock_core::egress::{Denial, EgressCounters, EgressPolicy, EgressStatus, canonical};
+use paddock_core::vault::Vault;
 
 use crate::guard::Guard;
 
@@ -21,11 +22,15 @@ const MIN_BIND: Duration = Duration::from_secs(60);
 const MAX_BIND: Duration = Duration::from_secs(3600);
 
 /// What an enforcer needs besides its policy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Config {
     pub guard: Guard,
     /// DNS servers allowed names are resolved with (the host's, from its resolv.conf).
     pub upstream: Vec<SocketAddr>,
+    /// Names the operator resolves for every sandbox (`--egress-host NAME=IP`), before DNS.
+    pub hosts: HashMap<String, Vec<IpAddr>>,
+    /// The sandbox's CA and upstream trust, when its vault may bind `https` hosts.
+    pub interception: Option<Arc<crate::intercept::Interception>>,
 }
 
 pub struct Enforcer {
@@ -37,6 +42,8 @@ pub struct Enforcer {
     dns_denied: AtomicU64,
     denials: Mutex<VecDeque<Denial>>,
     resolved: Mutex<Resolved>,
+    vault: RwLock<Arc<Vault>>,
+    injected: AtomicU64,
 }
 
 #[derive(Default)]
@@ -67,6 +74,8 @@ impl Enforcer {
             dns_denied: AtomicU64::new(0),
             denials: Mutex::new(VecDeque::new()),
             resolved: Mutex::new(Resolved::default()),
+            vault: RwLock::new(Arc::new(Vault::default())),
+            injected: AtomicU64::new(0),
         })
     }
 
@@ -78,6 +87,21 @@ impl Enforcer {
     /// Replaces the policy: the next connection and query follow the new one.
     pub fn set_policy(&self, policy: EgressPolicy) {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// The credential vault now (empty when there is none); a request keeps the one it was
+    /// judged by.
+    pub fn vault(&self) -> Arc<Vault> {
+        self.vault.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the vault: the next request follows it. `None` empties it.
+    pub fn set_vault(&self, vault: Option<Vault>) {
+        *self.vault.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(vault.unwrap_or_default());
+    }
+
+    pub(crate) fn injected(&self) {
+        self.injected.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn status(&self) -> EgressStatus {
@@ -95,6 +119,7 @@ impl Enforcer {
             connections_denied: self.connections_denied.load(Ordering::Relaxed),
             dns_allowed: self.dns_allowed.load(Ordering::Relaxed),
             dns_denied: self.dns_denied.load(Ordering::Relaxed),
+            credentials_injected: self.injected.load(Ordering::Relaxed),
         }
     }
 
@@ -185,7 +210,7 @@ mod tests {
 
     #[test]
     fn the_denial_log_is_bounded_and_folds_repeats() {
-        let e = Enforcer::new(EgressPolicy::deny_all(), Config { guard: Guard::default(), upstream: vec![] });
+        let e = Enforcer::new(EgressPolicy::deny_all(), Config::default());
         for i in 0..(DENIAL_LOG + 10) {
             e.denied(Kind::Tcp, format!("t{i}"), "r".into());
             e.denied(Kind::Tcp, format!("t{i}"), "r".into());
@@ -198,7 +223,7 @@ mod tests {
 
     #[test]
     fn resolved_addresses_map_back_to_their_names() {
-        let e = Enforcer::new(EgressPolicy::deny_all(), Config { guard: Guard::default(), upstream: vec![] });
+        let e = Enforcer::new(EgressPolicy::deny_all(), Config::default());
         let ip: IpAddr = "192.0.2.5".parse().unwrap();
         e.bind("a.test", &[ip], 5);
         e.bind("b.test", &[ip], 5);

@@ -487,6 +487,12 @@ impl KubeRuntime {
             }
             Some(_) => {}
         }
+        if spec.credential_proxy {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "credentialProxy: {}",
+                paddock_core::runtime::VAULT_UNSUPPORTED
+            )));
+        }
         if spec.image_auth.is_some() {
             return Err(RuntimeError::Unsupported(
                 "image credentials per request are not supported on the Kubernetes runtime: give the namespace's service account an imagePullSecret for the registry instead".into(),
@@ -1225,6 +1231,7 @@ impl Runtime for KubeRuntime {
             volumes: vec!["named".into()],
             gateway: false,
             default_workspace_bytes: Some(self.config.workspace_default_bytes),
+            credential_vault: false,
         }
     }
 

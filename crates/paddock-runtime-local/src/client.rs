@@ -234,6 +234,13 @@ impl LocalRuntime {
         // Traversable (not readable) by the sandbox's host identity, which mounts the skeleton
         // inside it; what it holds is private by its own modes (socket, record, log: 0600).
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o711)).map_err(sys_err("chmod"))?;
+        if spec.credential_proxy {
+            // The CA is the sandbox's own: its key stays in this directory and the enforcer.
+            crate::vault::make_ca(&self.dd, &id)?;
+            for (name, path) in crate::vault::CA_ENV {
+                spec.env.entry((*name).to_string()).or_insert_with(|| (*path).to_string());
+            }
+        }
         // Leased before the supervisor starts, so a prune never removes layers it is mounting;
         // the supervisor gives the lease back when the sandbox ends.
         let image = crate::image::prepare(&self.dd, &self.images, &mut spec, &id).await?;
@@ -614,6 +621,7 @@ impl Runtime for LocalRuntime {
             },
             gateway: true,
             default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
+            credential_vault: true,
         }
     }
 
@@ -852,6 +860,28 @@ impl Runtime for LocalRuntime {
         // Its enforcer is gone (killed, or the host ran out of memory): start it again rather
         // than leave the sandbox cut off from what its policy allows.
         self.apply_egress(id, &policy).await
+    }
+
+    async fn vault(&self, id: &SandboxId) -> Result<Option<paddock_core::vault::Vault>, RuntimeError> {
+        self.read_record(id)?;
+        crate::vault::load(&self.dd, id)
+    }
+
+    async fn set_vault(&self, id: &SandboxId, vault: Option<paddock_core::vault::Vault>) -> Result<(), RuntimeError> {
+        let info = self.get(id).await?;
+        if info.state == SandboxState::Failed {
+            return Err(RuntimeError::Conflict(format!("sandbox {id} has failed: its vault cannot change")));
+        }
+        if !crate::egress::set_vault(&self.dd, id, vault.as_ref()).await? && vault.is_some() {
+            // No enforcer answers: bring it back (it reads the vault just saved).
+            let status = self.egress(id).await?;
+            if status.enforcement == "network-namespace" {
+                return Err(RuntimeError::InvalidArgument(format!(
+                    "sandbox {id} has no egress (its policy denies everything): a vault needs hosts its policy allows"
+                )));
+            }
+        }
+        Ok(())
     }
 
     async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<EgressStatus, RuntimeError> {

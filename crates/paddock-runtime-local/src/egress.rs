@@ -40,6 +40,15 @@ pub struct EgressOptions {
     pub allowed_private: Vec<ipnet::IpNet>,
     /// DNS servers for allowed names; empty: the host's `/etc/resolv.conf`.
     pub dns: Vec<SocketAddr>,
+    /// Names resolved to these addresses for every sandbox, before DNS (`--egress-host
+    /// NAME=IP`): services on the operator's network that no resolver names. The policy and
+    /// the guard still judge them.
+    #[serde(default)]
+    pub hosts: std::collections::BTreeMap<String, Vec<IpAddr>>,
+    /// PEM files of CAs that upstreams of intercepted connections may be signed by, besides
+    /// the host's trust store (`--egress-ca`).
+    #[serde(default)]
+    pub upstream_cas: Vec<PathBuf>,
 }
 
 /// What the runtime hands a starting enforcer on its stdin.
@@ -62,6 +71,15 @@ struct Start {
     /// shorter. A later policy that opens anything restarts the enforcer with them.
     #[serde(default = "yes")]
     rules: bool,
+    /// The credential vault in force.
+    #[serde(default)]
+    vault: Option<paddock_core::vault::Vault>,
+    /// The credential proxy's CA key, for a sandbox made with it.
+    #[serde(default)]
+    ca_key: Option<paddock_core::vault::Secret>,
+    /// The extra upstream CAs' PEM (read by the runtime, which may open the operator's files).
+    #[serde(default)]
+    upstream_cas: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -190,7 +208,24 @@ pub async fn apply(
     }
     let (uid, gid) = host_ids;
     let (gateway, gateway_secret) = gateway.map_or((None, None), |(a, s)| (Some(a), s));
-    let config = Start { policy: policy.clone(), options: options.clone(), uid, gid, gateway, gateway_secret, rules };
+    let mut upstream_cas = Vec::new();
+    for path in &options.upstream_cas {
+        upstream_cas.push(fs::read_to_string(path).map_err(|e| {
+            RuntimeError::from_io(format!("reading the upstream CA {} (--egress-ca)", path.display()), &e)
+        })?);
+    }
+    let config = Start {
+        policy: policy.clone(),
+        options: options.clone(),
+        uid,
+        gid,
+        gateway,
+        gateway_secret,
+        rules,
+        vault: crate::vault::load(dd, id)?,
+        ca_key: crate::vault::ca_key(dd, id),
+        upstream_cas,
+    };
     if let Err(e) = start(dd, exe, id, config).await {
         // Another caller may have started one in the meantime (its listeners are then in the
         // way of ours): hand the policy to that one.
@@ -205,6 +240,17 @@ pub async fn apply(
             log_file(dd, id).display()
         ))
     })
+}
+
+/// Saves a sandbox's vault and puts it in force in its running enforcer (starting one if the
+/// sandbox's policy has it but it is gone).
+pub async fn set_vault(
+    dd: &DataDir,
+    id: &SandboxId,
+    vault: Option<&paddock_core::vault::Vault>,
+) -> Result<bool, RuntimeError> {
+    crate::vault::store(dd, id, vault)?;
+    Ok(ask(dd, id, &ControlRequest::SetVault { vault: vault.cloned() }).await?.is_some())
 }
 
 /// Starts `paddock __egress` for a sandbox and waits until its rules and listeners are in
@@ -481,7 +527,25 @@ async fn serve(start: Start, served: Served, init: OwnedFd, id: SandboxId) {
     let upstream = if start.options.dns.is_empty() { host_resolvers() } else { start.options.dns.clone() };
     let guard =
         paddock_egress::guard::Guard::new(host_addresses(), start.options.blocked, start.options.allowed_private);
-    let enf = paddock_egress::Enforcer::new(start.policy, paddock_egress::state::Config { guard, upstream });
+    let interception = match &start.ca_key {
+        Some(key) => {
+            match paddock_egress::intercept::Interception::new(id.as_str(), key.expose(), &start.upstream_cas) {
+                Ok(i) => Some(std::sync::Arc::new(i)),
+                Err(e) => {
+                    // Its https bindings then stay unused (their connections relayed opaque).
+                    eprintln!("paddock egress: the credential proxy cannot start: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let hosts = start.options.hosts.iter().map(|(n, ips)| (n.to_ascii_lowercase(), ips.clone())).collect();
+    let enf = paddock_egress::Enforcer::new(
+        start.policy,
+        paddock_egress::state::Config { guard, upstream, hosts, interception },
+    );
+    enf.set_vault(start.vault);
     // The runtime saves each policy it sets before sending it; nothing to persist here.
     let on_set = std::sync::Arc::new(|_: &EgressPolicy| {});
     let ended = async {

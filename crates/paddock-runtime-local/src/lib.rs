@@ -18,6 +18,7 @@ mod protocol;
 pub mod registry;
 mod remains;
 pub mod supervisor;
+pub mod vault;
 pub mod volumes;
 mod wsimage;
 

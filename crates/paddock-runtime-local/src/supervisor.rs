@@ -339,6 +339,14 @@ impl Supervisor {
             paddock_sys::mounts::own_skeleton(&dd.sandbox(&id).join("skeleton"), &source, &extra)
         }
         .map_err(sys("preparing the sandbox root"))?;
+        // The credential proxy's CA, and the root's trust store with it, in /run/paddock.
+        let run_files = match fs::read(crate::vault::ca_cert_file(&dd, &id)) {
+            Ok(ca) if spec.credential_proxy => vec![
+                (PathBuf::from("paddock/ca.pem"), ca.clone()),
+                (PathBuf::from("paddock/ca-bundle.pem"), crate::vault::bundle(&source, &ca)),
+            ],
+            _ => Vec::new(),
+        };
         let plan = RootPlan {
             skeleton,
             source,
@@ -349,6 +357,7 @@ impl Supervisor {
             writable_root,
             volumes,
             shadowed,
+            run_files,
         };
         let seccomp = paddock_sys::fence::compile_seccomp();
         let (control, init_control) =

@@ -205,6 +205,12 @@ impl Runtime for Deadlined {
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         within(self.d.call, || format!("reading the egress of {id}"), self.inner.egress(id)).await
     }
+    async fn vault(&self, id: &SandboxId) -> Result<Option<paddock_core::vault::Vault>, RuntimeError> {
+        within(self.d.call, || format!("reading the credential vault of {id}"), self.inner.vault(id)).await
+    }
+    async fn set_vault(&self, id: &SandboxId, vault: Option<paddock_core::vault::Vault>) -> Result<(), RuntimeError> {
+        within(self.d.call, || format!("changing the credential vault of {id}"), self.inner.set_vault(id, vault)).await
+    }
     async fn volumes(&self) -> Result<Vec<paddock_core::volume::NamedVolume>, RuntimeError> {
         within(self.d.call, || "listing the volumes".to_owned(), self.inner.volumes()).await
     }

@@ -26,6 +26,7 @@ pub mod store;
 pub mod time_fmt;
 pub mod tunnels;
 mod unread;
+pub mod vault;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

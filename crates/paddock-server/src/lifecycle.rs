@@ -51,6 +51,7 @@ pub fn router() -> Router<AppState> {
         .route("/snapshots/{id}", any(not_served))
         .route("/sandboxes/{id}/networkpolicy", crate::egress::policy_routes())
         .route("/sandboxes/{id}/egress", get(crate::egress::status))
+        .nest("/sandboxes/{id}", crate::vault::routes())
         .route("/sandboxes/{id}/tickets", post(crate::routes::issue_ticket))
         .route("/sandboxes/{id}/signatures/revoke", post(crate::routes::revoke_signatures))
         .route("/templates", any(not_served))
@@ -345,8 +346,9 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     if req.lifecycle.is_some() {
         return Err(unsupported("lifecycle hooks"));
     }
-    if req.credential_proxy.is_some_and(|c| c.enabled) {
-        return Err(unsupported("the credential proxy"));
+    let credential_proxy = req.credential_proxy.is_some_and(|c| c.enabled);
+    if credential_proxy && !state.rt.capabilities().credential_vault {
+        return Err(ApiError::bad_request(format!("credentialProxy: {}", paddock_core::runtime::VAULT_UNSUPPORTED)));
     }
     if req.secure_access {
         return Err(unsupported("secureAccess (ingress gateway)"));
@@ -401,7 +403,8 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
         Some(Some(t)) => Some(t as u64),
     };
-    let mut spec = SandboxSpec { image: image_ref, timeout_secs, image_auth, network, ..Default::default() };
+    let mut spec =
+        SandboxSpec { image: image_ref, timeout_secs, image_auth, network, credential_proxy, ..Default::default() };
     spec.resources.workspace_bytes = state.config.workspace_bytes;
     spec.resources.workspace_inodes = state.config.workspace_inodes;
     let pids = req.resource_requests.iter().filter(|(k, _)| k.as_str() == "pids");
@@ -1337,6 +1340,27 @@ fn lifecycle_paths() -> Value {
                 "responses": {"200": ok("The policy now", policy_status.clone()), "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/egress": {"get": {"summary": "The egress policy, how it is enforced, counters and the newest denials", "parameters": [id.clone()],
             "responses": {"200": {"description": "Egress status"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/credential-vault": {
+            "get": {"summary": "The sandbox's credential vault: names, revisions, matches and auth types, never a value (OpenSandbox CredentialVaultState)", "parameters": [id.clone()],
+                "responses": {"200": {"description": "The vault"}, "401": error_ref.clone(), "404": error_ref.clone()}},
+            "post": {"summary": "Create the vault: credentials (write-only values) and the bindings that inject them on the way out", "parameters": [id.clone()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["credentials", "bindings"]}}}},
+                "responses": {"201": {"description": "The vault (revision 1)"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone(), "409": error_ref.clone(), "412": error_ref.clone()}},
+            "patch": {"summary": "Change the vault at once: deletes, replaces, adds (expectedRevision guards against a lost update)", "parameters": [id.clone()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object"}}}},
+                "responses": {"200": {"description": "The vault now"}, "400": error_ref.clone(), "401": error_ref.clone(), "404": error_ref.clone(), "409": error_ref.clone(), "412": error_ref.clone()}},
+            "delete": {"summary": "Remove the vault", "parameters": [id.clone()],
+                "responses": {"204": {"description": "Removed"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/credential-vault/credentials": {"get": {"summary": "The vault's credentials (names and revisions)", "parameters": [id.clone()],
+            "responses": {"200": {"description": "Credentials"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/credential-vault/credentials/{name}": {"get": {"summary": "One credential (name and revision)",
+            "parameters": [id.clone(), {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The credential"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/credential-vault/bindings": {"get": {"summary": "The vault's bindings", "parameters": [id.clone()],
+            "responses": {"200": {"description": "Bindings"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
+        "/sandboxes/{id}/credential-vault/bindings/{name}": {"get": {"summary": "One binding",
+            "parameters": [id.clone(), {"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The binding"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/signatures/revoke": {"post": {"summary": "Revoke every signed route and endpoint of the sandbox made so far, and its unused tickets", "parameters": [id.clone()],
             "responses": {"200": {"description": "The sandbox's new signing epoch and how many tickets were dropped"}, "401": error_ref.clone(), "404": error_ref.clone()}}},
         "/sandboxes/{id}/tickets": {"post": {"summary": "A single-use ticket for one request to a port (a browser's WebSocket handshake)", "parameters": [id.clone()],

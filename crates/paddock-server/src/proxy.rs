@@ -91,23 +91,20 @@ async fn upload_limit(max_upload: usize, req: Request, next: Next) -> Response {
 fn egress_router() -> Router<AppState> {
     Router::new()
         .route("/policy", crate::egress::policy_routes())
+        .merge(crate::vault::routes())
         .route("/", any(egress_not_served))
         .route("/{*rest}", any(egress_not_served))
 }
 
-/// `501 NOT_SUPPORTED` for egress routes Paddock does not serve (the credential vault, ...).
+/// `501 NOT_SUPPORTED` for egress routes Paddock does not serve.
 async fn egress_not_served(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     let path = uri.path();
     let rest = path.split_once(&format!("/proxy/{EGRESS_PORT}")).map_or(path, |(_, r)| r);
-    crate::execd::not_supported(&method, rest, unserved_egress_feature(rest))
-}
-
-fn unserved_egress_feature(path: &str) -> String {
-    if path.trim_start_matches('/').starts_with("credential-vault") {
-        "the credential vault is not supported: Paddock does not terminate a sandbox's TLS, so it cannot inject credentials into its requests".into()
-    } else {
-        "this is not an egress route Paddock serves: GET, PUT, PATCH and DELETE /policy are".into()
-    }
+    crate::execd::not_supported(
+        &method,
+        rest,
+        "this is not an egress route Paddock serves: /policy and /credential-vault are".into(),
+    )
 }
 
 async fn forward(
@@ -127,7 +124,7 @@ async fn forward(
     if port == crate::EXECD_PORT || port == EGRESS_PORT {
         let rest = p.get("rest").map(|r| format!("/{r}")).unwrap_or_default();
         let what = if port == EGRESS_PORT {
-            unserved_egress_feature(&rest)
+            "this is not an egress route Paddock serves: /policy and /credential-vault are".into()
         } else {
             crate::execd::unserved_execd_feature(&rest)
         };

@@ -66,8 +66,7 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
     let id = s.create().await;
     let egress = |p: &str| format!("/v1/sandboxes/{id}/proxy/18080{p}");
     for (method, path, feature) in [
-        ("GET", egress("/credential-vault"), "credential vault"),
-        ("POST", egress("/credential-vault/credentials"), "credential vault"),
+        ("GET", egress("/metrics"), "/credential-vault"),
         ("POST", format!("/v1/sandboxes/{id}/snapshots"), "snapshots"),
         ("GET", "/v1/snapshots".into(), "snapshots"),
         ("POST", "/v1/templates".into(), "templates"),
@@ -78,6 +77,16 @@ async fn fake_runtime_unserved_egress_and_lifecycle_routes_are_501() {
         assert_error(&body, "NOT_SUPPORTED");
         assert!(message(&body).contains(feature), "{method} {path} names {feature:?}: {body}");
     }
+    // The credential vault needs an egress enforcer of Paddock's, which this runtime lacks:
+    // a 400 that says so, in both places.
+    for path in [egress("/credential-vault"), format!("/v1/sandboxes/{id}/credential-vault")] {
+        let (status, body) = s.call("GET", &path, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_error(&body, "NOT_SUPPORTED");
+        assert!(message(&body).contains("egress enforcer"), "{body}");
+    }
+    let (status, body) = s.call("POST", &egress("/credential-vault/credentials"), Some(json!({}))).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
     // A signed endpoint further away than a signed route may last is refused, not shortened.
     let (status, body) = s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772?expires=4102444800"), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");

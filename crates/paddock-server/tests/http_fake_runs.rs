@@ -24,7 +24,12 @@ exit "$(cat "$D/exit.$PADDOCK_EPOCH")""#;
 /// A directory the drivers share with the test. Not under /tmp, which the fake maps to each
 /// sandbox's own.
 fn shared_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+    // Never below /tmp: the fake runtime maps a /tmp/… path in a command's environment into
+    // the sandbox's own /tmp, so a checkout under /tmp (a CI clone) would send the driver's
+    // files elsewhere and every driver would seem never to start.
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let base = if base.starts_with("/tmp") { Path::new("/var/tmp") } else { base };
+    tempfile::tempdir_in(base).unwrap()
 }
 
 fn run_body(dir: &Path, tier: &str) -> Value {

@@ -52,6 +52,9 @@ pub struct RootPlan {
     /// Top-level names shown as a small read-only tmpfs holding only the volumes' mount
     /// points, instead of the source's entry of that name (an empty or missing one).
     pub shadowed: Vec<std::ffi::OsString>,
+    /// Files written into the sandbox's `/run` (relative paths there) before it becomes
+    /// read-only: the credential proxy's CA and trust bundle.
+    pub run_files: Vec<(PathBuf, Vec<u8>)>,
 }
 
 /// A volume in the sandbox's view.
@@ -282,7 +285,9 @@ impl RootPlan {
         if !self.writable_root {
             self.bind_source()?;
         }
-        mount_tmpfs(&sk.join("run"), "size=64k,mode=0755,nr_inodes=64", MountFlags::empty())?;
+        let run_bytes = (64 << 10) + self.run_files.iter().map(|(_, b)| b.len() + 4096).sum::<usize>();
+        mount_tmpfs(&sk.join("run"), &format!("size={run_bytes},mode=0755,nr_inodes=64"), MountFlags::empty())?;
+        self.write_run_files()?;
         // Everything so far is the read-only part of the view.
         set_tree_read_only(sk)?;
         if self.writable_root {
@@ -340,6 +345,24 @@ impl RootPlan {
 }
 
 impl RootPlan {
+    /// Writes [`RootPlan::run_files`] into the fresh `/run` (nothing of the sandbox has run yet,
+    /// so nothing there can be a symlink): world-readable, and read-only once the tree is.
+    fn write_run_files(&self) -> Result<()> {
+        let run = self.skeleton.join("run");
+        for (rel, body) in &self.run_files {
+            let path = run.join(rel);
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir).map_err(|e| SysError::path("mkdir", dir, e))?;
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+                    .map_err(|e| SysError::path("chmod", dir, e))?;
+            }
+            fs::write(&path, body).map_err(|e| SysError::path("write", &path, e))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
+                .map_err(|e| SysError::path("chmod", &path, e))?;
+        }
+        Ok(())
+    }
+
     /// The volumes' mount points that take writes, as paths inside the sandbox: where Landlock
     /// must allow them.
     pub fn writable_volumes(&self) -> Vec<PathBuf> {
@@ -490,6 +513,7 @@ mod tests {
             writable_root: false,
             volumes: Vec::new(),
             shadowed: Vec::new(),
+            run_files: Vec::new(),
         };
         plan.prepare_skeleton().unwrap();
         let sk = &plan.skeleton;

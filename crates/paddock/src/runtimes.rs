@@ -65,6 +65,24 @@ pub struct EgressOpts {
     /// the host's /etc/resolv.conf. Repeatable.
     #[arg(long = "egress-dns", global = true, value_name = "ADDR", value_parser = parse_dns)]
     pub dns: Vec<std::net::SocketAddr>,
+    /// Resolve NAME to IP for every sandbox, before DNS (a service on your network no resolver
+    /// names). Policies and the blocked ranges still apply. Repeatable.
+    #[arg(long = "egress-host", global = true, value_name = "NAME=IP", value_parser = parse_host)]
+    pub hosts: Vec<(String, std::net::IpAddr)>,
+    /// Trust upstreams signed by this CA (PEM) on connections the credential proxy decrypts,
+    /// besides the host's trust store. Repeatable.
+    #[arg(long = "egress-ca", global = true, value_name = "FILE")]
+    pub upstream_cas: Vec<std::path::PathBuf>,
+}
+
+fn parse_host(s: &str) -> Result<(String, std::net::IpAddr), String> {
+    let (name, ip) = s.split_once('=').ok_or_else(|| format!("{s:?}: give NAME=IP"))?;
+    let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+    if name.is_empty() || name.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!("{s:?}: NAME must be a host name"));
+    }
+    let ip = ip.trim().parse().map_err(|_| format!("{s:?}: {ip:?} is not an IP address"))?;
+    Ok((name, ip))
 }
 
 fn parse_dns(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -79,6 +97,14 @@ impl EgressOpts {
             blocked: self.block.clone(),
             allowed_private: self.allow_private.clone(),
             dns: self.dns.clone(),
+            hosts: self.hosts.iter().fold(
+                Default::default(),
+                |mut m: std::collections::BTreeMap<_, Vec<_>>, (n, ip)| {
+                    m.entry(n.clone()).or_default().push(*ip);
+                    m
+                },
+            ),
+            upstream_cas: self.upstream_cas.clone(),
         }
     }
 }

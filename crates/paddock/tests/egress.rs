@@ -64,6 +64,7 @@ impl World {
                 format!("{}/32", self.raw_ip).parse().unwrap(),
             ],
             dns: vec![format!("{}:53", self.dns).parse().unwrap()],
+            ..Default::default()
         });
         env
     }

@@ -229,6 +229,8 @@ impl Runtime for FakeRuntime {
             gateway: true,
             // Not the server's own default, so a test can tell whose applied.
             default_workspace_bytes: Some(96 << 20),
+            // No egress enforcer: the vault's routes answer that they are not supported.
+            credential_vault: false,
         }
     }
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {

@@ -1,0 +1,624 @@
+//! Credential injection: an HTTP/1 connection to a host the sandbox's vault binds is read
+//! request by request (over plain TCP, or decrypted by [`crate::intercept`]). Each request's
+//! head is judged and rewritten before it leaves: it must be for the host the connection was
+//! dialed to, at most one binding may match it, the headers its binding sets are removed from
+//! what the sandbox sent and set with the vault's values, its placeholders are resolved, and a
+//! placeholder left over refuses it. Bodies pass through as they come, framed by their own
+//! `Content-Length` or chunks, so the next request's head is found; responses are relayed as
+//! they are. Hand-written because no HTTP library forwards a request's exact bytes with only
+//! its head changed (hyper re-frames bodies and normalises headers).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use paddock_core::vault::{Auth, Binding, PLACEHOLDER_PREFIX, Place, Scheme, Vault};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+use crate::state::{Enforcer, Kind};
+
+/// Largest request head read (a head past it is refused).
+const MAX_HEAD: usize = 64 << 10;
+/// Largest body read whole for a body substitution; larger ones pass unchanged.
+const MAX_SUBSTITUTED_BODY: usize = 4 << 20;
+/// How long a refused request waits for the upstream to finish what it was sent before.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Shortest credential value redacted from responses (shorter ones would match everywhere).
+const MIN_REDACTED: usize = 6;
+/// How long the last bytes of a response wait for more before they are sent unchecked for a
+/// value that would continue in the next read (a stream, such as server-sent events, must not
+/// stall).
+const HOLD: Duration = Duration::from_millis(20);
+
+/// Relays responses with every credential value of the vault overwritten by `*` of the same
+/// length, so a value an upstream echoes back never reaches the sandbox and the response's
+/// framing (lengths, chunk sizes) stays right. The last `longest - 1` bytes of a read are
+/// held until the next one, or [`HOLD`], so a value split between reads is caught.
+/// Compressed bodies are not looked into.
+async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[Vec<u8>]) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let keep = secrets.iter().map(Vec::len).max().unwrap_or(1) - 1;
+    let mut buf: Vec<u8> = Vec::with_capacity(RELAY + keep);
+    let mut chunk = vec![0u8; RELAY];
+    loop {
+        let read = if buf.is_empty() {
+            r.read(&mut chunk).await
+        } else {
+            match tokio::time::timeout(HOLD, r.read(&mut chunk)).await {
+                Ok(n) => n,
+                Err(_) => {
+                    w.write_all(&buf).await?;
+                    w.flush().await?;
+                    buf.clear();
+                    continue;
+                }
+            }
+        };
+        let n = read?;
+        if n == 0 {
+            w.write_all(&buf).await?;
+            return w.flush().await;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        for s in secrets {
+            let mut at = 0;
+            while let Some(i) = find(&buf[at..], s) {
+                let start = at + i;
+                buf[start..start + s.len()].fill(b'*');
+                at = start + s.len();
+            }
+        }
+        let emit = buf.len().saturating_sub(keep);
+        w.write_all(&buf[..emit]).await?;
+        buf.drain(..emit);
+        if buf.is_empty() {
+            w.flush().await?;
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+const RELAY: usize = 64 << 10;
+
+/// Where a connection goes: what bindings are matched against.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub scheme: Scheme,
+    /// The name the connection was judged and dialed by (lowercase, no port).
+    pub host: String,
+    pub port: u16,
+}
+
+/// Relays one connection, requests rewritten on the way up. `first` is what was already read
+/// from the client.
+pub async fn relay<C, U>(enf: &Enforcer, client: C, first: Vec<u8>, upstream: U, target: &Target)
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let vault = enf.vault();
+    let (cr, mut cw) = tokio::io::split(client);
+    let (mut ur, mut uw) = tokio::io::split(upstream);
+    let mut reader = BufReader::with_capacity(64 << 10, std::io::Cursor::new(first).chain(cr));
+    let refusal = std::sync::Mutex::new(None::<String>);
+    let refused = tokio::sync::Notify::new();
+    let up = async {
+        if let Some(why) = requests(enf, &vault, &mut reader, &mut uw, target).await {
+            enf.denied(Kind::Tcp, format!("{} (http request)", target.host), why.clone());
+            *refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            refused.notify_one();
+        }
+        // The upstream answers what it was sent, then sees the end.
+        let _ = uw.shutdown().await;
+    };
+    let secrets: Vec<Vec<u8>> = vault
+        .credentials
+        .iter()
+        .map(|c| c.value.expose().as_bytes().to_vec())
+        .filter(|v| v.len() >= MIN_REDACTED)
+        .collect();
+    let down = async {
+        tokio::select! {
+            _ = redact_copy(&mut ur, &mut cw, &secrets) => {}
+            // A refused request is answered once the upstream finished the earlier ones, or
+            // after a while if it keeps the connection open.
+            _ = async { refused.notified().await; tokio::time::sleep(DRAIN).await } => {}
+        }
+        let why = refusal.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(why) = why {
+            let _ = cw.write_all(&crate::proxy::forbidden("refused", &why, "credential proxy")).await;
+        }
+        // The client sees the end too, so a request it still sends fails instead of hanging.
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(up, down);
+}
+
+/// Forwards requests until the client ends, or returns why one was refused (nothing of it
+/// was sent).
+async fn requests<R, W>(
+    enf: &Enforcer,
+    vault: &Arc<Vault>,
+    reader: &mut BufReader<R>,
+    up: &mut W,
+    target: &Target,
+) -> Option<String>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let head = match read_head(reader).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return None,
+            Err(why) => return Some(why),
+        };
+        let req = match Request::parse(&head) {
+            Ok(r) => r,
+            Err(why) => return Some(why),
+        };
+        if req.host != target.host {
+            return Some(format!(
+                "a request for {} on a connection made to {}: open a connection of its own",
+                req.host, target.host
+            ));
+        }
+        let binding = match vault.binding_for(target.scheme, &req.host, target.port, &req.method, &req.path) {
+            Ok(b) => b,
+            Err(why) => return Some(why),
+        };
+        let (mut out, body_subs) = match rewrite(&req, binding, vault) {
+            Ok(r) => r,
+            Err(why) => return Some(why),
+        };
+        if binding.is_some() {
+            enf.injected();
+        }
+        let upgrade = req.method == "CONNECT" || req.header("upgrade").is_some();
+        match req.framing() {
+            Framing::Length(n) if !body_subs.is_empty() && n <= MAX_SUBSTITUTED_BODY as u64 => {
+                let mut body = vec![0u8; n as usize];
+                if reader.read_exact(&mut body).await.is_err() {
+                    return None;
+                }
+                let body = substitute_body(&body, &body_subs, req.header("content-type").unwrap_or(""));
+                out = set_length(&out, body.len());
+                if up.write_all(&out).await.is_err() || up.write_all(&body).await.is_err() {
+                    return None;
+                }
+            }
+            framing => {
+                if up.write_all(&out).await.is_err() {
+                    return None;
+                }
+                let sent = match framing {
+                    Framing::Length(n) => copy_exact(reader, up, n).await,
+                    Framing::Chunked => copy_chunked(reader, up).await,
+                    Framing::None => Ok(()),
+                };
+                if sent.is_err() {
+                    return None;
+                }
+            }
+        }
+        if upgrade {
+            // A WebSocket or a tunnel: what follows is not HTTP.
+            let _ = tokio::io::copy(reader, up).await;
+            return None;
+        }
+    }
+}
+
+async fn read_head<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> Result<Option<Vec<u8>>, String> {
+    let mut head = Vec::with_capacity(1024);
+    loop {
+        let n = reader.read_until(b'\n', &mut head).await.map_err(|e| format!("reading a request: {e}"))?;
+        if n == 0 {
+            return if head.iter().all(|b| b.is_ascii_whitespace()) {
+                Ok(None)
+            } else {
+                Err("the connection ended inside a request head".into())
+            };
+        }
+        if head.len() > MAX_HEAD {
+            return Err(format!("a request head is larger than {} KiB", MAX_HEAD >> 10));
+        }
+        // Blank lines between requests are allowed (RFC 9112 §2.2).
+        if head == b"\r\n" || head == b"\n" {
+            head.clear();
+            continue;
+        }
+        if head.ends_with(b"\r\n\r\n") || head.ends_with(b"\n\n") {
+            return Ok(Some(head));
+        }
+    }
+}
+
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+struct Request {
+    method: String,
+    /// The path without the query, as sent (percent-encoding kept).
+    path: String,
+    /// The query without `?`, if any.
+    query: Option<String>,
+    version: u8,
+    host: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Request {
+    fn parse(head: &[u8]) -> Result<Request, String> {
+        let mut slots = [httparse::EMPTY_HEADER; 128];
+        let mut r = httparse::Request::new(&mut slots);
+        match r.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            _ => return Err("a request that is not HTTP/1".into()),
+        }
+        let mut headers = Vec::with_capacity(r.headers.len());
+        for h in r.headers.iter() {
+            let v = std::str::from_utf8(h.value).map_err(|_| format!("header {} is not text", h.name))?;
+            headers.push((h.name.to_string(), v.to_string()));
+        }
+        let mut target = r.path.unwrap_or("/").to_string();
+        let mut uri_host = None;
+        if let Some((_, rest)) = target.split_once("://") {
+            let (authority, path) = match rest.find('/') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, "/"),
+            };
+            uri_host = Some(authority.to_string());
+            target = path.to_string();
+        }
+        let host_header: Vec<&str> =
+            headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case("host")).map(|(_, v)| v.as_str()).collect();
+        if host_header.len() > 1 {
+            return Err("a request with more than one Host".into());
+        }
+        let host =
+            uri_host.as_deref().or(host_header.first().copied()).map(crate::sniff::strip_port).unwrap_or_default();
+        if host.is_empty() {
+            return Err("a request without a Host".into());
+        }
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p.to_string(), Some(q.to_string())),
+            None => (target, None),
+        };
+        Ok(Request {
+            method: r.method.unwrap_or("GET").to_string(),
+            path,
+            query,
+            version: r.version.unwrap_or(1),
+            host,
+            headers,
+        })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    fn framing(&self) -> Framing {
+        if let Some(te) = self.header("transfer-encoding")
+            && te.rsplit(',').next().is_some_and(|l| l.trim().eq_ignore_ascii_case("chunked"))
+        {
+            return Framing::Chunked;
+        }
+        match self.header("content-length").and_then(|v| v.trim().parse::<u64>().ok()) {
+            Some(n) if n > 0 => Framing::Length(n),
+            _ => Framing::None,
+        }
+    }
+}
+
+/// (placeholder, value) pairs to replace in a request's body.
+type BodySubstitutions = Vec<(String, String)>;
+
+/// The rewritten head, and the substitutions still to do in the body.
+fn rewrite(req: &Request, binding: Option<&Binding>, vault: &Vault) -> Result<(Vec<u8>, BodySubstitutions), String> {
+    let subs: Vec<(Place, String, String)> = match binding {
+        Some(b) => {
+            let mut s = Vec::new();
+            for sub in b.auth.substitutions() {
+                let v = vault.value(&sub.credential).ok_or("a binding refers to a missing credential")?;
+                for p in &sub.places {
+                    s.push((*p, sub.placeholder.clone(), v.expose().to_string()));
+                }
+            }
+            // `paddock:secret:NAME` resolves to any of the vault's credentials, on a request a
+            // binding matches only.
+            for c in &vault.credentials {
+                let ph = format!("{PLACEHOLDER_PREFIX}{}", c.name);
+                for p in [Place::Header, Place::Query, Place::Path] {
+                    s.push((p, ph.clone(), c.value.expose().to_string()));
+                }
+            }
+            s
+        }
+        None => Vec::new(),
+    };
+    let apply = |place: Place, text: &str, encode: bool| -> String {
+        let mut out = text.to_string();
+        for (p, ph, v) in &subs {
+            if *p == place && out.contains(ph.as_str()) {
+                let v = if encode { percent_encode(v) } else { v.clone() };
+                out = out.replace(ph.as_str(), &v);
+            }
+        }
+        out
+    };
+    let path = apply(Place::Path, &req.path, true);
+    let query = req.query.as_deref().map(|q| apply(Place::Query, q, true));
+    let set: Vec<(String, String)> = match binding {
+        Some(b) => b
+            .auth
+            .headers()
+            .into_iter()
+            .map(|(name, cred)| {
+                let v = vault.value(&cred).map(|s| s.expose().to_string()).unwrap_or_default();
+                let v = match &b.auth {
+                    Auth::Bearer { .. } => format!("Bearer {v}"),
+                    Auth::Basic { .. } => format!("Basic {v}"),
+                    _ => v,
+                };
+                (name, v)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut out = format!("{} {path}", req.method);
+    if let Some(q) = &query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out.push_str(if req.version == 0 { " HTTP/1.0\r\n" } else { " HTTP/1.1\r\n" });
+    for (name, value) in &req.headers {
+        if set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        let mut value = apply(Place::Header, value, false);
+        if name.eq_ignore_ascii_case("authorization")
+            && let Some(basic) = value.strip_prefix("Basic ")
+            && let Some(resolved) = resolve_basic(basic, &subs)
+        {
+            value = format!("Basic {resolved}");
+        }
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(&value);
+        out.push_str("\r\n");
+    }
+    for (name, value) in &set {
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(value);
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    if out.contains(PLACEHOLDER_PREFIX) || (binding.is_none() && contains_encoded_placeholder(&out)) {
+        return Err(match binding {
+            Some(_) => "a paddock:secret: placeholder names no credential of this sandbox's vault".into(),
+            None => format!(
+                "a paddock:secret: placeholder in a request to {}, which no credential binding matches: placeholders resolve only for bound hosts",
+                req.host
+            ),
+        });
+    }
+    let body_subs = subs.into_iter().filter(|(p, _, _)| *p == Place::Body).map(|(_, ph, v)| (ph, v)).collect();
+    Ok((out.into_bytes(), body_subs))
+}
+
+fn contains_encoded_placeholder(s: &str) -> bool {
+    s.contains("paddock%3Asecret%3A") || s.contains("paddock%3asecret%3a")
+}
+
+/// Placeholders inside `Basic base64(user:password)`: decoded, resolved, encoded again.
+fn resolve_basic(b64: &str, subs: &[(Place, String, String)]) -> Option<String> {
+    use base64::Engine as _;
+    let e = base64::engine::general_purpose::STANDARD;
+    let plain = String::from_utf8(e.decode(b64.trim()).ok()?).ok()?;
+    let mut out = plain.clone();
+    for (p, ph, v) in subs {
+        if *p == Place::Header {
+            out = out.replace(ph.as_str(), v);
+        }
+    }
+    if out.contains(PLACEHOLDER_PREFIX) {
+        // Left for the caller's check, which refuses it.
+        return Some(format!("{PLACEHOLDER_PREFIX}unresolved"));
+    }
+    (out != plain).then(|| e.encode(out))
+}
+
+fn percent_encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn substitute_body(body: &[u8], subs: &[(String, String)], content_type: &str) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(body) else { return body.to_vec() };
+    let ct = content_type.to_ascii_lowercase();
+    let mut out = text.to_string();
+    for (ph, v) in subs {
+        let v = if ct.contains("json") {
+            let quoted = serde_json::to_string(v).unwrap_or_default();
+            quoted[1..quoted.len() - 1].to_string()
+        } else if ct.contains("x-www-form-urlencoded") {
+            percent_encode(v)
+        } else {
+            v.clone()
+        };
+        out = out.replace(ph.as_str(), &v);
+    }
+    out.into_bytes()
+}
+
+fn set_length(head: &[u8], len: usize) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::with_capacity(text.len() + 8);
+    for line in text.split_inclusive("\r\n") {
+        if line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(&format!("Content-Length: {len}\r\n"));
+        } else {
+            out.push_str(line);
+        }
+    }
+    out.into_bytes()
+}
+
+async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut BufReader<R>,
+    w: &mut W,
+    n: u64,
+) -> std::io::Result<()> {
+    let copied = tokio::io::copy(&mut r.take(n), w).await?;
+    if copied < n {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+/// Forwards a chunked body through its last chunk and trailers, exactly as sent.
+async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut BufReader<R>,
+    w: &mut W,
+) -> std::io::Result<()> {
+    loop {
+        let mut line = Vec::new();
+        if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        w.write_all(&line).await?;
+        let size_text = String::from_utf8_lossy(&line);
+        let size_hex = size_text.split(';').next().unwrap_or("").trim();
+        let size = u64::from_str_radix(size_hex, 16).map_err(|_| std::io::Error::other("a bad chunk size"))?;
+        if size == 0 {
+            // Trailers, then the blank line.
+            loop {
+                let mut t = Vec::new();
+                if r.take(MAX_HEAD as u64).read_until(b'\n', &mut t).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                w.write_all(&t).await?;
+                if t == b"\r\n" || t == b"\n" {
+                    return Ok(());
+                }
+            }
+        }
+        copy_exact(r, w, size + 2).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+    use paddock_core::vault::CreateRequest;
+
+    fn vault() -> Vault {
+        let req: CreateRequest = serde_json::from_value(serde_json::json!({
+            "credentials": [{"name": "tok", "source": {"value": "T0K"}}, {"name": "q", "source": {"value": "a b&c"}}],
+            "bindings": [
+                {"name": "bearer", "match": {"schemes": ["http"], "hosts": ["api.test"], "paths": ["/b/*"]}, "auth": {"type": "bearer", "credential": "tok"}},
+                {"name": "pass", "match": {"schemes": ["http"], "hosts": ["api.test"], "paths": ["/p/*"]},
+                 "auth": {"type": "passthrough", "substitutions": [{"credential": "q", "placeholder": "__Q__", "in": ["query", "body"]}]}}
+            ]
+        }))
+        .unwrap();
+        let policy = EgressPolicy {
+            default_action: Action::Deny,
+            egress: vec![EgressRule { action: Action::Allow, target: "api.test".into() }],
+        };
+        Vault::create(req, &policy).unwrap()
+    }
+
+    fn head(s: &str) -> Request {
+        Request::parse(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_bound_request_gets_the_credential_and_loses_the_sandboxs_own() {
+        let v = vault();
+        let r = head("GET /b/x HTTP/1.1\r\nHost: API.test:80\r\nauthorization: Bearer fake\r\nAccept: */*\r\n\r\n");
+        let b = v.binding_for(Scheme::Http, &r.host, 80, &r.method, &r.path).unwrap();
+        let (out, _) = rewrite(&r, b, &v).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("\r\nAuthorization: Bearer T0K\r\n"), "{out}");
+        assert!(!out.contains("fake"), "{out}");
+        assert!(out.starts_with("GET /b/x HTTP/1.1\r\n"), "{out}");
+    }
+
+    #[test]
+    fn placeholders_resolve_only_where_a_binding_matches() {
+        let v = vault();
+        let r = head("GET /p/x?k=__Q__&t=paddock:secret:tok HTTP/1.1\r\nHost: api.test\r\n\r\n");
+        let b = v.binding_for(Scheme::Http, &r.host, 80, &r.method, &r.path).unwrap();
+        let (out, body) = rewrite(&r, b, &v).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with("GET /p/x?k=a%20b%26c&t=T0K HTTP/1.1\r\n"), "{out}");
+        assert_eq!(body, vec![("__Q__".to_string(), "a b&c".to_string())]);
+        let unbound = head("GET /other?t=paddock:secret:tok HTTP/1.1\r\nHost: api.test\r\n\r\n");
+        let e = rewrite(&unbound, None, &v).unwrap_err();
+        assert!(e.contains("no credential binding matches"), "{e}");
+        let unknown = head("GET /b/x HTTP/1.1\r\nHost: api.test\r\nX-T: paddock:secret:nope\r\n\r\n");
+        let b = v.binding_for(Scheme::Http, &unknown.host, 80, &unknown.method, &unknown.path).unwrap();
+        assert!(rewrite(&unknown, b, &v).unwrap_err().contains("names no credential"));
+        assert_eq!(
+            substitute_body(br#"{"s": "__Q__"}"#, &[("__Q__".into(), "a\"b".into())], "application/json"),
+            br#"{"s": "a\"b"}"#.to_vec()
+        );
+    }
+
+    #[tokio::test]
+    async fn values_echoed_back_are_overwritten_even_across_reads() {
+        let (mut tx, mut rx) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            for part in [&b"HTTP/1.1 200 OK\r\n\r\nyour token is T0K-SEC"[..], b"RET-VALUE and again T0K-SECRET-VALUE."]
+            {
+                tx.write_all(part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let mut out = Vec::new();
+        redact_copy(&mut rx, &mut out, &[b"T0K-SECRET-VALUE".to_vec()]).await.unwrap();
+        writer.await.unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out, "HTTP/1.1 200 OK\r\n\r\nyour token is **************** and again ****************.");
+    }
+
+    #[tokio::test]
+    async fn bodies_are_framed_so_the_next_head_is_found() {
+        let v = Arc::new(vault());
+        let enf = Enforcer::new(EgressPolicy::allow_all(), crate::state::Config::default());
+        enf.set_vault(Some((*v).clone()));
+        let input = b"POST /b/1 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
+POST /b/2 HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\n\r\nxyz\
+GET /b/3 HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+        let mut reader = BufReader::new(&input[..]);
+        let mut up = Vec::new();
+        let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
+        let why = requests(&enf, &v, &mut reader, &mut up, &target).await.unwrap();
+        assert!(why.contains("a request for evil.test on a connection made to api.test"), "{why}");
+        let up = String::from_utf8(up).unwrap();
+        assert_eq!(up.matches("Authorization: Bearer T0K").count(), 2, "{up}");
+        assert!(up.contains("\r\n\r\n3\r\nabc\r\n0\r\n\r\nPOST /b/2"), "{up}");
+        assert!(up.ends_with("\r\n\r\nxyz"), "{up}");
+    }
+}
