@@ -80,6 +80,8 @@ def dns_answer(query: bytes, net: str) -> bytes | None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # A head and a body written apart must not wait for a delayed ACK (40 ms a response).
+    disable_nagle_algorithm = True
 
     def log_message(self, *args) -> None:
         pass

@@ -60,12 +60,11 @@ def test_the_sdk_pools_default_lifetime_is_accepted(make_sandbox):
 @pytest.mark.parametrize(
     "call, feature",
     [
-        (lambda sb: sb.credential_vault.list_credentials(), "credential vault"),
         (lambda sb: sb.isolation.capabilities(), "isolated sessions"),
         (lambda sb: sb.files_with_identity(1000, 1000).get_file_info(["/tmp"]), "another uid/gid"),
         (lambda sb: sb.create_snapshot("s1"), "snapshots"),
     ],
-    ids=["credential-vault", "isolation", "files-with-identity", "snapshot"],
+    ids=["isolation", "files-with-identity", "snapshot"],
 )
 def test_unserved_features_fail_fast_with_a_clear_501(sandbox, call, feature):
     started = time.monotonic()

@@ -32,16 +32,15 @@ const HOLD: Duration = Duration::from_millis(20);
 
 /// Relays responses with every credential value of the vault overwritten by `*` of the same
 /// length, so a value an upstream echoes back never reaches the sandbox and the response's
-/// framing (lengths, chunk sizes) stays right. The last `longest - 1` bytes of a read are
-/// held until the next one, or [`HOLD`], so a value split between reads is caught.
-/// Compressed bodies are not looked into.
+/// framing (lengths, chunk sizes) stays right. Only a tail that could be the start of a value
+/// is held back for the next read (or [`HOLD`]), so a value split between reads is caught and
+/// nothing else waits. Compressed bodies are not looked into.
 async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[Vec<u8>]) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let keep = secrets.iter().map(Vec::len).max().unwrap_or(1) - 1;
-    let mut buf: Vec<u8> = Vec::with_capacity(RELAY + keep);
+    let mut buf: Vec<u8> = Vec::with_capacity(RELAY);
     let mut chunk = vec![0u8; RELAY];
     loop {
         let read = if buf.is_empty() {
@@ -71,13 +70,29 @@ where
                 at = start + s.len();
             }
         }
-        let emit = buf.len().saturating_sub(keep);
+        let emit = buf.len() - partial_tail(&buf, secrets);
         w.write_all(&buf[..emit]).await?;
         buf.drain(..emit);
-        if buf.is_empty() {
-            w.flush().await?;
+        w.flush().await?;
+    }
+}
+
+/// The length of the longest tail of `buf` that is the start of a value (not the whole of it).
+fn partial_tail(buf: &[u8], secrets: &[Vec<u8>]) -> usize {
+    let mut keep = 0;
+    for s in secrets {
+        let from = buf.len().saturating_sub(s.len() - 1);
+        for p in from..buf.len() {
+            if buf.len() - p <= keep {
+                break;
+            }
+            if buf[p] == s[0] && s.starts_with(&buf[p..]) {
+                keep = buf.len() - p;
+                break;
+            }
         }
     }
+    keep
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -601,6 +616,11 @@ mod tests {
         writer.await.unwrap();
         let out = String::from_utf8(out).unwrap();
         assert_eq!(out, "HTTP/1.1 200 OK\r\n\r\nyour token is **************** and again ****************.");
+        // Only a tail that could start a value is held back.
+        let secrets = [b"T0K-SECRET-VALUE".to_vec()];
+        assert_eq!(partial_tail(b"ends with T0K-S", &secrets), 5);
+        assert_eq!(partial_tail(b"ends with T0K-X", &secrets), 0);
+        assert_eq!(partial_tail(b"ends plainly\n", &secrets), 0);
     }
 
     #[tokio::test]

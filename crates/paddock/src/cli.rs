@@ -200,6 +200,18 @@ pub enum Command {
         #[arg(long = "default", value_name = "ACTION", value_parser = parse_action)]
         default_action: Option<paddock_core::egress::Action>,
     },
+    /// A sandbox's credential vault: show it (names, never values), set it whole from a JSON
+    /// file (OpenSandbox's `{"credentials": [...], "bindings": [...]}`; `-` reads stdin, so no
+    /// value is on a command line), or delete it.
+    Vault {
+        id: String,
+        /// Replace the vault with this file's credentials and bindings.
+        #[arg(long, value_name = "FILE", conflicts_with = "delete")]
+        set: Option<PathBuf>,
+        /// Remove the vault.
+        #[arg(long)]
+        delete: bool,
+    },
     /// Persistent workspaces keyed by an agent's thread id.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
@@ -306,6 +318,10 @@ pub struct SandboxOpts {
     /// rm`); add `:ro` for read-only. Repeatable.
     #[arg(long = "volume", short = 'v', value_name = "SRC:DEST[:ro]", value_parser = parse_volume)]
     volumes: Vec<VolumeArg>,
+    /// Give the sandbox a CA of its own in its trust store, so `paddock vault` may bind https
+    /// hosts (their TLS is decrypted by the egress enforcer to add the credentials).
+    #[arg(long)]
+    credential_proxy: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -426,6 +442,7 @@ impl SandboxOpts {
         spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
         spec.network = self.network();
         spec.volumes = self.volumes.iter().enumerate().map(|(i, v)| v.mount(i)).collect();
+        spec.credential_proxy = self.credential_proxy;
         spec.validate().map_err(|e| anyhow!("--{e}"))?;
         let thread =
             self.workspace.as_deref().map(|t| ThreadId::new(t).map_err(|e| anyhow!("--workspace: {e}"))).transpose()?;
@@ -721,6 +738,45 @@ pub async fn run(cli: Cli) -> Result<u8> {
                 status = rt.set_egress(&id, policy).await?;
             }
             output::egress(&status, json);
+            Ok(0)
+        }
+        Command::Vault { id, set, delete } => {
+            let id = sandbox_id(&id)?;
+            let mut vault = rt.vault(&id).await?;
+            if delete {
+                if vault.is_none() {
+                    bail!("sandbox {id} has no credential vault");
+                }
+                rt.set_vault(&id, None).await?;
+                vault = None;
+            } else if let Some(path) = set {
+                let text = if path.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("reading the vault from stdin")?
+                } else {
+                    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?
+                };
+                let req: paddock_core::vault::CreateRequest = serde_json::from_str(&text).with_context(|| {
+                    format!("{}: not a vault ({{\"credentials\": [...], \"bindings\": [...]}})", path.display())
+                })?;
+                let policy = rt.egress(&id).await?.policy;
+                let mut next = paddock_core::vault::Vault::create(req, &policy)?;
+                // A replacement is the next revision of the vault it replaces.
+                let revision = vault.as_ref().map_or(1, |v| v.revision + 1);
+                next.revision = revision;
+                for c in &mut next.credentials {
+                    c.revision = revision;
+                }
+                let https =
+                    next.bindings.iter().any(|b| b.matcher.schemes.contains(&paddock_core::vault::Scheme::Https));
+                if https && !rt.get(&id).await?.spec.credential_proxy {
+                    bail!(
+                        "sandbox {id} was made without --credential-proxy, so its https requests cannot be decrypted: bind the hosts over http, or make the sandbox with --credential-proxy"
+                    );
+                }
+                rt.set_vault(&id, Some(next.clone())).await?;
+                vault = Some(next);
+            }
+            output::vault(&id, vault.as_ref(), json);
             Ok(0)
         }
         Command::Workspace(cmd) => workspace(rt, naming, cmd, json).await,

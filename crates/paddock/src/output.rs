@@ -58,6 +58,39 @@ pub fn egress(s: &paddock_core::egress::EgressStatus, json: bool) {
     }
 }
 
+pub fn vault(id: &paddock_core::runtime::SandboxId, v: Option<&paddock_core::vault::Vault>, json: bool) {
+    let Some(v) = v else {
+        if json {
+            println!("null");
+        } else {
+            println!("sandbox {id} has no credential vault");
+        }
+        return;
+    };
+    let state = v.state();
+    if json {
+        print_json(&state);
+        return;
+    }
+    println!("revision:    {}", v.revision);
+    for c in &v.credentials {
+        println!("credential  {} (revision {})", c.name, c.revision);
+    }
+    for b in &v.bindings {
+        let m = &b.matcher;
+        let schemes: Vec<String> = m.schemes.iter().map(|s| format!("{s:?}").to_ascii_lowercase()).collect();
+        println!(
+            "binding     {}: {} {} {} {} -> {}",
+            b.name,
+            schemes.join(","),
+            m.hosts.join(","),
+            m.methods.join(","),
+            m.paths.join(","),
+            b.auth.type_name()
+        );
+    }
+}
+
 pub fn volumes(volumes: &[paddock_core::volume::NamedVolume], json: bool) {
     if json {
         print_json(&volumes);
