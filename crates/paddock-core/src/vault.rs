@@ -255,26 +255,82 @@ pub struct CreateRequest {
     pub bindings: Vec<Binding>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+/// What a change does to credentials or to bindings: `add` and `replace` take whole entries,
+/// `delete` takes names.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CredentialChanges {
-    #[serde(default)]
-    pub add: Vec<Credential>,
-    #[serde(default)]
-    pub replace: Vec<Credential>,
+pub struct Changes<T> {
+    #[serde(default = "Vec::new")]
+    pub add: Vec<T>,
+    #[serde(default = "Vec::new")]
+    pub replace: Vec<T>,
     #[serde(default)]
     pub delete: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BindingChanges {
-    #[serde(default)]
-    pub add: Vec<Binding>,
-    #[serde(default)]
-    pub replace: Vec<Binding>,
-    #[serde(default)]
-    pub delete: Vec<String>,
+impl<T> Default for Changes<T> {
+    fn default() -> Self {
+        Self { add: Vec::new(), replace: Vec::new(), delete: Vec::new() }
+    }
+}
+
+/// Entries a vault keeps by name.
+pub trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for Credential {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for Stored {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for Binding {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<T: Named> Changes<T> {
+    /// Refuses a name in more than one operation.
+    fn check_once(&self, what: &str) -> Result<(), VaultError> {
+        let mut seen = std::collections::HashSet::new();
+        let names = self.delete.iter().map(String::as_str);
+        for n in names.chain(self.replace.iter().map(Named::name)).chain(self.add.iter().map(Named::name)) {
+            if !seen.insert(n) {
+                return Err(invalid(format!("{what} {n} is in more than one operation")));
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.add.len() + self.replace.len() + self.delete.len()
+    }
+}
+
+/// Takes the entry named `name` out of `list`, or says it is not there.
+fn remove_named<T: Named>(list: &mut Vec<T>, name: &str, what: &str) -> Result<(), VaultError> {
+    let i = list
+        .iter()
+        .position(|x| x.name() == name)
+        .ok_or_else(|| VaultError::NotFound(format!("{what} not found: {name}")))?;
+    list.remove(i);
+    Ok(())
+}
+
+/// Refuses a request with more entries than a vault may hold before any of them is looked at.
+fn check_bounds(credentials: usize, bindings: usize) -> Result<(), VaultError> {
+    if credentials > MAX_ENTRIES || bindings > MAX_ENTRIES {
+        return Err(invalid(format!("a vault holds at most {MAX_ENTRIES} credentials and {MAX_ENTRIES} bindings")));
+    }
+    Ok(())
 }
 
 /// `PATCH /credential-vault`: deletes, then replaces, then adds, all or nothing.
@@ -284,9 +340,9 @@ pub struct MutationRequest {
     #[serde(default)]
     pub expected_revision: Option<u64>,
     #[serde(default)]
-    pub credentials: Option<CredentialChanges>,
+    pub credentials: Option<Changes<Credential>>,
     #[serde(default)]
-    pub bindings: Option<BindingChanges>,
+    pub bindings: Option<Changes<Binding>>,
 }
 
 /// Why a vault change is refused.
@@ -513,7 +569,14 @@ pub const PLACEHOLDER_PREFIX: &str = "paddock:secret:";
 impl Vault {
     /// The vault a create makes (revision 1).
     pub fn create(req: CreateRequest, policy: &EgressPolicy) -> Result<Vault, VaultError> {
-        let mut v = Vault { revision: 1, credentials: Vec::new(), bindings: Vec::new() };
+        Self::replacing(None, req, policy)
+    }
+
+    /// A whole new vault in place of `previous` (its next revision), or a first one.
+    pub fn replacing(previous: Option<&Vault>, req: CreateRequest, policy: &EgressPolicy) -> Result<Vault, VaultError> {
+        check_bounds(req.credentials.len(), req.bindings.len())?;
+        let revision = previous.map_or(1, |p| p.revision + 1);
+        let mut v = Vault { revision, credentials: Vec::new(), bindings: Vec::new() };
         for c in req.credentials {
             v.add_credential(c)?;
         }
@@ -538,7 +601,10 @@ impl Vault {
             return Err(invalid(format!("credential {}: the value may not hold control characters", c.name)));
         }
         if self.credentials.iter().any(|s| s.name == c.name) {
-            return Err(invalid(format!("credential {} is given twice", c.name)));
+            return Err(invalid(format!(
+                "credential {} is in the vault already (or given twice): replace it instead",
+                c.name
+            )));
         }
         self.credentials.push(Stored { name: c.name, value: c.source.value, revision: self.revision });
         Ok(())
@@ -546,7 +612,10 @@ impl Vault {
 
     fn add_binding(&mut self, mut b: Binding) -> Result<(), VaultError> {
         if self.bindings.iter().any(|x| x.name == b.name) {
-            return Err(invalid(format!("binding {} is given twice", b.name)));
+            return Err(invalid(format!(
+                "binding {} is in the vault already (or given twice): replace it instead",
+                b.name
+            )));
         }
         b.matcher = b.matcher.normalized();
         self.bindings.push(b);
@@ -564,63 +633,31 @@ impl Vault {
                 self.revision
             )));
         }
-        let mut v = self.clone();
-        v.revision += 1;
         let creds = req.credentials.unwrap_or_default();
         let binds = req.bindings.unwrap_or_default();
-        let mut seen = std::collections::HashSet::new();
-        for n in
-            creds.delete.iter().chain(creds.replace.iter().map(|c| &c.name)).chain(creds.add.iter().map(|c| &c.name))
-        {
-            if !seen.insert(("c", n.clone())) {
-                return Err(invalid(format!("credential {n} is in more than one operation")));
-            }
-        }
-        for n in
-            binds.delete.iter().chain(binds.replace.iter().map(|c| &c.name)).chain(binds.add.iter().map(|c| &c.name))
-        {
-            if !seen.insert(("b", n.clone())) {
-                return Err(invalid(format!("binding {n} is in more than one operation")));
-            }
-        }
+        check_bounds(self.credentials.len() + creds.len(), self.bindings.len() + binds.len())?;
+        creds.check_once("credential")?;
+        binds.check_once("binding")?;
+        let mut v = self.clone();
+        v.revision += 1;
         for n in &binds.delete {
-            let before = v.bindings.len();
-            v.bindings.retain(|b| &b.name != n);
-            if v.bindings.len() == before {
-                return Err(VaultError::NotFound(format!("binding not found: {n}")));
-            }
+            remove_named(&mut v.bindings, n, "binding")?;
         }
         for n in &creds.delete {
-            let before = v.credentials.len();
-            v.credentials.retain(|c| &c.name != n);
-            if v.credentials.len() == before {
-                return Err(VaultError::NotFound(format!("credential not found: {n}")));
-            }
+            remove_named(&mut v.credentials, n, "credential")?;
         }
         for c in creds.replace {
-            let Some(i) = v.credentials.iter().position(|s| s.name == c.name) else {
-                return Err(VaultError::NotFound(format!("credential not found: {}", c.name)));
-            };
-            v.credentials.remove(i);
+            remove_named(&mut v.credentials, &c.name, "credential")?;
             v.add_credential(c)?;
         }
         for b in binds.replace {
-            let Some(i) = v.bindings.iter().position(|x| x.name == b.name) else {
-                return Err(VaultError::NotFound(format!("binding not found: {}", b.name)));
-            };
-            v.bindings.remove(i);
+            remove_named(&mut v.bindings, &b.name, "binding")?;
             v.add_binding(b)?;
         }
         for c in creds.add {
-            if v.credentials.iter().any(|s| s.name == c.name) {
-                return Err(invalid(format!("credential {} already exists: replace it instead", c.name)));
-            }
             v.add_credential(c)?;
         }
         for b in binds.add {
-            if v.bindings.iter().any(|x| x.name == b.name) {
-                return Err(invalid(format!("binding {} already exists: replace it instead", b.name)));
-            }
             v.add_binding(b)?;
         }
         v.validate(policy)?;
@@ -630,9 +667,7 @@ impl Vault {
     /// Everything a vault must be, checked whole: names, references, bounds, hosts the egress
     /// policy allows, and no two bindings that could match one request.
     pub fn validate(&self, policy: &EgressPolicy) -> Result<(), VaultError> {
-        if self.credentials.len() > MAX_ENTRIES || self.bindings.len() > MAX_ENTRIES {
-            return Err(invalid(format!("a vault holds at most {MAX_ENTRIES} credentials and {MAX_ENTRIES} bindings")));
-        }
+        check_bounds(self.credentials.len(), self.bindings.len())?;
         for b in &self.bindings {
             b.validate(&self.credentials)?;
             for h in &b.matcher.hosts {
@@ -662,6 +697,11 @@ impl Vault {
             }
         }
         Ok(())
+    }
+
+    /// Whether a binding needs the sandbox's TLS decrypted (`SandboxSpec::credential_proxy`).
+    pub fn needs_credential_proxy(&self) -> bool {
+        self.bindings.iter().any(|b| b.matcher.schemes.contains(&Scheme::Https))
     }
 
     pub fn value(&self, credential: &str) -> Option<&Secret> {
@@ -860,6 +900,18 @@ mod tests {
         let missing: MutationRequest =
             serde_json::from_value(serde_json::json!({"bindings": {"delete": ["nope"]}})).unwrap();
         assert!(matches!(v3.mutate(missing, &p), Err(VaultError::NotFound(_))));
+    }
+
+    #[test]
+    fn a_request_past_the_bounds_is_refused_before_its_entries_are_read() {
+        let many = (0..=MAX_ENTRIES).map(|i| cred(&format!("c{i}"), "v")).collect();
+        let e = Vault::create(CreateRequest { credentials: many, bindings: vec![] }, &policy(&[])).unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        let v = Vault::create(CreateRequest { credentials: vec![], bindings: vec![] }, &policy(&[])).unwrap();
+        let add: Vec<serde_json::Value> =
+            (0..=MAX_ENTRIES).map(|i| serde_json::json!({"name": format!("c{i}"), "source": {"value": "v"}})).collect();
+        let m: MutationRequest = serde_json::from_value(serde_json::json!({"credentials": {"add": add}})).unwrap();
+        assert!(v.mutate(m, &policy(&[])).unwrap_err().to_string().contains("at most"));
     }
 
     #[test]

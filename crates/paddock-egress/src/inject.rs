@@ -35,7 +35,7 @@ const HOLD: Duration = Duration::from_millis(20);
 /// framing (lengths, chunk sizes) stays right. Only a tail that could be the start of a value
 /// is held back for the next read (or [`HOLD`]), so a value split between reads is caught and
 /// nothing else waits. Compressed bodies are not looked into.
-async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[Vec<u8>]) -> std::io::Result<()>
+async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[&[u8]]) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -78,7 +78,7 @@ where
 }
 
 /// The length of the longest tail of `buf` that is the start of a value (not the whole of it).
-fn partial_tail(buf: &[u8], secrets: &[Vec<u8>]) -> usize {
+fn partial_tail(buf: &[u8], secrets: &[&[u8]]) -> usize {
     let mut keep = 0;
     for s in secrets {
         let from = buf.len().saturating_sub(s.len() - 1);
@@ -132,12 +132,8 @@ where
         // The upstream answers what it was sent, then sees the end.
         let _ = uw.shutdown().await;
     };
-    let secrets: Vec<Vec<u8>> = vault
-        .credentials
-        .iter()
-        .map(|c| c.value.expose().as_bytes().to_vec())
-        .filter(|v| v.len() >= MIN_REDACTED)
-        .collect();
+    let secrets: Vec<&[u8]> =
+        vault.credentials.iter().map(|c| c.value.expose().as_bytes()).filter(|v| v.len() >= MIN_REDACTED).collect();
     let down = async {
         tokio::select! {
             _ = redact_copy(&mut ur, &mut cw, &secrets) => {}
@@ -196,7 +192,11 @@ where
             enf.injected();
         }
         let upgrade = req.method == "CONNECT" || req.header("upgrade").is_some();
-        match req.framing() {
+        let framing = match req.framing() {
+            Ok(f) => f,
+            Err(why) => return Some(why),
+        };
+        match framing {
             Framing::Length(n) if !body_subs.is_empty() && n <= MAX_SUBSTITUTED_BODY as u64 => {
                 let mut body = vec![0u8; n as usize];
                 if reader.read_exact(&mut body).await.is_err() {
@@ -233,7 +233,13 @@ where
 async fn read_head<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> Result<Option<Vec<u8>>, String> {
     let mut head = Vec::with_capacity(1024);
     loop {
-        let n = reader.read_until(b'\n', &mut head).await.map_err(|e| format!("reading a request: {e}"))?;
+        // Bounded: a line without an end must not grow without limit.
+        let room = (MAX_HEAD + 1).saturating_sub(head.len()) as u64;
+        let n = (&mut *reader)
+            .take(room)
+            .read_until(b'\n', &mut head)
+            .await
+            .map_err(|e| format!("reading a request: {e}"))?;
         if n == 0 {
             return if head.iter().all(|b| b.is_ascii_whitespace()) {
                 Ok(None)
@@ -323,31 +329,49 @@ impl Request {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
-    fn framing(&self) -> Framing {
-        if let Some(te) = self.header("transfer-encoding")
-            && te.rsplit(',').next().is_some_and(|l| l.trim().eq_ignore_ascii_case("chunked"))
-        {
-            return Framing::Chunked;
+    /// Where the body ends, as the upstream will see it. A request two parsers could frame
+    /// differently (both lengths, lengths that disagree, an encoding that is not chunked last)
+    /// is refused: the bytes the enforcer takes for a body must never be a request the upstream
+    /// runs unchecked, nor the other way round.
+    fn framing(&self) -> Result<Framing, String> {
+        let values = |name: &str| -> Vec<&str> {
+            self.headers.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()).collect()
+        };
+        let (te, cl) = (values("transfer-encoding"), values("content-length"));
+        if !te.is_empty() {
+            let last = te.iter().flat_map(|v| v.split(',')).last().unwrap_or("").trim();
+            if !cl.is_empty() || !last.eq_ignore_ascii_case("chunked") {
+                return Err("a request whose body length is ambiguous (Transfer-Encoding with Content-Length, or not chunked last)".into());
+            }
+            return Ok(Framing::Chunked);
         }
-        match self.header("content-length").and_then(|v| v.trim().parse::<u64>().ok()) {
-            Some(n) if n > 0 => Framing::Length(n),
-            _ => Framing::None,
+        let mut lengths = cl.iter().flat_map(|v| v.split(',')).map(|v| v.trim().parse::<u64>());
+        match lengths.next() {
+            None => Ok(Framing::None),
+            Some(Ok(n)) if lengths.all(|m| m.as_ref().is_ok_and(|m| *m == n)) => {
+                Ok(if n == 0 { Framing::None } else { Framing::Length(n) })
+            }
+            _ => Err("a request whose Content-Length is not one number".into()),
         }
     }
 }
 
-/// (placeholder, value) pairs to replace in a request's body.
-type BodySubstitutions = Vec<(String, String)>;
+/// (placeholder, value) pairs to replace in a request's body, borrowed from the vault.
+type BodySubstitutions<'v> = Vec<(String, &'v str)>;
 
 /// The rewritten head, and the substitutions still to do in the body.
-fn rewrite(req: &Request, binding: Option<&Binding>, vault: &Vault) -> Result<(Vec<u8>, BodySubstitutions), String> {
-    let subs: Vec<(Place, String, String)> = match binding {
+fn rewrite<'v>(
+    req: &Request,
+    binding: Option<&Binding>,
+    vault: &'v Vault,
+) -> Result<(Vec<u8>, BodySubstitutions<'v>), String> {
+    let subs: Vec<(Place, String, &'v str)> = match binding {
         Some(b) => {
             let mut s = Vec::new();
             for sub in b.auth.substitutions() {
                 let v = vault.value(&sub.credential).ok_or("a binding refers to a missing credential")?;
                 for p in &sub.places {
-                    s.push((*p, sub.placeholder.clone(), v.expose().to_string()));
+                    s.push((*p, sub.placeholder.clone(), v.expose()));
                 }
             }
             // `paddock:secret:NAME` resolves to any of the vault's credentials, on a request a
@@ -355,7 +379,7 @@ fn rewrite(req: &Request, binding: Option<&Binding>, vault: &Vault) -> Result<(V
             for c in &vault.credentials {
                 let ph = format!("{PLACEHOLDER_PREFIX}{}", c.name);
                 for p in [Place::Header, Place::Query, Place::Path] {
-                    s.push((p, ph.clone(), c.value.expose().to_string()));
+                    s.push((p, ph.clone(), c.value.expose()));
                 }
             }
             s
@@ -366,7 +390,7 @@ fn rewrite(req: &Request, binding: Option<&Binding>, vault: &Vault) -> Result<(V
         let mut out = text.to_string();
         for (p, ph, v) in &subs {
             if *p == place && out.contains(ph.as_str()) {
-                let v = if encode { percent_encode(v) } else { v.clone() };
+                let v = if encode { percent_encode(v) } else { (*v).to_string() };
                 out = out.replace(ph.as_str(), &v);
             }
         }
@@ -438,7 +462,7 @@ fn contains_encoded_placeholder(s: &str) -> bool {
 }
 
 /// Placeholders inside `Basic base64(user:password)`: decoded, resolved, encoded again.
-fn resolve_basic(b64: &str, subs: &[(Place, String, String)]) -> Option<String> {
+fn resolve_basic(b64: &str, subs: &[(Place, String, &str)]) -> Option<String> {
     use base64::Engine as _;
     let e = base64::engine::general_purpose::STANDARD;
     let plain = String::from_utf8(e.decode(b64.trim()).ok()?).ok()?;
@@ -455,30 +479,29 @@ fn resolve_basic(b64: &str, subs: &[(Place, String, String)]) -> Option<String> 
     (out != plain).then(|| e.encode(out))
 }
 
+/// Everything but RFC 3986's unreserved characters, so a value stays one path segment or one
+/// query value.
+const COMPONENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 fn percent_encode(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(v, COMPONENT).to_string()
 }
 
-fn substitute_body(body: &[u8], subs: &[(String, String)], content_type: &str) -> Vec<u8> {
+fn substitute_body(body: &[u8], subs: &[(String, &str)], content_type: &str) -> Vec<u8> {
     let Ok(text) = std::str::from_utf8(body) else { return body.to_vec() };
     let ct = content_type.to_ascii_lowercase();
     let mut out = text.to_string();
     for (ph, v) in subs {
         let v = if ct.contains("json") {
-            let quoted = serde_json::to_string(v).unwrap_or_default();
-            quoted[1..quoted.len() - 1].to_string()
+            // The value inside a JSON string: quoted, then without its quotes.
+            let quoted = serde_json::Value::from(*v).to_string();
+            let inner = quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"'));
+            inner.unwrap_or(&quoted).to_string()
         } else if ct.contains("x-www-form-urlencoded") {
             percent_encode(v)
         } else {
-            v.clone()
+            (*v).to_string()
         };
         out = out.replace(ph.as_str(), &v);
     }
@@ -588,7 +611,7 @@ mod tests {
         let (out, body) = rewrite(&r, b, &v).unwrap();
         let out = String::from_utf8(out).unwrap();
         assert!(out.starts_with("GET /p/x?k=a%20b%26c&t=T0K HTTP/1.1\r\n"), "{out}");
-        assert_eq!(body, vec![("__Q__".to_string(), "a b&c".to_string())]);
+        assert_eq!(body, vec![("__Q__".to_string(), "a b&c")]);
         let unbound = head("GET /other?t=paddock:secret:tok HTTP/1.1\r\nHost: api.test\r\n\r\n");
         let e = rewrite(&unbound, None, &v).unwrap_err();
         assert!(e.contains("no credential binding matches"), "{e}");
@@ -596,9 +619,37 @@ mod tests {
         let b = v.binding_for(Scheme::Http, &unknown.host, 80, &unknown.method, &unknown.path).unwrap();
         assert!(rewrite(&unknown, b, &v).unwrap_err().contains("names no credential"));
         assert_eq!(
-            substitute_body(br#"{"s": "__Q__"}"#, &[("__Q__".into(), "a\"b".into())], "application/json"),
+            substitute_body(br#"{"s": "__Q__"}"#, &[("__Q__".into(), "a\"b")], "application/json"),
             br#"{"s": "a\"b"}"#.to_vec()
         );
+        assert_eq!(
+            substitute_body(br#"{"s": "__Q__"}"#, &[("__Q__".into(), "ends\"")], "application/json"),
+            br#"{"s": "ends\""}"#.to_vec()
+        );
+    }
+
+    #[test]
+    fn a_body_two_parsers_could_frame_differently_is_refused() {
+        let framing = |h: &str| head(&format!("POST /b/x HTTP/1.1\r\nHost: api.test\r\n{h}\r\n")).framing();
+        assert!(matches!(framing("Content-Length: 3\r\n"), Ok(Framing::Length(3))));
+        assert!(matches!(framing("Content-Length: 3, 3\r\n"), Ok(Framing::Length(3))));
+        assert!(matches!(framing("Transfer-Encoding: gzip, chunked\r\n"), Ok(Framing::Chunked)));
+        for bad in [
+            "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+            "Content-Length: 3\r\nContent-Length: 4\r\n",
+            "Content-Length: -1\r\n",
+            "Transfer-Encoding: chunked, gzip\r\n",
+        ] {
+            assert!(framing(bad).is_err(), "{bad:?} was framed");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_without_an_end_is_refused_at_its_bound() {
+        let endless = vec![b'A'; MAX_HEAD * 4];
+        let mut reader = BufReader::new(&endless[..]);
+        let e = read_head(&mut reader).await.unwrap_err();
+        assert!(e.contains("larger than"), "{e}");
     }
 
     #[tokio::test]
@@ -612,12 +663,12 @@ mod tests {
             }
         });
         let mut out = Vec::new();
-        redact_copy(&mut rx, &mut out, &[b"T0K-SECRET-VALUE".to_vec()]).await.unwrap();
+        redact_copy(&mut rx, &mut out, &[b"T0K-SECRET-VALUE"]).await.unwrap();
         writer.await.unwrap();
         let out = String::from_utf8(out).unwrap();
         assert_eq!(out, "HTTP/1.1 200 OK\r\n\r\nyour token is **************** and again ****************.");
         // Only a tail that could start a value is held back.
-        let secrets = [b"T0K-SECRET-VALUE".to_vec()];
+        let secrets: [&[u8]; 1] = [b"T0K-SECRET-VALUE"];
         assert_eq!(partial_tail(b"ends with T0K-S", &secrets), 5);
         assert_eq!(partial_tail(b"ends with T0K-X", &secrets), 0);
         assert_eq!(partial_tail(b"ends plainly\n", &secrets), 0);

@@ -21,7 +21,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Leaf certificates kept per sandbox; beyond it the cache starts again.
+/// Hosts whose certificate and TLS configuration are kept per sandbox; beyond it the cache
+/// starts again.
 const LEAF_CACHE: usize = 256;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -53,7 +54,8 @@ pub fn generate_ca(label: &str) -> Result<(String, String), String> {
 /// What the enforcer intercepts with: the sandbox's CA and how it checks upstreams.
 pub struct Interception {
     issuer: Issuer<'static, KeyPair>,
-    leaves: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    /// Per bound host: its leaf in a server configuration, made on the first connection.
+    servers: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
     upstream: Arc<rustls::ClientConfig>,
 }
 
@@ -86,15 +88,12 @@ impl Interception {
         upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self {
             issuer: Issuer::new(ca_params(label), key),
-            leaves: Mutex::new(HashMap::new()),
+            servers: Mutex::new(HashMap::new()),
             upstream: Arc::new(upstream),
         })
     }
 
     fn leaf(&self, host: &str) -> Result<Arc<CertifiedKey>, String> {
-        if let Some(c) = self.leaves.lock().unwrap_or_else(|e| e.into_inner()).get(host) {
-            return Ok(c.clone());
-        }
         let key = KeyPair::generate().map_err(|e| e.to_string())?;
         let mut p = CertificateParams::new(vec![host.to_string()]).map_err(|e| e.to_string())?;
         p.distinguished_name = DistinguishedName::new();
@@ -108,25 +107,27 @@ impl Interception {
         let cert = p.signed_by(&key, &self.issuer).map_err(|e| e.to_string())?;
         let der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| e.to_string())?;
         let signing = provider().key_provider.load_private_key(der).map_err(|e| e.to_string())?;
-        let certified = Arc::new(CertifiedKey::new(vec![cert.der().clone()], signing));
-        let mut leaves = self.leaves.lock().unwrap_or_else(|e| e.into_inner());
-        if leaves.len() >= LEAF_CACHE {
-            leaves.clear();
-        }
-        leaves.insert(host.to_string(), certified.clone());
-        Ok(certified)
+        Ok(Arc::new(CertifiedKey::new(vec![cert.der().clone()], signing)))
     }
 
     /// Server side of a connection to `host`: only `http/1.1`, only `host`'s certificate.
     pub fn acceptor(&self, host: &str) -> Result<tokio_rustls::TlsAcceptor, String> {
-        let leaf = self.leaf(host)?;
+        if let Some(c) = self.servers.lock().unwrap_or_else(|e| e.into_inner()).get(host) {
+            return Ok(tokio_rustls::TlsAcceptor::from(c.clone()));
+        }
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(One(leaf)));
+            .with_cert_resolver(Arc::new(One(self.leaf(host)?)));
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+        let config = Arc::new(config);
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        if servers.len() >= LEAF_CACHE {
+            servers.clear();
+        }
+        servers.insert(host.to_string(), config.clone());
+        Ok(tokio_rustls::TlsAcceptor::from(config))
     }
 
     pub fn connector(&self) -> tokio_rustls::TlsConnector {

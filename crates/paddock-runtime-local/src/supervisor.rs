@@ -340,12 +340,15 @@ impl Supervisor {
         }
         .map_err(sys("preparing the sandbox root"))?;
         // The credential proxy's CA, and the root's trust store with it, in /run/paddock.
-        let run_files = match fs::read(crate::vault::ca_cert_file(&dd, &id)) {
-            Ok(ca) if spec.credential_proxy => vec![
+        let ca = spec.credential_proxy.then(|| fs::read(crate::vault::ca_cert_file(&dd, &id)));
+        let run_files = match ca {
+            Some(Ok(ca)) => vec![
                 (PathBuf::from("paddock/ca.pem"), ca.clone()),
                 (PathBuf::from("paddock/ca-bundle.pem"), crate::vault::bundle(&source, &ca)),
             ],
-            _ => Vec::new(),
+            // Its variables name these files: a sandbox without them would fail every TLS call.
+            Some(Err(e)) => return Err(RuntimeError::from_io("reading the sandbox's credential-proxy CA", &e)),
+            None => Vec::new(),
         };
         let plan = RootPlan {
             skeleton,

@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::SandboxId;
-use paddock_core::vault::{CreateRequest, MutationRequest, Scheme, Vault, VaultError};
+use paddock_core::vault::{CreateRequest, MutationRequest, Vault, VaultError};
 use serde_json::json;
 
 use crate::ApiJson;
@@ -56,8 +56,7 @@ async fn current(state: &AppState, id: &str) -> ApiResult<(SandboxId, Option<Vau
 
 /// Checks a new vault against what the sandbox can do and puts it in force.
 async fn apply(state: &AppState, sid: &SandboxId, vault: Vault) -> ApiResult<()> {
-    let https = vault.bindings.iter().any(|b| b.matcher.schemes.contains(&Scheme::Https));
-    if https && !state.rt.get(sid).await?.spec.credential_proxy {
+    if vault.needs_credential_proxy() && !state.rt.get(sid).await?.spec.credential_proxy {
         return Err(ApiError::new(
             StatusCode::PRECONDITION_FAILED,
             "CREDENTIAL_PROXY_DISABLED",
@@ -118,13 +117,18 @@ async fn delete(State(state): State<AppState>, Path(p): Path<HashMap<String, Str
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `{revision, <key>}`: one list of the vault's sanitized state.
+async fn listing(state: &AppState, id: &str, key: &str) -> ApiResult<Response> {
+    let (sid, vault) = current(state, id).await?;
+    let s = vault.ok_or_else(|| no_vault(&sid))?.state();
+    Ok(axum::Json(json!({"revision": s["revision"], key: s[key]})).into_response())
+}
+
 async fn list_credentials(
     State(state): State<AppState>,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let s = vault.ok_or_else(|| no_vault(&sid))?.state();
-    Ok(axum::Json(json!({"revision": s["revision"], "credentials": s["credentials"]})).into_response())
+    listing(&state, id_of(&p), "credentials").await
 }
 
 async fn get_credential(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
@@ -136,9 +140,7 @@ async fn get_credential(State(state): State<AppState>, Path(p): Path<HashMap<Str
 }
 
 async fn list_bindings(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let s = vault.ok_or_else(|| no_vault(&sid))?.state();
-    Ok(axum::Json(json!({"revision": s["revision"], "bindings": s["bindings"]})).into_response())
+    listing(&state, id_of(&p), "bindings").await
 }
 
 async fn get_binding(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {

@@ -26,7 +26,18 @@ async fn every_route(s: &Server, id: &str) -> Vec<(String, String)> {
     for method in ["GET", "PUT", "POST", "PATCH", "DELETE"] {
         routes.push((method.into(), format!("/v1/sandboxes/{id}/proxy/18080/policy")));
     }
-    routes.push(("POST".into(), format!("/v1/sandboxes/{id}/proxy/18080/credential-vault/credentials")));
+    // The vault changes what the sandbox's requests carry: every method on each of its paths.
+    for rest in [
+        "credential-vault",
+        "credential-vault/credentials",
+        "credential-vault/credentials/p1",
+        "credential-vault/bindings",
+        "credential-vault/bindings/p1",
+    ] {
+        for method in ["GET", "PUT", "POST", "PATCH", "DELETE"] {
+            routes.push((method.into(), format!("/v1/sandboxes/{id}/proxy/18080/{rest}")));
+        }
+    }
     routes
 }
 

@@ -759,16 +759,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
                     format!("{}: not a vault ({{\"credentials\": [...], \"bindings\": [...]}})", path.display())
                 })?;
                 let policy = rt.egress(&id).await?.policy;
-                let mut next = paddock_core::vault::Vault::create(req, &policy)?;
-                // A replacement is the next revision of the vault it replaces.
-                let revision = vault.as_ref().map_or(1, |v| v.revision + 1);
-                next.revision = revision;
-                for c in &mut next.credentials {
-                    c.revision = revision;
-                }
-                let https =
-                    next.bindings.iter().any(|b| b.matcher.schemes.contains(&paddock_core::vault::Scheme::Https));
-                if https && !rt.get(&id).await?.spec.credential_proxy {
+                let next = paddock_core::vault::Vault::replacing(vault.as_ref(), req, &policy)?;
+                if next.needs_credential_proxy() && !rt.get(&id).await?.spec.credential_proxy {
                     bail!(
                         "sandbox {id} was made without --credential-proxy, so its https requests cannot be decrypted: bind the hosts over http, or make the sandbox with --credential-proxy"
                     );
