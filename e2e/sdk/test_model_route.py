@@ -109,3 +109,46 @@ def test_the_openai_client_calls_its_model_and_the_key_stays_outside(model_serve
         assert found == ["0"], found
     assert [p for p, _ in Upstream.seen] == ["/v1/chat/completions", "/v1/chat/completions"], Upstream.seen
     assert all(auth == f"Bearer {KEY}" for _, auth in Upstream.seen), Upstream.seen
+
+
+CALLS = """
+import json, os, sys, time, urllib.error, urllib.request
+for i in range(3):
+    req = urllib.request.Request(os.environ["PADDOCK_LLM_BASE"] + "/chat/completions",
+        data=json.dumps({"model": "m-1", "messages": [{"role": "user", "content": "ping"}]}).encode(),
+        headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            print("call", i, r.status, json.load(r)["usage"]["total_tokens"])
+    except urllib.error.HTTPError as e:
+        body = json.load(e)
+        print("call", i, e.code, body["code"], "modelTokens" in body["message"])
+    time.sleep(1)
+"""
+
+
+def test_a_tenants_model_tokens_are_counted_and_its_quota_refuses_with_429(model_server):
+    import subprocess
+    from datetime import timedelta
+
+    from opensandbox import SandboxSync
+    from opensandbox.config import ConnectionConfigSync
+
+    from conftest import IMAGE, PADDOCK_BIN
+
+    server, _ = model_server
+    done = subprocess.run(
+        [str(PADDOCK_BIN), "--data-dir", str(server.data_dir), "tenant", "add", "tokens", "--max-model-tokens", "3"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    key = done.stdout.strip().splitlines()[-1]
+    cfg = ConnectionConfigSync(domain=server.domain, api_key=key, request_timeout=timedelta(seconds=60))
+    sb = SandboxSync.create(IMAGE, connection_config=cfg, timeout=timedelta(minutes=10))
+    try:
+        sb.files.write_file("/workspace/calls.py", CALLS)
+        lines = run_ok(sb, "python3 /workspace/calls.py")
+        # 2 tokens a call: the first two fit under 3, the third finds 4 spent.
+        assert lines == ["call 0 200 2", "call 1 200 2", "call 2 429 QUOTA_EXCEEDED True"], lines
+    finally:
+        sb.kill()
+        sb.close()

@@ -55,6 +55,8 @@ pub struct ServerConfig {
     pub llm: Option<crate::llm::LlmConfig>,
     /// Caps and the idle time of WebSockets through the port proxy (`tunnels`).
     pub tunnels: crate::tunnels::TunnelLimits,
+    /// Tenants besides the database's (`--tenants FILE`, see `tenants`).
+    pub tenants_file: Option<PathBuf>,
 }
 
 /// The least `max_request_memory`: one `files/replace` of the largest file it edits (64 MiB,
@@ -138,6 +140,7 @@ mod tests {
             runs: crate::runs::RunOptions::for_tests(),
             llm: None,
             tunnels: Default::default(),
+            tenants_file: None,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod secrets;
 mod slow;
 pub mod state;
 pub mod store;
+pub mod tenants;
 pub mod time_fmt;
 pub mod tunnels;
 mod unread;
@@ -35,7 +36,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -82,6 +83,8 @@ pub enum ServeError {
     Gateway { cause: std::io::Error },
     #[error("{0}")]
     Llm(String),
+    #[error(transparent)]
+    Tenants(#[from] tenants::TenantError),
 }
 
 /// Starts the work a server does besides answering requests: runs are taken back from servers
@@ -91,6 +94,7 @@ pub enum ServeError {
 pub async fn start_background(state: &AppState) {
     state.runs.recover().await;
     tokio::spawn(state.runs.clone().schedule());
+    tokio::spawn(state.tenants.clone().keep_fresh());
 }
 
 /// Builds the whole application around a runtime.
@@ -112,6 +116,8 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
     let store = store::Store::open(&path)
         .await
         .map_err(|cause| ServeError::Store { path: path.display().to_string(), cause })?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let tenants = tenants::Tenants::open(store.pool().clone(), config.tenants_file.clone(), metrics.clone()).await?;
     let config_budget = config.max_request_memory;
     let config_data_dir = config.data_dir.clone();
     let rt: Arc<dyn Runtime> = Arc::new(deadline::Deadlined::new(rt, config.deadlines));
@@ -129,7 +135,9 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
         },
     );
     let model_route = match &config.llm {
-        Some(c) => Some(llm::router(llm::Llm::new(c.clone(), token_key.clone()).map_err(ServeError::Llm)?)),
+        Some(c) => {
+            Some(llm::router(llm::Llm::new(c.clone(), token_key.clone(), tenants.clone()).map_err(ServeError::Llm)?))
+        }
         None => None,
     };
     runs::gateway::listen(runs.clone(), model_route).await.map_err(|cause| ServeError::Gateway { cause })?;
@@ -139,7 +147,7 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
         store,
         config: Arc::new(config),
         commands: Arc::new(execd::Commands::default()),
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics,
         draining: Arc::new(AtomicBool::new(false)),
         token_key,
         tickets: Default::default(),
@@ -150,6 +158,7 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
         runs: runs.clone(),
         renewals: Default::default(),
         activity: Default::default(),
+        tenants,
     };
     lifecycle::reconcile(&state).await;
     Ok(state)
@@ -252,9 +261,19 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
-    let Some(expected) = &state.config.api_key else { return Ok(()) };
-    let given = req.headers().get(API_KEY_HEADER).or_else(|| req.headers().get(API_KEY_ALIAS));
+/// The API key came in `X-API-Key`, which the port proxy then strips (a sandbox's own
+/// application may use that header for itself, so it goes only when it was ours).
+#[derive(Clone, Copy)]
+pub(crate) struct KeyInAlias;
+
+/// The tenant whose API key the request carries: the server's own key is the default tenant,
+/// and a tenant's key (`tenants`) its tenant. Without auth, everything is the default tenant's.
+async fn api_key_tenant(state: &AppState, headers: &HeaderMap) -> Result<(tenants::Tenant, bool), ApiError> {
+    let Some(expected) = &state.config.api_key else { return Ok((tenants::Tenant::default_tenant(), false)) };
+    let (given, alias) = match headers.get(API_KEY_HEADER) {
+        Some(v) => (Some(v), false),
+        None => (headers.get(API_KEY_ALIAS), true),
+    };
     match given {
         None => Err(ApiError::unauthorized(
             "MISSING_API_KEY",
@@ -263,16 +282,66 @@ fn api_key_ok(state: &AppState, req: &Request) -> Result<(), ApiError> {
                 state.config.api_key_location
             ),
         )),
-        Some(v) if constant_time_eq(v.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::unauthorized(
-            "INVALID_API_KEY",
-            format!("invalid API key in OPEN-SANDBOX-API-KEY: this server's key is {}", state.config.api_key_location),
-        )),
+        Some(v) if constant_time_eq(v.as_bytes(), expected.as_bytes()) => {
+            Ok((tenants::Tenant::default_tenant(), alias))
+        }
+        Some(v) => match v.to_str().ok().filter(|k| k.starts_with("pdk_")) {
+            Some(k) => match state.tenants.resolve(k).await {
+                Some(t) => Ok((t, alias)),
+                None => Err(ApiError::unauthorized(
+                    "INVALID_API_KEY",
+                    "invalid API key: no tenant has this key (a rotated key stops working when its grace ends; ask the operator for the current one: paddock tenant rotate)",
+                )),
+            },
+            None => Err(ApiError::unauthorized(
+                "INVALID_API_KEY",
+                format!(
+                    "invalid API key in OPEN-SANDBOX-API-KEY: this server's key is {}",
+                    state.config.api_key_location
+                ),
+            )),
+        },
     }
 }
 
-async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    match api_key_ok(&state, &req) {
+/// Marks the request with its tenant, and refuses one for an object of another tenant with the
+/// same 404 as for one that does not exist (so no tenant learns another's ids).
+async fn admit(state: &AppState, req: &mut Request, tenant: tenants::Tenant, alias: bool) -> Result<(), ApiError> {
+    let path = req.uri().path().to_owned();
+    tenant_owns_path(state, &tenant, &path).await?;
+    if alias {
+        req.extensions_mut().insert(KeyInAlias);
+    }
+    req.extensions_mut().insert(tenant);
+    Ok(())
+}
+
+/// The one place a sandbox's tenant is compared with the caller's, for every route under
+/// `/sandboxes/{id}` (lifecycle, execd, egress, vault, port proxy, tickets, links).
+async fn tenant_owns_path(state: &AppState, tenant: &tenants::Tenant, path: &str) -> Result<(), ApiError> {
+    if tenant.is_default() && !state.tenants.any() {
+        return Ok(());
+    }
+    let Some(id) = sandbox_id_of(path) else { return Ok(()) };
+    let owner = state.store.tenant_of(&id).await?;
+    let mine = match owner {
+        Some(owner) => owner == tenant.as_str(),
+        // Not recorded yet: only the default tenant may adopt what the CLI made.
+        None => tenant.is_default(),
+    };
+    if mine {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes")))
+    }
+}
+
+async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let admitted = match api_key_tenant(&state, req.headers()).await {
+        Ok((tenant, alias)) => admit(&state, &mut req, tenant, alias).await,
+        Err(e) => Err(e),
+    };
+    match admitted {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
@@ -280,8 +349,8 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
 
 /// Sandbox routes accept the API key (proxy mode) or the token of that very sandbox (direct
 /// mode, where the SDK sends only the endpoint's headers). A token never opens another sandbox.
-async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Err(refused) = key_or_token(&state, &req) {
+async fn require_key_or_sandbox_token(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if let Err(refused) = key_or_token(&state, &mut req).await {
         return refused.into_response();
     }
     // An authorised request to a sandbox is a use of it (the idle reaper's clock) until its
@@ -297,11 +366,12 @@ async fn require_key_or_sandbox_token(State(state): State<AppState>, req: Reques
     }
 }
 
-/// Whether a request may reach a sandbox's routes: the API key, a route's own grant for that
-/// sandbox, or that very sandbox's token.
-fn key_or_token(state: &AppState, req: &Request) -> Result<(), ApiError> {
-    if api_key_ok(state, req).is_ok() {
-        return Ok(());
+/// Whether a request may reach a sandbox's routes: the API key of the sandbox's tenant, a
+/// route's own grant for that sandbox, or that very sandbox's token.
+async fn key_or_token(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
+    let keyed = api_key_tenant(state, req.headers()).await;
+    if let Ok((tenant, alias)) = keyed {
+        return admit(state, req, tenant, alias).await;
     }
     // A signed route or a ticket opens the sandbox it was made for, and no other.
     if let Some(routes::RouteGrant(id)) = req.extensions().get::<routes::RouteGrant>()
@@ -311,7 +381,7 @@ fn key_or_token(state: &AppState, req: &Request) -> Result<(), ApiError> {
     }
     // A token is checked against the id in the path, so it never opens another sandbox.
     let token = req.headers().get(SANDBOX_TOKEN_HEADER).or_else(|| req.headers().get(EXECD_TOKEN_HEADER));
-    let Some((id, token)) = sandbox_id_of(req.uri().path()).zip(token) else { return api_key_ok(state, req) };
+    let Some((id, token)) = sandbox_id_of(req.uri().path()).zip(token) else { return keyed.map(drop) };
     // The egress port changes what the sandbox may reach, which the sandbox's own token must not
     // (whoever holds it runs code in the sandbox): it takes the API key or the egress token that
     // only an endpoint of port 18080, asked for with the API key, hands out. The sandbox's token

@@ -22,6 +22,7 @@ use crate::resources::parse_cpu;
 use crate::resources::parse_memory;
 use crate::state::AppState;
 use crate::store::{SandboxRow, now_ms};
+use crate::tenants::{TENANT_LABEL, Tenant, scoped, unscoped};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
 use crate::{ApiJson, SANDBOX_TOKEN_HEADER};
 
@@ -72,14 +73,32 @@ async fn capabilities(State(state): State<AppState>) -> axum::Json<paddock_core:
 }
 
 /// `GET /v1/volumes`: the named volumes the runtime keeps (OpenSandbox's `pvc` volumes).
-async fn list_volumes(State(state): State<AppState>) -> ApiResult<axum::Json<Vec<paddock_core::volume::NamedVolume>>> {
-    Ok(axum::Json(state.rt.volumes().await?))
+async fn list_volumes(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> ApiResult<axum::Json<Vec<paddock_core::volume::NamedVolume>>> {
+    let mine = state
+        .rt
+        .volumes()
+        .await?
+        .into_iter()
+        .filter_map(|mut v| {
+            v.name = unscoped(&tenant, &v.name)?.to_owned();
+            Some(v)
+        })
+        .collect();
+    Ok(axum::Json(mine))
 }
 
 /// `DELETE /v1/volumes/{name}`: deletes a named volume and its files; 409 while mounted.
-async fn delete_volume(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_volume(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
     paddock_core::volume::validate_volume_name(&name).map_err(|e| ApiError::bad_request(e.message))?;
-    state.rt.delete_volume(&name).await?;
+    crate::tenants::check_user_name("volume", &name)?;
+    state.rt.delete_volume(&scoped(&tenant, &name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -179,10 +198,20 @@ struct PvcVolume {
 }
 
 impl ApiVolume {
-    fn mount(self) -> ApiResult<paddock_core::volume::VolumeMount> {
+    fn mount(self, tenant: &Tenant) -> ApiResult<paddock_core::volume::VolumeMount> {
         use paddock_core::volume::{VolumeMount, VolumeSource};
         let name = self.name;
         let source = match (self.host, self.pvc, self.ossfs) {
+            // A host path is the operator's to share; a tenant reaches only what is its own.
+            (Some(_), None, None) if !tenant.is_default() => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "HOST_VOLUME_FORBIDDEN",
+                    format!(
+                        "volume {name}: host paths may be mounted with the server's own key only; a tenant uses named volumes (pvc)"
+                    ),
+                ));
+            }
             (Some(h), None, None) => VolumeSource::Host { path: h.path },
             (None, Some(p), None) => {
                 if p.storage_class.is_some() {
@@ -208,8 +237,9 @@ impl ApiVolume {
                         })
                     })
                     .transpose()?;
+                crate::tenants::check_user_name(&format!("volume {name}: claimName"), &p.claim_name)?;
                 VolumeSource::Named {
-                    name: p.claim_name,
+                    name: scoped(tenant, &p.claim_name),
                     create: p.create_if_not_exists.unwrap_or(true),
                     delete_with_sandbox: p.delete_on_sandbox_termination.unwrap_or(false),
                     size_bytes,
@@ -336,7 +366,7 @@ struct Planned {
     thread: Option<ThreadId>,
 }
 
-fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
+fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResult<Planned> {
     if req.snapshot_id.is_some() {
         return Err(unsupported("restoring from a snapshot (snapshotId)"));
     }
@@ -422,8 +452,11 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
         }
     }
     validate_metadata(&req.metadata)?;
-    spec.volumes = req.volumes.into_iter().map(ApiVolume::mount).collect::<ApiResult<_>>()?;
+    spec.volumes = req.volumes.into_iter().map(|v| v.mount(tenant)).collect::<ApiResult<_>>()?;
     spec.labels = req.metadata;
+    if !tenant.is_default() {
+        spec.labels.insert(TENANT_LABEL.to_owned(), tenant.as_str().to_owned());
+    }
     // Marks the sandbox as the API's, so that a reconcile never adopts it while its row is
     // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
     spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
@@ -456,7 +489,11 @@ fn plan(state: &AppState, req: CreateSandboxRequest) -> ApiResult<Planned> {
     let thread = req
         .extensions
         .get("workspace")
-        .map(|t| ThreadId::new(t.as_str()).map_err(|e| ApiError::bad_request(format!("extensions.workspace: {e}"))))
+        .map(|t| {
+            ThreadId::new(t.as_str()).map_err(|e| ApiError::bad_request(format!("extensions.workspace: {e}")))?;
+            crate::tenants::check_user_name("extensions.workspace", t)?;
+            ThreadId::new(scoped(tenant, t)).map_err(|e| ApiError::bad_request(format!("extensions.workspace: {e}")))
+        })
         .transpose()?;
     let entrypoint = req.entrypoint;
     if entrypoint.as_ref().is_some_and(|e| e.is_empty() || e[0].is_empty()) {
@@ -505,7 +542,11 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
 // ---------------------------------------------------------------------------------------------
 // Handlers
 
-async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandboxRequest>) -> ApiResult<Response> {
+async fn create(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> ApiResult<Response> {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::unavailable(
             "the server is shutting down and creates no new sandboxes: retry on another server",
@@ -513,7 +554,8 @@ async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandb
     }
     let started = Instant::now();
     let extensions = req.extensions.clone();
-    let planned = plan(&state, req)?;
+    let planned = plan(&state, &tenant, req)?;
+    let reservation = reserve(&state, &tenant, &planned).await?;
     // In a task of its own: a client that goes away mid-create must not leave a sandbox the
     // runtime made and the store never heard of.
     let made = tokio::spawn({
@@ -523,7 +565,9 @@ async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandb
                 Some(t) => state.rt.acquire(t, planned.spec.clone()).await?,
                 None => state.rt.create(planned.spec.clone()).await?,
             };
-            record(&state, &info, &planned, extensions).await
+            let row = record(&state, &info, &planned, extensions, &tenant).await;
+            drop(reservation);
+            row
         }
     });
     let row = made.await.map_err(|e| ApiError::internal(format!("creating the sandbox failed: {e}")))??;
@@ -535,12 +579,44 @@ async fn create(State(state): State<AppState>, ApiJson(req): ApiJson<CreateSandb
     Ok(response)
 }
 
+/// Room for one more sandbox in the tenant's quotas (`tenants`), held until its row exists.
+/// Reattaching to a thread's running sandbox makes none, so it needs none.
+async fn reserve(
+    state: &AppState,
+    tenant: &Tenant,
+    planned: &Planned,
+) -> ApiResult<Option<crate::tenants::Reservation>> {
+    let quotas = state.tenants.quotas(tenant);
+    if quotas.sandboxes.is_none() && quotas.memory_bytes.is_none() {
+        return Ok(None);
+    }
+    if let Some(t) = &planned.thread {
+        let live = state.store.list().await?.into_iter().any(|r| {
+            r.tenant == tenant.as_str()
+                && matches!(r.state.as_str(), "Running" | "Paused")
+                && r.extensions.get("workspace").map(|w| scoped(tenant, w)).as_deref() == Some(t.as_str())
+        });
+        if live {
+            return Ok(None);
+        }
+    }
+    let held = state.store.held_by(tenant.as_str()).await?;
+    match state.tenants.reserve(tenant, held, planned.spec.resources.memory_bytes) {
+        Ok(r) => Ok(Some(r)),
+        Err((quota, e)) => {
+            state.tenants.refused(tenant, quota);
+            Err(e)
+        }
+    }
+}
+
 /// Stores a new sandbox (or returns the row of a reattached one) and starts its entrypoint.
 async fn record(
     state: &AppState,
     info: &SandboxInfo,
     planned: &Planned,
     extensions: BTreeMap<String, String>,
+    tenant: &Tenant,
 ) -> ApiResult<SandboxRow> {
     if let Some(row) = state.store.get(info.id.as_str()).await? {
         return Ok(row);
@@ -566,6 +642,8 @@ async fn record(
         // The runtime's own expiry, so the row and the sandbox never disagree (none: no expiry).
         expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
         updated_at_ms: now,
+        tenant: tenant.as_str().to_owned(),
+        memory_bytes: planned.spec.resources.memory_bytes.min(i64::MAX as u64) as i64,
     };
     if let Err(e) = state.store.insert(&row).await {
         // Someone recorded it meanwhile (a concurrent acquire of the same thread, or the
@@ -625,7 +703,7 @@ async fn get_one(State(state): State<AppState>, Path(id): Path<String>) -> ApiRe
     Ok(axum::Json(sandbox_json(&refresh(&state, row).await?)).into_response())
 }
 
-async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn list(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let mut states: Vec<String> = Vec::new();
     let mut metadata: Vec<(String, String)> = Vec::new();
     let (mut page, mut page_size): (Option<String>, Option<String>) = (None, None);
@@ -660,6 +738,9 @@ async fn list(State(state): State<AppState>, RawQuery(q): RawQuery) -> ApiResult
     }
     let mut items = Vec::new();
     for row in state.store.list().await? {
+        if row.tenant != tenant.as_str() {
+            continue;
+        }
         let row = refresh(&state, row).await?;
         if !states.is_empty() && !states.contains(&row.state.to_lowercase()) {
             continue;
@@ -947,57 +1028,68 @@ async fn diagnostic_events(
 // ---------------------------------------------------------------------------------------------
 // Workspaces
 
-fn thread_of(raw: &str) -> ApiResult<ThreadId> {
-    ThreadId::new(raw).map_err(|e| ApiError::bad_request(e.to_string()))
+/// The runtime's thread of a workspace the tenant names (`tenants::scoped`).
+fn thread_of(tenant: &Tenant, raw: &str) -> ApiResult<ThreadId> {
+    ThreadId::new(raw).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    crate::tenants::check_user_name("workspace", raw)?;
+    ThreadId::new(scoped(tenant, raw)).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 async fn acquire(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(thread): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down and creates no new sandboxes"));
     }
-    let t = thread_of(&thread)?;
+    thread_of(&tenant, &thread)?;
     // The body is optional: no body means the defaults.
     let mut req: CreateSandboxRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandboxRequest::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
-    req.extensions.insert("workspace".to_owned(), t.to_string());
+    req.extensions.insert("workspace".to_owned(), thread.clone());
     let extensions = req.extensions.clone();
-    let planned = plan(&state, req)?;
+    let planned = plan(&state, &tenant, req)?;
+    let t = planned.thread.clone().ok_or_else(|| ApiError::internal("a workspace acquire planned no thread"))?;
+    let reservation = reserve(&state, &tenant, &planned).await?;
     let info = state.rt.acquire(&t, planned.spec.clone()).await?;
     state.activity.touch(info.id.as_str());
-    let row = record(&state, &info, &planned, extensions).await?;
-    let row = refresh(&state, row).await?;
+    let row = record(&state, &info, &planned, extensions, &tenant).await;
+    drop(reservation);
+    let row = refresh(&state, row?).await?;
     let mut body = serde_json::to_value(sandbox_json(&row)).unwrap_or_default();
     if let Some(w) = &info.workspace {
-        body["workspace"] = json!({ "thread": w.thread.as_str(), "name": w.name });
+        body["workspace"] = json!({ "thread": thread, "name": w.name });
     }
     Ok(axum::Json(body).into_response())
 }
 
-async fn release(State(state): State<AppState>, Path(thread): Path<String>) -> ApiResult<StatusCode> {
-    let t = thread_of(&thread)?;
+async fn release(State(state): State<AppState>, tenant: Tenant, Path(thread): Path<String>) -> ApiResult<StatusCode> {
+    let t = thread_of(&tenant, &thread)?;
     state.rt.release(&t).await?;
-    forget_thread_rows(&state, &t).await?;
+    forget_thread_rows(&state, &tenant, &thread).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn destroy_workspace(State(state): State<AppState>, Path(thread): Path<String>) -> ApiResult<StatusCode> {
-    let t = thread_of(&thread)?;
+async fn destroy_workspace(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(thread): Path<String>,
+) -> ApiResult<StatusCode> {
+    let t = thread_of(&tenant, &thread)?;
     state.rt.destroy_workspace(&t).await?;
-    forget_thread_rows(&state, &t).await?;
+    forget_thread_rows(&state, &tenant, &thread).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Rows of a thread's sandboxes that are gone after a release.
-async fn forget_thread_rows(state: &AppState, t: &ThreadId) -> ApiResult<()> {
+async fn forget_thread_rows(state: &AppState, tenant: &Tenant, thread: &str) -> ApiResult<()> {
     for row in state.store.list().await? {
-        if row.extensions.get("workspace").map(String::as_str) == Some(t.as_str()) {
+        if row.tenant == tenant.as_str() && row.extensions.get("workspace").map(String::as_str) == Some(thread) {
             let row = refresh(state, row).await?;
             if row.state == "Terminated" {
                 state.commands.forget_sandbox(&row.id);
@@ -1095,9 +1187,15 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
         SandboxState::Paused => ("Paused", "SANDBOX_PAUSED"),
         SandboxState::Failed => ("Failed", "SANDBOX_FAILED"),
     };
+    // One the API made for a tenant before a crash stays that tenant's.
+    let tenant = match info.spec.labels.get(TENANT_LABEL) {
+        Some(t) if crate::tenants::validate_name(t).is_ok() => Tenant::named(t),
+        _ => Tenant::default_tenant(),
+    };
     let mut extensions = BTreeMap::new();
     if let Some(w) = &info.workspace {
-        extensions.insert("workspace".to_owned(), w.thread.to_string());
+        let name = unscoped(&tenant, w.thread.as_str()).unwrap_or(w.thread.as_str());
+        extensions.insert("workspace".to_owned(), name.to_owned());
     }
     let row = SandboxRow {
         id: info.id.to_string(),
@@ -1111,6 +1209,8 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
         created_at_ms: info.created_unix_ms as i64,
         expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
         updated_at_ms: now_ms(),
+        tenant: tenant.as_str().to_owned(),
+        memory_bytes: info.spec.resources.memory_bytes.min(i64::MAX as u64) as i64,
     };
     // Another request may have adopted it (or the API recorded it) in the meantime.
     if state.store.insert(&row).await.is_err() {
@@ -1171,6 +1271,14 @@ pub async fn reconcile(state: &AppState) {
     for s in ["Running", "Paused", "Failed", "Terminated"] {
         let n = counts.get(s).copied().unwrap_or(0);
         state.metrics.sandboxes.get_or_create(&crate::metrics::StateLabel { state: s.into() }).set(n);
+    }
+    if let Ok(usage) = crate::tenants::usage(state.store.pool()).await {
+        for (tenant, n, memory, tokens) in usage {
+            let label = crate::metrics::TenantLabel { tenant };
+            state.metrics.tenant_sandboxes.get_or_create(&label).set(n);
+            state.metrics.tenant_memory.get_or_create(&label).set(memory);
+            state.metrics.tenant_model_tokens.get_or_create(&label).set(tokens);
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::error::{ApiError, ApiResult};
+use crate::tenants::Tenant;
 
 /// The route's path on the gateway; the sandbox's variables point at `<gateway>/llm/v1`.
 pub const ROUTE: &str = "/llm/v1";
@@ -84,10 +85,16 @@ pub struct Llm {
     config: LlmConfig,
     client: Client<Https, Body>,
     key: Arc<crate::secrets::TokenKey>,
+    /// Whose sandbox calls, and the tenants' model-token quotas.
+    tenants: Arc<crate::tenants::Tenants>,
 }
 
 impl Llm {
-    pub fn new(config: LlmConfig, key: Arc<crate::secrets::TokenKey>) -> Result<Arc<Self>, String> {
+    pub fn new(
+        config: LlmConfig,
+        key: Arc<crate::secrets::TokenKey>,
+        tenants: Arc<crate::tenants::Tenants>,
+    ) -> Result<Arc<Self>, String> {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_native_roots()
             .map_err(|e| format!("reading this host's CA certificates for --llm-base: {e}"))?
@@ -95,7 +102,7 @@ impl Llm {
             .enable_http1()
             .build();
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
-        Ok(Arc::new(Self { config, client, key }))
+        Ok(Arc::new(Self { config, client, key, tenants }))
     }
 }
 
@@ -138,8 +145,73 @@ fn caller(llm: &Llm, req: &Request) -> ApiResult<String> {
     }
 }
 
+/// The tenant of the calling sandbox, refused with `429` when its model tokens are spent.
+async fn admit(llm: &Llm, sandbox: &str) -> ApiResult<Tenant> {
+    let pool = llm.tenants.pool();
+    let tenant = match crate::tenants::tenant_of_sandbox(pool, sandbox).await? {
+        Some(t) => Tenant::named(&t),
+        None => Tenant::default_tenant(),
+    };
+    if let Some(max) = llm.tenants.quotas(&tenant).model_tokens {
+        let used = crate::tenants::model_tokens_used(pool, tenant.as_str()).await?;
+        if used >= max {
+            llm.tenants.refused(&tenant, "modelTokens");
+            return Err(crate::tenants::quota_refusal(
+                &tenant,
+                "modelTokens",
+                format!("its sandboxes spent {used} of {max} model tokens"),
+            ));
+        }
+    }
+    Ok(tenant)
+}
+
+/// Counts what a call spent against its tenant, after the answer.
+fn spend(llm: &Llm, tenant: &Tenant, tokens: u64) {
+    if tokens == 0 {
+        return;
+    }
+    let pool = llm.tenants.pool().clone();
+    let tenant = tenant.as_str().to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = crate::tenants::add_model_tokens(&pool, &tenant, tokens).await {
+            tracing::warn!(%tenant, tokens, "counting model tokens: {e}");
+        }
+    });
+}
+
+/// Finds `"total_tokens": N` in a streamed answer (its last chunk has it when the client
+/// asked for `stream_options.include_usage`), across chunk boundaries.
+struct UsageScan {
+    carry: Vec<u8>,
+    found: Option<u64>,
+}
+
+impl UsageScan {
+    const NEEDLE: &'static [u8] = b"\"total_tokens\"";
+
+    fn feed(&mut self, chunk: &[u8]) {
+        let mut text = std::mem::take(&mut self.carry);
+        text.extend_from_slice(chunk);
+        let mut at = 0;
+        while let Some(i) = text[at..].windows(Self::NEEDLE.len()).position(|w| w == Self::NEEDLE) {
+            let rest = &text[at + i + Self::NEEDLE.len()..];
+            let rest = rest.iter().skip_while(|b| matches!(b, b' ' | b':' | b'\t')).copied();
+            let digits: Vec<u8> = rest.take_while(u8::is_ascii_digit).collect();
+            if let Some(n) = std::str::from_utf8(&digits).ok().and_then(|d| d.parse().ok()) {
+                self.found = Some(n);
+            }
+            at += i + Self::NEEDLE.len();
+        }
+        // Keep enough of the tail to see a needle and its number split over two chunks.
+        let keep = text.len().saturating_sub(64);
+        self.carry = text[keep..].to_vec();
+    }
+}
+
 async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Response> {
     let sandbox = caller(&llm, &req)?;
+    let tenant = admit(&llm, &sandbox).await?;
     let (parts, body) = req.into_parts();
     let rest = parts.uri.path().strip_prefix(ROUTE).unwrap_or("");
     let target = match parts.uri.query() {
@@ -191,7 +263,21 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
     let small = http_body::Body::size_hint(&abody).upper().is_some_and(|n| n <= MAX_ANSWER_INSPECTED);
     if streamed || !small {
         tracing::info!(%sandbox, model, status = status.as_u16(), streamed, "model call");
-        return response.body(Body::new(abody)).map_err(|e| ApiError::internal(format!("answering: {e}")));
+        // What a streamed answer spent is known at its end: counted when the body is done
+        // (or dropped), from the usage its last chunk carries.
+        let mut scan = UsageScan { carry: Vec::new(), found: None };
+        let counted = Counted { llm: llm.clone(), tenant: tenant.clone(), tokens: 0 };
+        let mut counted = Some(counted);
+        let body = abody.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                scan.feed(data);
+                if let (Some(n), Some(c)) = (scan.found, counted.as_mut()) {
+                    c.tokens = n;
+                }
+            }
+            frame
+        });
+        return response.body(Body::new(body)).map_err(|e| ApiError::internal(format!("answering: {e}")));
     }
     let bytes = abody
         .collect()
@@ -201,7 +287,21 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
     let tokens =
         serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["usage"]["total_tokens"].as_u64());
     tracing::info!(%sandbox, model, status = status.as_u16(), tokens, "model call");
+    spend(&llm, &tenant, tokens.unwrap_or(0));
     response.body(Body::from(bytes)).map_err(|e| ApiError::internal(format!("answering: {e}")))
+}
+
+/// A streamed call's spend, counted when the stream (and this, inside its closure) drops.
+struct Counted {
+    llm: Arc<Llm>,
+    tenant: Tenant,
+    tokens: u64,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        spend(&self.llm, &self.tenant, self.tokens);
+    }
 }
 
 pub fn router(llm: Arc<Llm>) -> Router {
@@ -211,6 +311,20 @@ pub fn router(llm: Arc<Llm>) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streamed_answers_usage_is_found_across_chunks() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,\"total_tokens\": 12}}\n\ndata: [DONE]\n\n";
+        for split in 0..stream.len() {
+            let mut scan = UsageScan { carry: Vec::new(), found: None };
+            scan.feed(&stream[..split]);
+            scan.feed(&stream[split..]);
+            assert_eq!(scan.found, Some(12), "split at {split}");
+        }
+        let mut none = UsageScan { carry: Vec::new(), found: None };
+        none.feed(b"data: {\"choices\":[]}\n\n");
+        assert_eq!(none.found, None);
+    }
 
     #[test]
     fn bases_are_normalised_to_one_v1() {

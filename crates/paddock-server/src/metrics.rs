@@ -24,6 +24,17 @@ pub struct CodeLabel {
     pub code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabel {
+    pub tenant: String,
+    pub quota: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sandboxes: Family<StateLabel, Gauge>,
@@ -33,6 +44,11 @@ pub struct Metrics {
     /// Refilled from the runtime at each scrape, so sandboxes that are gone drop out.
     pub egress_connections: Family<EgressLabel, Counter>,
     pub egress_dns: Family<EgressLabel, Counter>,
+    /// Per tenant, refilled by the reaper's reconcile: sandboxes that exist and their memory.
+    pub tenant_sandboxes: Family<TenantLabel, Gauge>,
+    pub tenant_memory: Family<TenantLabel, Gauge>,
+    pub tenant_model_tokens: Family<TenantLabel, Gauge>,
+    pub quota_refusals: Family<QuotaLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -58,11 +74,43 @@ impl Default for Metrics {
             "DNS queries of a sandbox by verdict of its egress policy",
             egress_dns.clone(),
         );
-        Self { registry, sandboxes, create_seconds, exec_seconds, errors, egress_connections, egress_dns }
+        let tenant_sandboxes = Family::<TenantLabel, Gauge>::default();
+        let tenant_memory = Family::<TenantLabel, Gauge>::default();
+        let tenant_model_tokens = Family::<TenantLabel, Gauge>::default();
+        let quota_refusals = Family::<QuotaLabel, Counter>::default();
+        registry.register("tenant_sandboxes", "Sandboxes of a tenant that exist", tenant_sandboxes.clone());
+        registry.register(
+            "tenant_memory_bytes",
+            "Memory limits of a tenant's sandboxes, summed",
+            tenant_memory.clone(),
+        );
+        registry.register(
+            "tenant_model_tokens",
+            "Tokens a tenant's sandboxes spent through the model route",
+            tenant_model_tokens.clone(),
+        );
+        registry.register("quota_refusals", "Requests refused by a tenant's quota (429)", quota_refusals.clone());
+        Self {
+            registry,
+            sandboxes,
+            create_seconds,
+            exec_seconds,
+            errors,
+            egress_connections,
+            egress_dns,
+            tenant_sandboxes,
+            tenant_memory,
+            tenant_model_tokens,
+            quota_refusals,
+        }
     }
 }
 
 impl Metrics {
+    pub fn quota_refused(&self, tenant: &str, quota: &str) {
+        self.quota_refusals.get_or_create(&QuotaLabel { tenant: tenant.to_owned(), quota: quota.to_owned() }).inc();
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

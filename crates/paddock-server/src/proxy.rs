@@ -162,14 +162,20 @@ async fn forward(
         format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;
     *req.uri_mut() = uri;
     // The platform's credentials are never handed to code in the sandbox.
+    let keyed_in_alias = req.extensions().get::<crate::KeyInAlias>().is_some();
     let headers = req.headers_mut();
     headers.remove(API_KEY_HEADER);
     headers.remove(SANDBOX_TOKEN_HEADER);
     headers.remove(crate::EXECD_TOKEN_HEADER);
-    // X-API-Key may be the sandbox's own application's; it goes only when it is ours.
-    if let (Some(ours), Some(given)) = (&state.config.api_key, headers.get(crate::API_KEY_ALIAS))
-        && crate::constant_time_eq(given.as_bytes(), ours.as_bytes())
-    {
+    // X-API-Key may be the sandbox's own application's; it goes only when it is ours (the
+    // server's key, or the tenant key this request was let in with).
+    let ours = state
+        .config
+        .api_key
+        .as_ref()
+        .zip(headers.get(crate::API_KEY_ALIAS))
+        .is_some_and(|(ours, given)| crate::constant_time_eq(given.as_bytes(), ours.as_bytes()));
+    if ours || keyed_in_alias {
         headers.remove(crate::API_KEY_ALIAS);
     }
     headers.insert(

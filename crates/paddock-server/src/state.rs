@@ -41,11 +41,19 @@ pub struct AppState {
     pub renewals: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
     /// When each sandbox was last used, for the idle reaper (`activity`).
     pub activity: Arc<crate::activity::Activity>,
+    /// The API keys of tenants and their quotas (`tenants`).
+    pub tenants: Arc<crate::tenants::Tenants>,
 }
 
 impl axum::extract::FromRef<AppState> for Arc<crate::runs::Runs> {
     fn from_ref(state: &AppState) -> Self {
         state.runs.clone()
+    }
+}
+
+impl axum::extract::FromRef<AppState> for Arc<crate::tenants::Tenants> {
+    fn from_ref(state: &AppState) -> Self {
+        state.tenants.clone()
     }
 }
 

@@ -23,6 +23,10 @@ pub struct SandboxRow {
     pub created_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub updated_at_ms: i64,
+    /// Who made it (`tenants`): the default tenant for the server's own key and the CLI's.
+    pub tenant: String,
+    /// Its memory limit, bytes (0: none), counted against its tenant's memory quota.
+    pub memory_bytes: i64,
 }
 
 /// What is kept of a sandbox's entrypoint: its newest output and how it ended.
@@ -61,6 +65,8 @@ fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
         created_at_ms: row.try_get("created_at_ms")?,
         expires_at_ms: row.try_get("expires_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
+        tenant: row.try_get("tenant")?,
+        memory_bytes: row.try_get("memory_bytes")?,
     })
 }
 
@@ -105,8 +111,8 @@ impl Store {
 
     pub async fn insert(&self, r: &SandboxRow) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, created_at_ms, expires_at_ms, updated_at_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sandboxes (id, state, reason, message, image, entrypoint, metadata, extensions, created_at_ms, expires_at_ms, updated_at_ms, tenant, memory_bytes)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.id)
         .bind(&r.state)
@@ -119,9 +125,27 @@ impl Store {
         .bind(r.created_at_ms)
         .bind(r.expires_at_ms)
         .bind(r.updated_at_ms)
+        .bind(&r.tenant)
+        .bind(r.memory_bytes)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// The tenant of a sandbox the store knows.
+    pub async fn tenant_of(&self, id: &str) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT tenant FROM sandboxes WHERE id = ?").bind(id).fetch_optional(&self.pool).await
+    }
+
+    /// What a tenant's sandboxes hold that its quotas count: how many exist, and their memory.
+    pub async fn held_by(&self, tenant: &str) -> Result<(u64, u64), sqlx::Error> {
+        let (n, bytes): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes WHERE tenant = ? AND state != 'Terminated'",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((n.max(0) as u64, bytes.max(0) as u64))
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {
@@ -253,6 +277,8 @@ mod tests {
             created_at_ms: 1,
             expires_at_ms: Some(2),
             updated_at_ms: 1,
+            tenant: "default".into(),
+            memory_bytes: 0,
         }
     }
 

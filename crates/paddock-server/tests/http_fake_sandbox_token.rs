@@ -11,18 +11,8 @@ use serde_json::json;
 /// Every method and path of the server's OpenAPI document with its parameters filled in for
 /// sandbox `id`, plus the egress sidecar's routes (served on port 18080 through the proxy).
 async fn every_route(s: &Server, id: &str) -> Vec<(String, String)> {
-    let (status, doc) = s.call("GET", "/v1/openapi.json", None).await;
-    assert_eq!(status, StatusCode::OK, "{doc}");
-    let mut routes = Vec::new();
-    for (path, item) in doc["paths"].as_object().expect("the document lists paths") {
-        for method in ["get", "put", "post", "patch", "delete"] {
-            // Operations with servers of their own (the runs' gateway) are not on this listener.
-            if item.get(method).is_some_and(|op| op.get("servers").is_none()) {
-                let filled = fill(path, id);
-                routes.push((method.to_uppercase(), format!("/v1{filled}")));
-            }
-        }
-    }
+    let mut routes: Vec<(String, String)> =
+        s.openapi_routes().await.into_iter().map(|(m, p)| (m, format!("/v1{}", fill(&p["/v1".len()..], id)))).collect();
     for method in ["GET", "PUT", "POST", "PATCH", "DELETE"] {
         routes.push((method.into(), format!("/v1/sandboxes/{id}/proxy/18080/policy")));
     }

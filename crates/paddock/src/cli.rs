@@ -147,6 +147,10 @@ pub enum Command {
     Serve(crate::serve::ServeArgs),
     /// Submit, list, follow and cancel runs on a `paddock serve` (its run API).
     Runs(crate::runs_cmd::RunsArgs),
+    /// Tenants of `paddock serve`: API keys that each see only their own sandboxes, runs,
+    /// workspaces and volumes, with quotas (add, ls, rotate, rm, set, digest).
+    #[command(subcommand)]
+    Tenant(crate::tenant_cmd::TenantCommand),
     /// How many sandboxes of a size fit on this machine (or one described by flags): the
     /// lesser of four per CPU and its memory less 1 GiB, each sandbox with 32 MiB of runtime
     /// overhead. `paddock serve` admits runs up to this by default (`--capacity`).
@@ -580,6 +584,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
     if let Command::Runs(args) = cli.command {
         return crate::runs_cmd::run(args, &cli.data_dir, cli.json);
     }
+    if let Command::Tenant(command) = cli.command {
+        return crate::tenant_cmd::run(command, &cli.data_dir, cli.json).await;
+    }
     if let Command::Capacity { cpus, memory, sandbox_memory } = cli.command {
         use paddock_server::runs::tiers;
         let (here_cpus, here_memory) = tiers::this_machine();
@@ -786,6 +793,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         }
         Command::Serve(_)
         | Command::Runs(_)
+        | Command::Tenant(_)
         | Command::Capacity { .. }
         | Command::Bench(_)
         | Command::Check { .. }

@@ -11,6 +11,7 @@ mod output;
 mod runs_cmd;
 mod runtimes;
 mod serve;
+mod tenant_cmd;
 
 use std::process::ExitCode;
 

@@ -146,6 +146,11 @@ pub struct ServeArgs {
     /// DREADNODE_LLM_BASE (repeatable).
     #[arg(long = "llm-env", value_name = "NAME", requires = "llm_base")]
     llm_env: Vec<String>,
+    /// Tenants besides those of `paddock tenant add` (JSON: {"tenants": [{"name", "keySha256":
+    /// [digest, ...], "quotas": {...}}]}; `paddock tenant digest` makes a key's digest). Read
+    /// again while serving, so edits take effect within seconds.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
 }
 
 /// The model route from the command line: the base, the key (file or environment), aliases.
@@ -270,7 +275,16 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         let location = format!("in the file {} (readable by root only)", path.display());
         (Some(k), format!("the API key {verb} the file {} (0600)", path.display()), true, location)
     };
+    if let Some(path) = &args.tenants {
+        let n = paddock_server::tenants::check_file(path)?;
+        anyhow::ensure!(
+            !args.insecure_no_auth,
+            "--tenants gives tenants their own API keys, and --insecure-no-auth serves without any: use one of them"
+        );
+        eprintln!("paddock: {n} tenants from {} (read again while serving)", path.display());
+    }
     let config = ServerConfig {
+        tenants_file: args.tenants.clone(),
         runs,
         llm,
         listen: args.listen,

@@ -23,6 +23,10 @@ use serde_json::{Value, json};
 use super::store::{Filter, Inserted, RunRow, RunSpec, RunState};
 use super::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RUN_TIMEOUT, MAX_MAX_ATTEMPTS, MAX_RUN_TIMEOUT, Runs};
 use crate::ApiJson;
+use crate::tenants::{Tenant, Tenants, scoped, unscoped};
+
+/// Held while a tenant with a runs quota counts its runs and inserts one.
+static QUOTA_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 use crate::time_fmt::rfc3339;
@@ -42,7 +46,13 @@ where
             .await
             .map_err(|e| ApiError::bad_request(format!("the path does not name a run: {}", e.body_text())))?;
         let runs = Arc::<Runs>::from_ref(state);
-        Ok(RunPath(runs.get(&id).await?))
+        let run = runs.get(&id).await?;
+        // Another tenant's run is as absent as one that never was.
+        let tenant = parts.extensions.get::<Tenant>().cloned().unwrap_or_else(Tenant::default_tenant);
+        if run.tenant != tenant.as_str() {
+            return Err(ApiError::not_found(format!("no run {id:?}: list runs with GET /v1/runs")));
+        }
+        Ok(RunPath(run))
     }
 }
 
@@ -81,11 +91,12 @@ struct SubmitRequest {
 /// A run as the API shows it.
 pub fn view(r: &RunRow) -> Value {
     let t = |ms: Option<i64>| ms.map(rfc3339);
+    let tenant = Tenant::named(&r.tenant);
     json!({
         "id": r.id,
         "tier": r.tier,
         "state": r.state.as_str(),
-        "thread": r.thread,
+        "thread": r.thread.as_deref().map(|t| unscoped(&tenant, t).unwrap_or(t)),
         "evaluation": r.evaluation,
         "image": r.spec.image,
         "command": r.spec.command,
@@ -192,6 +203,8 @@ fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
 
 async fn submit(
     State(runs): State<Arc<Runs>>,
+    State(tenants): State<Arc<Tenants>>,
+    tenant: Tenant,
     headers: HeaderMap,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> ApiResult<Response> {
@@ -204,7 +217,8 @@ async fn submit(
             if k.is_empty() || k.len() > 255 {
                 return Err(ApiError::bad_request("Idempotency-Key is 1 to 255 characters"));
             }
-            Some(k.to_owned())
+            // Each tenant has keys of its own: a header value cannot hold a newline.
+            Some(if tenant.is_default() { k.to_owned() } else { format!("{}\n{k}", tenant.as_str()) })
         }
         None => None,
     };
@@ -213,7 +227,7 @@ async fn submit(
     {
         return Ok((StatusCode::OK, axum::Json(view(&existing))).into_response());
     }
-    let (status, row) = enqueue(&runs, req, key, None).await?;
+    let (status, row) = enqueue(&runs, &tenants, &tenant, req, key, None).await?;
     Ok((status, axum::Json(view(&row))).into_response())
 }
 
@@ -221,18 +235,49 @@ async fn submit(
 /// idempotency key already made.
 async fn enqueue(
     runs: &Arc<Runs>,
+    tenants: &Tenants,
+    tenant: &Tenant,
     req: SubmitRequest,
     key: Option<String>,
     evaluation: Option<&str>,
 ) -> ApiResult<(StatusCode, RunRow)> {
     let (tier, spec) = plan(runs, &req)?;
-    if let (Some(t), IfBusy::Reject) = (&req.thread, req.if_busy)
+    // The runtime's name of the thread, the tenant's own (`tenants::scoped`).
+    let thread = match &req.thread {
+        Some(t) => {
+            crate::tenants::check_user_name("thread", t)?;
+            Some(scoped(tenant, t))
+        }
+        None => None,
+    };
+    // Counted and inserted under one lock, so concurrent submits cannot all fit one last place.
+    let quota = tenants.quotas(tenant).runs.get(&tier).copied();
+    let _counting = match quota {
+        Some(_) => Some(QUOTA_LOCK.lock().await),
+        None => None,
+    };
+    if let Some(max) = quota {
+        let n = runs.store().unfinished_of(tenant.as_str(), &tier).await?;
+        if n >= max {
+            let name = format!("runs.{tier}");
+            tenants.refused(tenant, &name);
+            return Err(crate::tenants::quota_refusal(
+                tenant,
+                &name,
+                format!("{n} of {max} runs of tier {tier:?} have not finished"),
+            ));
+        }
+    }
+    if let (Some(t), IfBusy::Reject) = (&thread, req.if_busy)
         && runs.store().thread_busy(t, "").await?
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "THREAD_BUSY",
-            format!("thread {t:?} has a run that has not finished: wait for it, or submit with ifBusy \"queue\""),
+            format!(
+                "thread {:?} has a run that has not finished: wait for it, or submit with ifBusy \"queue\"",
+                req.thread.as_deref().unwrap_or_default()
+            ),
         ));
     }
     let id = new_id()?;
@@ -261,7 +306,7 @@ async fn enqueue(
             id: id.clone(),
             tier,
             state: RunState::Queued,
-            thread: req.thread.clone(),
+            thread,
             evaluation: evaluation.map(str::to_owned),
             spec,
             idempotency_key: key,
@@ -281,6 +326,7 @@ async fn enqueue(
             started_at_ms: None,
             first_call_at_ms: None,
             finished_at_ms: None,
+            tenant: tenant.as_str().to_owned(),
         };
         Ok(runs.store().insert(&row).await?)
     }
@@ -334,7 +380,12 @@ struct EvaluationRequest {
 /// `POST /v1/evaluations`: a batch of runs over a task list (each an image, a command and
 /// inputs), queued together. Every task is checked first: one the runtime cannot run is a `400`
 /// naming the task, and nothing is queued.
-async fn evaluate(State(runs): State<Arc<Runs>>, ApiJson(req): ApiJson<EvaluationRequest>) -> ApiResult<Response> {
+async fn evaluate(
+    State(runs): State<Arc<Runs>>,
+    State(tenants): State<Arc<Tenants>>,
+    tenant: Tenant,
+    ApiJson(req): ApiJson<EvaluationRequest>,
+) -> ApiResult<Response> {
     if runs.draining() {
         return Err(ApiError::unavailable("this server is stopping and admits no new runs: submit to another"));
     }
@@ -383,16 +434,17 @@ async fn evaluate(State(runs): State<Arc<Runs>>, ApiJson(req): ApiJson<Evaluatio
     let id = new_id()?.replacen("run-", "eval-", 1);
     let mut ids = Vec::with_capacity(submits.len());
     for (what, submit) in submits {
-        let (_, row) = enqueue(&runs, submit, None, Some(&id))
+        let (_, row) = enqueue(&runs, &tenants, &tenant, submit, None, Some(&id))
             .await
             .map_err(|e| ApiError::new(e.status, e.code, format!("{what}: {}", e.message)))?;
         ids.push(row.id);
     }
-    Ok((StatusCode::CREATED, axum::Json(evaluation_view(&id, req.name.as_deref(), &runs).await?)).into_response())
+    let view = evaluation_view(&id, req.name.as_deref(), &runs, &tenant).await?;
+    Ok((StatusCode::CREATED, axum::Json(view)).into_response())
 }
 
-async fn evaluation_view(id: &str, name: Option<&str>, runs: &Runs) -> ApiResult<Value> {
-    let rows = runs.store().of_evaluation(id).await?;
+async fn evaluation_view(id: &str, name: Option<&str>, runs: &Runs, tenant: &Tenant) -> ApiResult<Value> {
+    let rows = runs.store().of_evaluation(id, tenant.as_str()).await?;
     if rows.is_empty() {
         return Err(ApiError::not_found(format!("no evaluation {id:?}")));
     }
@@ -410,9 +462,10 @@ async fn evaluation_view(id: &str, name: Option<&str>, runs: &Runs) -> ApiResult
 
 async fn get_evaluation(
     State(runs): State<Arc<Runs>>,
+    tenant: Tenant,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> ApiResult<axum::Json<Value>> {
-    Ok(axum::Json(evaluation_view(&id, None, &runs).await?))
+    Ok(axum::Json(evaluation_view(&id, None, &runs, &tenant).await?))
 }
 
 async fn get_one(RunPath(run): RunPath) -> axum::Json<Value> {
@@ -431,6 +484,7 @@ struct ListQuery {
 
 async fn list(
     State(runs): State<Arc<Runs>>,
+    tenant: Tenant,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<axum::Json<Value>> {
     let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {}", e.body_text())))?;
@@ -451,7 +505,8 @@ async fn list(
         }
         None => 0,
     };
-    let filter = Filter { tier: q.tier, state, thread: q.thread };
+    let thread = q.thread.map(|t| scoped(&tenant, &t));
+    let filter = Filter { tier: q.tier, state, thread, tenant: tenant.as_str().to_owned() };
     let rows = runs.store().list(&filter, after, limit + 1).await?;
     let more = rows.len() as i64 > limit;
     let items: Vec<Value> = rows.iter().take(limit as usize).map(view).collect();
@@ -625,6 +680,7 @@ async fn tiers(State(runs): State<Arc<Runs>>) -> axum::Json<Value> {
 pub fn router<S>() -> Router<S>
 where
     Arc<Runs>: FromRef<S>,
+    Arc<Tenants>: FromRef<S>,
     S: Clone + Send + Sync + 'static,
 {
     Router::new()

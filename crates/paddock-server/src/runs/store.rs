@@ -93,6 +93,8 @@ pub struct RunRow {
     pub started_at_ms: Option<i64>,
     pub first_call_at_ms: Option<i64>,
     pub finished_at_ms: Option<i64>,
+    /// Who submitted it (`tenants`). Its thread and idempotency key are stored scoped to it.
+    pub tenant: String,
 }
 
 fn from_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
@@ -124,6 +126,7 @@ fn from_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
         started_at_ms: r.try_get("started_at_ms")?,
         first_call_at_ms: r.try_get("first_call_at_ms")?,
         finished_at_ms: r.try_get("finished_at_ms")?,
+        tenant: r.try_get("tenant")?,
     })
 }
 
@@ -144,6 +147,7 @@ pub struct Filter {
     pub tier: Option<String>,
     pub state: Option<RunState>,
     pub thread: Option<String>,
+    pub tenant: String,
 }
 
 const ACTIVE: [RunState; 2] = [RunState::Starting, RunState::Running];
@@ -173,8 +177,8 @@ impl RunStore {
         let spec = serde_json::to_string(&r.spec).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
-            "INSERT INTO runs (id, tier, state, thread, evaluation, request, idempotency_key, max_attempts, has_inputs, created_at_ms, updated_at_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+            "INSERT INTO runs (id, tier, state, thread, evaluation, request, idempotency_key, max_attempts, has_inputs, created_at_ms, updated_at_ms, tenant)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
         )
         .bind(&r.id)
         .bind(&r.tier)
@@ -187,6 +191,7 @@ impl RunStore {
         .bind(i64::from(r.has_inputs))
         .bind(r.created_at_ms)
         .bind(r.updated_at_ms)
+        .bind(&r.tenant)
         .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0
@@ -220,10 +225,11 @@ impl RunStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// The runs of an evaluation, in task order.
-    pub async fn of_evaluation(&self, evaluation: &str) -> Result<Vec<RunRow>, sqlx::Error> {
-        let rows = sqlx::query("SELECT * FROM runs WHERE evaluation = ? ORDER BY seq")
+    /// The runs of a tenant's evaluation, in task order.
+    pub async fn of_evaluation(&self, evaluation: &str, tenant: &str) -> Result<Vec<RunRow>, sqlx::Error> {
+        let rows = sqlx::query("SELECT * FROM runs WHERE evaluation = ? AND tenant = ? ORDER BY seq")
             .bind(evaluation)
+            .bind(tenant)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()
@@ -244,13 +250,14 @@ impl RunStore {
     pub async fn list(&self, filter: &Filter, after: i64, limit: i64) -> Result<Vec<RunRow>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT * FROM runs WHERE seq > ?1 AND (?2 IS NULL OR tier = ?2) AND (?3 IS NULL OR state = ?3)
-             AND (?4 IS NULL OR thread = ?4) ORDER BY seq LIMIT ?5",
+             AND (?4 IS NULL OR thread = ?4) AND tenant = ?6 ORDER BY seq LIMIT ?5",
         )
         .bind(after)
         .bind(&filter.tier)
         .bind(filter.state.map(RunState::as_str))
         .bind(&filter.thread)
         .bind(limit)
+        .bind(&filter.tenant)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(from_row).collect()
@@ -289,6 +296,20 @@ impl RunStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()
+    }
+
+    /// A tenant's runs of a tier that have not finished (its runs quota counts them).
+    pub async fn unfinished_of(&self, tenant: &str, tier: &str) -> Result<u64, sqlx::Error> {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM runs WHERE tenant = ? AND tier = ? AND state NOT IN (?, ?, ?)")
+                .bind(tenant)
+                .bind(tier)
+                .bind(RunState::Succeeded.as_str())
+                .bind(RunState::Failed.as_str())
+                .bind(RunState::Cancelled.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(n.max(0) as u64)
     }
 
     /// Whether a run of `thread` other than `except` is not yet finished.

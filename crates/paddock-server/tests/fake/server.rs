@@ -73,6 +73,7 @@ impl Server {
             runs: paddock_server::runs::RunOptions::for_tests(),
             llm: None,
             tunnels: Default::default(),
+            tenants_file: None,
             deadlines: paddock_server::deadline::Deadlines {
                 call: Duration::from_secs(2),
                 lifecycle: Duration::from_secs(10),
@@ -102,7 +103,20 @@ impl Server {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> (StatusCode, Vec<u8>) {
-        let mut req = Request::builder().method(method).uri(uri).header("open-sandbox-api-key", KEY);
+        let mut all = vec![("open-sandbox-api-key", KEY)];
+        all.extend_from_slice(headers);
+        self.bare(method, uri, &all, body).await
+    }
+
+    /// A request with exactly these headers and this body (no API key unless given).
+    pub async fn bare(
+        &self,
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, Vec<u8>) {
+        let mut req = Request::builder().method(method).uri(uri);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -152,6 +166,22 @@ impl Server {
         let (status, body) = self.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Every method and path of the server's OpenAPI document served on this listener (the
+    /// runs' gateway has servers of its own), as `(METHOD, /v1 + template)`.
+    pub async fn openapi_routes(&self) -> Vec<(String, String)> {
+        let (status, doc) = self.call("GET", "/v1/openapi.json", None).await;
+        assert_eq!(status, StatusCode::OK, "{doc}");
+        let mut routes = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("the document lists paths") {
+            for method in ["get", "put", "post", "patch", "delete"] {
+                if item.get(method).is_some_and(|op| op.get("servers").is_none()) {
+                    routes.push((method.to_uppercase(), format!("/v1{path}")));
+                }
+            }
+        }
+        routes
     }
 
     pub fn execd(id: &str, path: &str) -> String {
