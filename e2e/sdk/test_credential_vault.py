@@ -218,3 +218,30 @@ def test_https_is_decrypted_only_for_a_bound_host(make, world):
     text = fetch(sb, "-w ' %{http_code}' -H 'Host: other.test' https://allowed.test/echo/x")
     assert isinstance(text, str) and text.endswith(" 403"), text
     no_secret_inside(sb, ["vault-https-token"])
+
+
+def test_a_vault_given_at_create_is_in_force_from_the_first_request(make, world, vault_server):
+    # The unmodified SDK sends it as an extension; Paddock's own field is the same JSON.
+    vault = {
+        "credentials": [{"name": "t", "source": {"type": "inline", "value": "vault-at-create-token"}}],
+        "bindings": [{"name": "b", "match": {"schemes": ["http"], "hosts": [HOST], "paths": ["/echo/at-create"]},
+                      "auth": {"type": "bearer", "credential": "t"}}],
+    }
+    sb = make(
+        network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target=HOST)]),
+        extensions={"paddock.credentialVault": json.dumps(vault)},
+    )
+    confined(sb)
+    got = fetch(sb, f"http://{HOST}/echo/at-create")
+    assert got["digests"]["authorization"] == sha("Bearer vault-at-create-token"), got
+    assert sb.credential_vault.get().revision == 1
+    # The value is kept nowhere the API shows: not the sandbox's extensions, not its vault.
+    info = json.dumps(sb.get_info().model_dump(mode="json"))
+    assert "vault-at-create-token" not in info and "paddock.credentialVault" not in info, info
+    no_secret_inside(sb, ["vault-at-create-token"])
+    # A vault the sandbox's egress does not allow is refused before anything is made.
+    bad = dict(vault, bindings=[dict(vault["bindings"][0], match={"schemes": ["http"], "hosts": ["other.test"]})])
+    with pytest.raises(Exception) as refused:
+        make(network_policy=NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target=HOST)]),
+             extensions={"paddock.credentialVault": json.dumps(bad)})
+    assert "400" in str(refused.value) or "other.test" in str(refused.value), refused.value

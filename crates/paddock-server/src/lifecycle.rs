@@ -158,6 +158,8 @@ pub struct CreateSandboxRequest {
     entrypoint: Option<Vec<String>>,
     network_policy: Option<paddock_core::egress::EgressPolicy>,
     credential_proxy: Option<CredentialProxy>,
+    /// Paddock's: the credential vault the sandbox starts with (as `POST …/credential-vault`).
+    credential_vault: Option<paddock_core::vault::CreateRequest>,
     #[serde(default)]
     secure_access: bool,
     #[serde(default)]
@@ -545,7 +547,7 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
 async fn create(
     State(state): State<AppState>,
     tenant: Tenant,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<Response> {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::unavailable(
@@ -553,8 +555,10 @@ async fn create(
         ));
     }
     let started = Instant::now();
+    let vault = vault_given(&mut req)?;
     let extensions = req.extensions.clone();
     let planned = plan(&state, &tenant, req)?;
+    let vault = vault.map(|v| vault_for(&state, &planned, v)).transpose()?;
     let reservation = reserve(&state, &tenant, &planned).await?;
     // In a task of its own: a client that goes away mid-create must not leave a sandbox the
     // runtime made and the store never heard of.
@@ -567,7 +571,10 @@ async fn create(
             };
             let row = record(&state, &info, &planned, extensions, &tenant).await;
             drop(reservation);
-            row
+            match vault {
+                Some(v) => install_vault(&state, row?, v).await,
+                None => row,
+            }
         }
     });
     let row = made.await.map_err(|e| ApiError::internal(format!("creating the sandbox failed: {e}")))??;
@@ -577,6 +584,55 @@ async fn create(
         response.headers_mut().insert(header::LOCATION, v);
     }
     Ok(response)
+}
+
+/// The vault a create gives: Paddock's `credentialVault` field, or the same JSON in
+/// `extensions["paddock.credentialVault"]`, taken out of the request so that no value is kept
+/// with the sandbox's extensions.
+fn vault_given(req: &mut CreateSandboxRequest) -> ApiResult<Option<paddock_core::vault::CreateRequest>> {
+    match (req.credential_vault.take(), req.extensions.remove(VAULT_EXTENSION)) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(format!(
+            "give the credential vault in credentialVault or in extensions.{VAULT_EXTENSION}, not both"
+        ))),
+        (Some(v), None) => Ok(Some(v)),
+        (None, Some(text)) => serde_json::from_str(&text).map(Some).map_err(|e| {
+            ApiError::bad_request(format!(
+                "extensions.{VAULT_EXTENSION} is not a credential vault ({e}): give {{\"credentials\": [...], \"bindings\": [...]}} as a JSON string"
+            ))
+        }),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Checks a vault given at create against the planned sandbox, before anything is made.
+fn vault_for(
+    state: &AppState,
+    planned: &Planned,
+    req: paddock_core::vault::CreateRequest,
+) -> ApiResult<paddock_core::vault::Vault> {
+    if !state.rt.capabilities().credential_vault {
+        return Err(ApiError::bad_request(format!("credentialVault: {}", paddock_core::runtime::VAULT_UNSUPPORTED)));
+    }
+    let vault =
+        paddock_core::vault::Vault::create(req, &planned.spec.network.policy()).map_err(crate::vault::refused)?;
+    if vault.needs_credential_proxy() && !planned.spec.credential_proxy {
+        return Err(crate::vault::proxy_disabled("being created"));
+    }
+    Ok(vault)
+}
+
+/// Puts a create's vault in force; a sandbox whose vault cannot be is not left behind.
+async fn install_vault(state: &AppState, row: SandboxRow, vault: paddock_core::vault::Vault) -> ApiResult<SandboxRow> {
+    let sid = paddock_core::runtime::SandboxId::parse(&row.id)
+        .map_err(|e| ApiError::internal(format!("the new sandbox's id {}: {e}", row.id)))?;
+    if let Err(e) = state.rt.set_vault(&sid, Some(vault)).await {
+        let _ = state.rt.destroy(&sid).await;
+        state.commands.forget_sandbox(&row.id);
+        state.store.delete(&row.id).await?;
+        let e = ApiError::from(e);
+        return Err(ApiError { message: format!("the credential vault could not be set: {}", e.message), ..e });
+    }
+    Ok(row)
 }
 
 /// Room for one more sandbox in the tenant's quotas (`tenants`), held until its row exists.
@@ -1052,15 +1108,21 @@ async fn acquire(
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
     req.extensions.insert("workspace".to_owned(), thread.clone());
+    let vault = vault_given(&mut req)?;
     let extensions = req.extensions.clone();
     let planned = plan(&state, &tenant, req)?;
+    let vault = vault.map(|v| vault_for(&state, &planned, v)).transpose()?;
     let t = planned.thread.clone().ok_or_else(|| ApiError::internal("a workspace acquire planned no thread"))?;
     let reservation = reserve(&state, &tenant, &planned).await?;
     let info = state.rt.acquire(&t, planned.spec.clone()).await?;
     state.activity.touch(info.id.as_str());
     let row = record(&state, &info, &planned, extensions, &tenant).await;
     drop(reservation);
-    let row = refresh(&state, row?).await?;
+    let row = match vault {
+        Some(v) => install_vault(&state, row?, v).await?,
+        None => row?,
+    };
+    let row = refresh(&state, row).await?;
     let mut body = serde_json::to_value(sandbox_json(&row)).unwrap_or_default();
     if let Some(w) = &info.workspace {
         body["workspace"] = json!({ "thread": thread, "name": w.name });
@@ -1110,7 +1172,10 @@ fn forget_use(state: &AppState, id: &str) {
 }
 
 /// The extensions a create may carry; any other is refused, never stored and ignored.
-const KNOWN_EXTENSIONS: [&str; 2] = ["workspace", RENEW_ON_ACCESS];
+const KNOWN_EXTENSIONS: [&str; 3] = ["workspace", RENEW_ON_ACCESS, VAULT_EXTENSION];
+/// The vault at create as a JSON string, for clients that can send only extensions (the
+/// unmodified SDK); taken out before the extensions are stored.
+pub const VAULT_EXTENSION: &str = "paddock.credentialVault";
 /// OpenSandbox's renew intent: each access extends the expiry to this many seconds from then.
 pub const RENEW_ON_ACCESS: &str = "access.renew.extend.seconds";
 
@@ -1520,7 +1585,8 @@ fn lifecycle_schemas() -> Value {
                 "snapshotId": {"type": "string"}, "templateId": {"type": "string"},
                 "secureAccess": {"type": "boolean"}, "lifecycle": {},
                 "volumes": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/Volume"}},
-                "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}}}}
+                "credentialProxy": {"type": "object", "properties": {"enabled": {"type": "boolean"}}},
+                "credentialVault": {"type": "object", "description": "Paddock's: the credential vault the sandbox starts with, as the body of POST /v1/sandboxes/{id}/credential-vault (also accepted as a JSON string in extensions[\"paddock.credentialVault\"]); values are never returned"}}}
     })
 }
 

@@ -37,7 +37,7 @@ fn no_vault(id: &SandboxId) -> ApiError {
     ApiError::not_found(format!("sandbox {id} has no credential vault: create one with POST …/credential-vault"))
 }
 
-fn refused(e: VaultError) -> ApiError {
+pub(crate) fn refused(e: VaultError) -> ApiError {
     match e {
         VaultError::Invalid(m) => ApiError::bad_request(m),
         VaultError::NotFound(m) => ApiError::not_found(m),
@@ -54,16 +54,21 @@ async fn current(state: &AppState, id: &str) -> ApiResult<(SandboxId, Option<Vau
     Ok((sid, vault))
 }
 
+/// `412` for a vault that binds https hosts in a sandbox without the credential proxy.
+pub(crate) fn proxy_disabled(sid: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::PRECONDITION_FAILED,
+        "CREDENTIAL_PROXY_DISABLED",
+        format!(
+            "sandbox {sid} was created without the credential proxy, so its https requests cannot be decrypted: bind the host over http, or create the sandbox with credentialProxy: {{enabled: true}}"
+        ),
+    )
+}
+
 /// Checks a new vault against what the sandbox can do and puts it in force.
 async fn apply(state: &AppState, sid: &SandboxId, vault: Vault) -> ApiResult<()> {
     if vault.needs_credential_proxy() && !state.rt.get(sid).await?.spec.credential_proxy {
-        return Err(ApiError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "CREDENTIAL_PROXY_DISABLED",
-            format!(
-                "sandbox {sid} was created without the credential proxy, so its https requests cannot be decrypted: bind the host over http, or create the sandbox with credentialProxy: {{enabled: true}}"
-            ),
-        ));
+        return Err(proxy_disabled(sid.as_str()));
     }
     state.rt.set_vault(sid, Some(vault)).await?;
     Ok(())

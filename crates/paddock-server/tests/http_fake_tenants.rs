@@ -212,3 +212,23 @@ async fn fake_runtime_quotas_refuse_with_429_naming_the_quota_and_keys_rotate() 
     let (status, _) = as_tenant(&s, &k3, "GET", "/v1/sandboxes", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn fake_runtime_a_vault_at_create_on_a_runtime_without_one_is_a_clear_400_and_nothing_is_made() {
+    let s = Server::new().await;
+    let vault = json!({"credentials": [{"name": "t", "source": {"value": "v"}}], "bindings": []});
+    for body in [
+        json!({"image": {"uri": "fake"}, "credentialVault": vault}),
+        json!({"image": {"uri": "fake"}, "extensions": {"paddock.credentialVault": vault.to_string()}}),
+    ] {
+        let (status, err) = s.call("POST", "/v1/sandboxes", Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        assert!(err["message"].as_str().unwrap().contains("credentialVault"), "{err}");
+    }
+    let both =
+        json!({"image": {"uri": "fake"}, "credentialVault": vault, "extensions": {"paddock.credentialVault": "{}"}});
+    let (status, err) = s.call("POST", "/v1/sandboxes", Some(both)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    let (_, listed) = s.call("GET", "/v1/sandboxes", None).await;
+    assert_eq!(listed["items"], json!([]), "{listed}");
+}
