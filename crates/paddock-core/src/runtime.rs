@@ -386,6 +386,9 @@ pub enum FileErrorKind {
     IsADirectory,
     DirectoryNotEmpty,
     InvalidPath,
+    /// The file did not fit: its filesystem is full, or it would take more of the sandbox's
+    /// memory than is left (a filesystem kept in memory).
+    NoSpace,
     Other,
 }
 
@@ -397,6 +400,7 @@ impl RuntimeError {
             Self::Conflict(_) => "CONFLICT",
             Self::File { kind: FileErrorKind::NotFound, .. } => "FILE_NOT_FOUND",
             Self::File { kind: FileErrorKind::PermissionDenied, .. } => "PERMISSION_DENIED",
+            Self::File { kind: FileErrorKind::NoSpace, .. } => "NO_SPACE",
             Self::File { .. } => "FILE_ERROR",
             Self::Unavailable(_) => "UNAVAILABLE",
             Self::Upstream(_) => "UPSTREAM_ERROR",

@@ -77,7 +77,7 @@ pub async fn answer(enf: &Enforcer, bytes: &[u8]) -> Option<Vec<u8>> {
         return m.to_vec().ok();
     }
     enf.allowed(Kind::Dns);
-    if let Some(ips) = static_answer(enf, &name) {
+    if let Some((ips, _)) = static_answer(enf, &name) {
         let mut m = reply_to(&query, ResponseCode::NoError);
         if q.query_type() == RecordType::A {
             for ip in ips {
@@ -121,22 +121,23 @@ const STATIC_TTL: u32 = 60;
 
 /// The operator's own address for a name (`--egress-host`), checked by the guard like any
 /// answer and bound to the name.
-fn static_answer(enf: &Enforcer, name: &str) -> Option<Vec<IpAddr>> {
+fn static_answer(enf: &Enforcer, name: &str) -> Option<(Vec<IpAddr>, Vec<String>)> {
     let ips = enf.config.hosts.get(name)?;
-    let kept: Vec<IpAddr> = ips.iter().copied().filter(|ip| enf.config.guard.check(*ip).is_ok()).collect();
+    let mut refused = Vec::new();
+    let kept: Vec<IpAddr> =
+        ips.iter().copied().filter(|ip| enf.reachable(*ip).map_err(|e| refused.push(e)).is_ok()).collect();
     enf.bind(name, &kept, STATIC_TTL);
-    Some(kept)
+    Some((kept, refused))
 }
 
-/// Drops IPv6 and address-hint records and the addresses the guard refuses; binds the rest to
-/// the name. Returns the addresses kept and the reasons for those dropped.
+/// Drops IPv6 and address-hint records and the addresses the guard or the policy's IP rules
+/// refuse (as rebinding answers are); binds the rest to the name. Returns the addresses kept and the reasons for those dropped.
 fn filter_answers(enf: &Enforcer, name: &str, reply: &mut Message) -> (Vec<IpAddr>, Vec<String>) {
     let mut kept = Vec::new();
     let mut refused = Vec::new();
     let mut ttl = u32::MAX;
-    let guard = &enf.config.guard;
     let mut keep = |r: &hickory_proto::rr::Record| match &r.data {
-        RData::A(a) => match guard.check(IpAddr::V4(a.0)) {
+        RData::A(a) => match enf.reachable(IpAddr::V4(a.0)) {
             Ok(()) => {
                 kept.push(IpAddr::V4(a.0));
                 ttl = ttl.min(r.ttl);
@@ -207,26 +208,27 @@ async fn tcp_exchange(server: SocketAddr, wire: &[u8], id: u16) -> Option<Messag
 }
 
 /// The IPv4 addresses of a name, as the proxy dials them: from a recent answer the sandbox
-/// got, else asked of the upstream resolvers now (and checked against the guard).
-pub async fn resolve(enf: &Enforcer, name: &str) -> Vec<IpAddr> {
-    if let Some(ips) = static_answer(enf, name) {
-        return ips;
+/// got, else asked of the upstream resolvers now (and checked against the guard and the
+/// policy's IP rules). Also says why any address of the answer was dropped.
+pub async fn resolve(enf: &Enforcer, name: &str) -> (Vec<IpAddr>, Vec<String>) {
+    if let Some(answer) = static_answer(enf, name) {
+        return answer;
     }
     if let Some(ips) = enf.cached(name) {
-        return ips;
+        return (ips, Vec::new());
     }
     let Ok(qname) = Name::from_ascii(format!("{name}.")) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let mut q = Message::new(rand_id(), MessageType::Query, OpCode::Query);
     q.metadata.recursion_desired = true;
     q.add_query(hickory_proto::op::Query::query(qname, RecordType::A));
     let Ok(wire) = q.to_vec() else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     match ask_upstream(&enf.config.upstream, &wire, q.metadata.id).await {
-        Some(mut reply) => filter_answers(enf, name, &mut reply).0,
-        None => Vec::new(),
+        Some(mut reply) => filter_answers(enf, name, &mut reply),
+        None => (Vec::new(), Vec::new()),
     }
 }
 
@@ -317,5 +319,24 @@ mod tests {
         let a = Message::from_vec(&answer(&enf, &query("ok.test.", RecordType::A)).await.unwrap()).unwrap();
         assert_eq!(a.metadata.response_code, ResponseCode::ServFail, "allowed, but no upstream answers");
         assert_eq!(answer(&enf, b"\x00\x01").await, None);
+    }
+
+    #[tokio::test]
+    async fn an_answer_pointing_at_an_address_the_policy_denies_is_dropped_with_the_rule() {
+        let policy = EgressPolicy {
+            default_action: Action::Allow,
+            egress: vec![EgressRule { action: Action::Deny, target: "198.51.100.0/24".into() }],
+        };
+        let hosts = [
+            ("pinned.test".to_string(), vec!["198.51.100.7".parse().unwrap(), "203.0.113.3".parse().unwrap()]),
+            ("gone.test".to_string(), vec!["198.51.100.8".parse().unwrap()]),
+        ]
+        .into();
+        let enf = Enforcer::new(policy, Config { hosts, ..Config::default() });
+        let a = Message::from_vec(&answer(&enf, &query("pinned.test.", RecordType::A)).await.unwrap()).unwrap();
+        let ips: Vec<String> = a.answers.iter().map(|r| r.data.to_string()).collect();
+        assert_eq!(ips, vec!["203.0.113.3".to_string()], "only the address the policy allows");
+        let none = Message::from_vec(&answer(&enf, &query("gone.test.", RecordType::A)).await.unwrap()).unwrap();
+        assert!(none.answers.is_empty());
     }
 }

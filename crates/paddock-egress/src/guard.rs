@@ -25,12 +25,31 @@ const NEVER: &[&str] = &[
     "fd00:ec2::254/128",
 ];
 
-/// The operator's list, fixed when the enforcer starts.
+/// The operator's list, fixed when the enforcer starts, and the host's own addresses, which
+/// are also asked of the kernel on every check (an address gained later counts too).
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
     own: Vec<IpAddr>,
     blocked: Vec<IpNet>,
     allowed_private: Vec<IpNet>,
+    /// Whether a bind tells local from foreign addresses here (false where the host lets
+    /// sockets bind foreign addresses: then only the snapshot `own` is known).
+    live_v4: bool,
+    live_v6: bool,
+}
+
+/// Whether `ip` is one of this host's addresses now. A socket binds only a local address
+/// (EADDRNOTAVAIL otherwise), so this asks the kernel's own table, current to the moment;
+/// the alternative, following netlink address events, would leave a window between an
+/// address appearing and the event being read.
+fn is_local_now(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)).is_ok()
+}
+
+/// `net.ipv4.ip_nonlocal_bind` (or its IPv6 twin) lets any address bind: the live check
+/// would then call everything local.
+fn nonlocal_bind(family: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/sys/net/{family}/ip_nonlocal_bind")).is_ok_and(|v| v.trim() != "0")
 }
 
 fn nets(list: &[&str]) -> Vec<IpNet> {
@@ -41,7 +60,13 @@ impl Guard {
     /// `own`: the host's addresses (they carry the host's identity); `blocked`: the operator's
     /// extra ranges; `allowed_private`: private ranges the operator lets sandboxes reach.
     pub fn new(own: Vec<IpAddr>, blocked: Vec<IpNet>, allowed_private: Vec<IpNet>) -> Self {
-        Self { own: own.into_iter().map(canonical).collect(), blocked, allowed_private }
+        Self {
+            own: own.into_iter().map(canonical).collect(),
+            blocked,
+            allowed_private,
+            live_v4: !nonlocal_bind("ipv4"),
+            live_v6: !nonlocal_bind("ipv6"),
+        }
     }
 
     /// `Err` says why the address is never reachable.
@@ -52,7 +77,11 @@ impl Guard {
                 "{ip} is loopback, link-local (cloud metadata), multicast or unspecified, which no sandbox may reach"
             ));
         }
-        if self.own.contains(&ip) {
+        let live = match ip {
+            IpAddr::V4(_) => self.live_v4,
+            IpAddr::V6(_) => self.live_v6,
+        };
+        if self.own.contains(&ip) || (live && is_local_now(ip)) {
             return Err(format!("{ip} is an address of the host itself, which no sandbox may reach"));
         }
         if self.blocked.iter().any(|n| n.contains(&ip)) {
@@ -96,5 +125,21 @@ mod tests {
             assert!(g.check(ip.parse().unwrap()).is_ok(), "{ip} refused");
         }
         assert!(g.check("10.1.0.1".parse().unwrap()).unwrap_err().contains("--egress-allow-private"));
+    }
+
+    #[test]
+    fn an_address_of_the_host_is_refused_even_when_it_was_not_in_the_snapshot() {
+        // The address this host would send from towards a TEST-NET address: a UDP connect
+        // only picks a route and a source, it sends nothing.
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        probe.connect("192.0.2.1:9").expect("this host has a route besides loopback");
+        let ip = probe.local_addr().unwrap().ip();
+        assert!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
+        // Its range allowed, so only "it is the host's" can refuse it.
+        let g = Guard::new(vec![], vec![], vec![IpNet::from(ip)]);
+        assert!(g.live_v4, "net.ipv4.ip_nonlocal_bind is on here, so only the snapshot is known");
+        let why = g.check(ip).unwrap_err();
+        assert!(why.contains("an address of the host itself"), "{why}");
+        assert!(g.check("192.0.2.77".parse().unwrap()).is_ok(), "a TEST-NET address is not the host's");
     }
 }

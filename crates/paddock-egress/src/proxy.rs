@@ -68,6 +68,14 @@ enum Verdict {
 }
 
 async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
+    if let Hello::Unreadable { tls } = hello {
+        let what = if *tls { "TLS ClientHello" } else { "HTTP request head" };
+        return Verdict::Deny(format!(
+            "its {what} could not be read whole (malformed, over {} KiB, or not ended within {} s), so the name it carries cannot be judged",
+            if *tls { crate::sniff::MAX_CLIENT_HELLO >> 10 } else { crate::sniff::MAX_HEAD >> 10 },
+            WHOLE_HELLO.as_secs()
+        ));
+    }
     let policy = enf.policy();
     if let Some(name) = hello.name() {
         let decision = policy.decide_name(name);
@@ -77,9 +85,15 @@ async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
                 policy.explain(decision)
             ));
         }
-        let ips = crate::dns::resolve(enf, name).await;
+        let (mut ips, mut refused) = crate::dns::resolve(enf, name).await;
+        // Addresses bound before a policy change are judged again: a deny rule added since
+        // holds for them too.
+        ips.retain(|ip| enf.reachable(*ip).map_err(|e| refused.push(e)).is_ok());
         if ips.is_empty() {
-            return Verdict::Deny(format!("{name} did not resolve to an address a sandbox may reach"));
+            return Verdict::Deny(match refused.first() {
+                Some(why) => format!("{name} resolves only to addresses the sandbox may not reach ({why})"),
+                None => format!("{name} did not resolve to an address a sandbox may reach"),
+            });
         }
         // Only addresses Paddock resolved for this name: the one the client picked if it is
         // among them, else the first. A name that lies about its address reaches nothing else.
@@ -215,7 +229,7 @@ async fn intercept(
 /// `X-Paddock-Egress` header say it is a policy decision (so an agent stops retrying), a reset
 /// otherwise (TLS has no way to carry text before the server's hello).
 async fn refuse(mut conn: TcpStream, hello: &Hello, why: &str) {
-    if matches!(hello, Hello::Http(_)) {
+    if matches!(hello, Hello::Http(_) | Hello::Unreadable { tls: false }) {
         let _ = conn.write_all(&forbidden("policy denied", why, "network policy")).await;
         let _ = conn.shutdown().await;
         return;
@@ -234,4 +248,78 @@ pub(crate) fn forbidden(verb: &str, why: &str, by: &str) -> Vec<u8> {
         body.len()
     );
     [head.into_bytes(), body.into_bytes()].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Config;
+    use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+
+    fn allow_all_but(denied: &[&str]) -> EgressPolicy {
+        EgressPolicy {
+            default_action: Action::Allow,
+            egress: denied.iter().map(|t| EgressRule { action: Action::Deny, target: (*t).into() }).collect(),
+        }
+    }
+
+    fn enforcer(policy: EgressPolicy) -> Arc<Enforcer> {
+        let hosts = [("target.test".to_string(), vec!["198.51.100.7".parse().unwrap()])].into();
+        Enforcer::new(policy, Config { hosts, ..Config::default() })
+    }
+
+    fn denied(v: Verdict) -> String {
+        match v {
+            Verdict::Deny(why) => why,
+            Verdict::Dial(t) => panic!("dialled {t:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_address_denied_by_ip_or_cidr_is_denied_by_every_way_of_naming_it() {
+        let raw: SocketAddr = "198.51.100.7:80".parse().unwrap();
+        let other: SocketAddr = "203.0.113.9:443".parse().unwrap();
+        for rule in ["198.51.100.7", "198.51.100.0/24"] {
+            let enf = enforcer(allow_all_but(&[rule]));
+            assert!(denied(judge(&enf, raw, &Hello::Opaque).await).contains(rule));
+            // A name that resolves to it, an SNI for that name sent to another address, a false
+            // Host header: each would be dialled at the denied address.
+            for hello in [Hello::Http(Some("target.test".into())), Hello::Tls(Some("target.test".into()))] {
+                for orig in [raw, other] {
+                    let why = denied(judge(&enf, orig, &hello).await);
+                    assert!(why.contains("target.test resolves only to addresses") && why.contains(rule), "{why}");
+                }
+            }
+            // The sandbox's own DNS gets no address for it either.
+            assert!(crate::dns::resolve(&enf, "target.test").await.0.is_empty());
+        }
+        // Without the rule the same name is dialled at its address, and only there.
+        let open = enforcer(allow_all_but(&["192.0.2.0/24"]));
+        match judge(&open, other, &Hello::Tls(Some("target.test".into()))).await {
+            Verdict::Dial(t) => assert_eq!(t, vec!["198.51.100.7:443".parse::<SocketAddr>().unwrap()]),
+            Verdict::Deny(why) => panic!("{why}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_address_bound_before_a_deny_rule_was_added_is_denied_after_it() {
+        let enf = enforcer(EgressPolicy::allow_all());
+        enf.bind("cached.test", &["203.0.113.20".parse().unwrap()], 300);
+        let hello = Hello::Http(Some("cached.test".into()));
+        let orig: SocketAddr = "203.0.113.20:80".parse().unwrap();
+        assert!(matches!(judge(&enf, orig, &hello).await, Verdict::Dial(_)));
+        enf.set_policy(allow_all_but(&["203.0.113.20/32"]));
+        assert!(denied(judge(&enf, orig, &hello).await).contains("egress rule 0 (deny 203.0.113.20/32)"));
+    }
+
+    #[tokio::test]
+    async fn a_first_message_that_cannot_be_read_whole_is_refused_even_where_its_address_is_allowed() {
+        let enf = enforcer(EgressPolicy::allow_all());
+        let orig: SocketAddr = "203.0.113.9:443".parse().unwrap();
+        let why = denied(judge(&enf, orig, &Hello::Unreadable { tls: true }).await);
+        assert!(why.contains("TLS ClientHello could not be read whole"), "{why}");
+        let why = denied(judge(&enf, orig, &Hello::Unreadable { tls: false }).await);
+        assert!(why.contains("HTTP request head"), "{why}");
+        assert!(matches!(judge(&enf, orig, &Hello::Opaque).await, Verdict::Dial(_)));
+    }
 }

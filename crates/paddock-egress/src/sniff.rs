@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// The most bytes read before a decision: a ClientHello or a request head larger than this is
-/// judged without a name.
-pub const MAX_HELLO: usize = 16 << 10;
+/// The most bytes of an HTTP request head read before a decision.
+pub const MAX_HEAD: usize = 16 << 10;
+/// The most bytes of a TLS ClientHello read before a decision. rustls reads a hello of up to
+/// about 16 KiB, which may span records (browsers' post-quantum hellos are under 2 KiB); a
+/// larger one is refused, never judged by its address alone.
+pub const MAX_CLIENT_HELLO: usize = 20 << 10;
 
 /// What the client said first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +20,10 @@ pub enum Hello {
     Tls(Option<String>),
     /// An HTTP/1 request; its `Host` (or absolute-form authority) without the port.
     Http(Option<String>),
+    /// A ClientHello (`tls`) or an HTTP request head that did not end within its bound of
+    /// bytes or time, or a TLS handshake too malformed to read. It is refused: judged by its
+    /// address alone, the name it carries (which a laxer server may read) would go unjudged.
+    Unreadable { tls: bool },
     /// Something else, or nothing yet (a protocol where the server speaks first).
     Opaque,
 }
@@ -45,16 +52,23 @@ pub async fn sniff<R: AsyncRead + Unpin>(r: &mut R, first: Duration, whole: Dura
     }
     let deadline = tokio::time::Instant::now() + whole;
     loop {
+        let tls = buf.first() == Some(&0x16);
+        let bound = if tls { MAX_CLIENT_HELLO } else { MAX_HEAD };
         match classify(&buf) {
             Progress::Done(h) => return (h, buf),
-            Progress::More if buf.len() < MAX_HELLO => {}
-            Progress::More => return (Hello::Opaque, buf),
+            Progress::More if buf.len() < bound => {}
+            Progress::More => return (unfinished(&buf), buf),
         }
         match tokio::time::timeout_at(deadline, r.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-            _ => return (Hello::Opaque, buf),
+            _ => return (unfinished(&buf), buf),
         }
     }
+}
+
+/// What a first message that never ended is: only TLS or HTTP are read on (see `classify`).
+fn unfinished(buf: &[u8]) -> Hello {
+    if buf.first() == Some(&0x16) { unreadable_tls(buf) } else { Hello::Unreadable { tls: false } }
 }
 
 enum Progress {
@@ -77,7 +91,7 @@ fn tls(buf: &[u8]) -> Progress {
         match acceptor.read_tls(&mut rd) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(_) => return Progress::Done(Hello::Opaque),
+            Err(_) => return Progress::Done(unreadable_tls(buf)),
         }
     }
     match acceptor.accept() {
@@ -85,8 +99,14 @@ fn tls(buf: &[u8]) -> Progress {
             Progress::Done(Hello::Tls(accepted.client_hello().server_name().map(|s| s.to_ascii_lowercase())))
         }
         Ok(None) => Progress::More,
-        Err(_) => Progress::Done(Hello::Opaque),
+        Err(_) => Progress::Done(unreadable_tls(buf)),
     }
+}
+
+/// A first record that says it is a TLS handshake (0x16, version 3.x) but that rustls cannot
+/// read is refused rather than relayed unjudged; anything else starting with 0x16 is opaque.
+fn unreadable_tls(buf: &[u8]) -> Hello {
+    if buf.get(1) == Some(&3) { Hello::Unreadable { tls: true } } else { Hello::Opaque }
 }
 
 fn http(buf: &[u8]) -> Progress {
@@ -170,8 +190,47 @@ mod tests {
         let big = client_hello("big.example.com", 6000);
         assert!(big.len() > 4096);
         assert_eq!(run(&big).await, Hello::Tls(Some("big.example.com".into())));
-        // Cut short: the client never finishes its hello, so there is no name.
-        assert_eq!(run(&big[..3000]).await, Hello::Opaque);
+        // Cut short: the client never finishes its hello, so it cannot be judged by name.
+        assert_eq!(run(&big[..3000]).await, Hello::Unreadable { tls: true });
+    }
+
+    /// A hello longer than one TLS record (16 KiB) is split across records, as TLS allows;
+    /// its name is read all the same.
+    fn across_records(hello: &[u8], record: usize) -> Vec<u8> {
+        let body = &hello[5..];
+        let mut out = Vec::new();
+        for part in body.chunks(record) {
+            out.extend([0x16, 3, 1]);
+            out.extend((part.len() as u16).to_be_bytes());
+            out.extend(part);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_hello_is_judged_by_its_name_across_records_or_refused_when_unreadable() {
+        let big = client_hello("big.example.com", 12_000);
+        assert_eq!(run(&across_records(&big, 5000)).await, Hello::Tls(Some("big.example.com".into())));
+        // 40 000 bytes of padding: more than rustls reads, split over records as TLS allows.
+        // The name is never judged, so the connection is refused, not judged by its address.
+        let huge = client_hello("huge.example.com", 40_000);
+        assert_eq!(run(&across_records(&huge, 16 << 10)).await, Hello::Unreadable { tls: true });
+        // A handshake message declaring more than TLS's largest: never a name, never Opaque.
+        let mut endless = vec![0x16, 3, 1, 0x40, 0x00, 1, 0xff, 0xff, 0xff];
+        endless.extend(vec![0u8; 0x4000 - 4]);
+        for _ in 0..5 {
+            endless.extend([0x16, 3, 1, 0x40, 0x00]);
+            endless.extend(vec![0u8; 0x4000]);
+        }
+        assert_eq!(run(&endless).await, Hello::Unreadable { tls: true }, "judged by its address alone");
+        // Bytes past its end that rustls cannot parse: refused too, not relayed opaque.
+        assert_eq!(run(&[0x16, 3, 1, 0, 4, 9, 9, 9, 9]).await, Hello::Unreadable { tls: true });
+        assert_eq!(run(&[0x16, 0x42, 0x42]).await, Hello::Opaque, "not TLS");
+        // An HTTP head longer than its bound, or one that stalls.
+        let mut head = b"GET / HTTP/1.1\r\nHost: evil.test\r\nX-Pad: ".to_vec();
+        head.extend(vec![b'a'; MAX_HEAD]);
+        assert_eq!(run(&head).await, Hello::Unreadable { tls: false });
+        assert_eq!(run(b"GET / HTTP/1.1\r\nHost: ev").await, Hello::Unreadable { tls: false });
     }
 
     #[tokio::test]

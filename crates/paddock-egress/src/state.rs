@@ -89,6 +89,20 @@ impl Enforcer {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
     }
 
+    /// Whether the sandbox may dial `ip` at all, whatever name led there: the operator's guard
+    /// (checked live for the host's own addresses), then the policy's IP and CIDR denials, which
+    /// hold for an address reached by a name, a false `Host` or an SNI as for a raw one.
+    pub(crate) fn reachable(&self, ip: IpAddr) -> Result<(), String> {
+        self.config.guard.check(ip)?;
+        let policy = self.policy();
+        match policy.decide_ip_rules(ip) {
+            Some(d) if !d.allowed() => {
+                Err(format!("{ip} is denied by the sandbox's egress policy: {}", policy.explain(d)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The credential vault now (empty when there is none); a request keeps the one it was
     /// judged by.
     pub fn vault(&self) -> Arc<Vault> {

@@ -146,6 +146,8 @@ pub fn classify(stderr: &str) -> FileErrorKind {
         ("not a regular file", FileErrorKind::InvalidPath),
         ("file name too long", FileErrorKind::InvalidPath),
         ("invalid argument", FileErrorKind::InvalidPath),
+        ("no space left on device", FileErrorKind::NoSpace),
+        ("disk quota exceeded", FileErrorKind::NoSpace),
     ];
     table
         .iter()

@@ -441,7 +441,7 @@ impl LocalRuntime {
                 }
                 None => {
                     return Err(RuntimeError::Unavailable(format!(
-                        "sandbox {id} closed the file operation without answering (it may have been destroyed or run out of processes)"
+                        "sandbox {id} closed the file operation without answering (it may have been destroyed, or run out of processes or memory)"
                     )));
                 }
             }
@@ -802,7 +802,7 @@ impl Runtime for LocalRuntime {
     ) -> Result<(), RuntimeError> {
         let (r, w) = pipe_fds()?;
         let mut sink = pipe_writer(w)?;
-        let op = self.file_call(id, FileCall::Write { path: path.to_owned(), mode }, Some(r));
+        let op = self.file_call(id, FileCall::Write { path: path.to_owned(), mode, room: None }, Some(r));
         let feed = async move {
             let copied = tokio::io::copy(&mut data, &mut sink).await;
             // Closing the pipe is the end of the file for the writer in the sandbox.

@@ -380,6 +380,8 @@ fn setup(dd: &DataDir, id: &SandboxId) -> Result<(Start, Served, OwnedFd), Strin
         .map_err(|e| format!("binding {}: {e}", sock_path.display()))?;
     fs::set_permissions(&sock_path, fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
     paddock_sys::ids::drop_to(start.uid, start.gid).map_err(|e| format!("dropping privileges: {e}"))?;
+    // Still one thread: every thread the async runtime starts later inherits the filter.
+    paddock_sys::fence::confine_helper().map_err(|e| format!("confining the enforcer: {e}"))?;
     Ok((start, Served { listeners: paddock_egress::Listeners { proxy, dns_udp, dns_tcp, control }, gateway }, init))
 }
 

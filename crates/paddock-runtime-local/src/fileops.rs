@@ -38,9 +38,28 @@ fn io_err(op: &str, path: &Path, e: io::Error) -> RuntimeError {
         ErrorKind::IsADirectory => FileErrorKind::IsADirectory,
         ErrorKind::DirectoryNotEmpty => FileErrorKind::DirectoryNotEmpty,
         ErrorKind::InvalidInput | ErrorKind::InvalidFilename => FileErrorKind::InvalidPath,
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge => FileErrorKind::NoSpace,
         _ => FileErrorKind::Other,
     };
     file_err(kind, format!("{op} {}: {e}", path.display()))
+}
+
+/// Whether the file's filesystem keeps its pages in the sandbox's memory: a tmpfs, or the
+/// root's overlay, whose upper layer is a tmpfs in this runtime.
+fn kept_in_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const OVERLAYFS_SUPER_MAGIC: u64 = 0x794c_7630;
+    rustix::fs::fstatfs(file).is_ok_and(|st| matches!(st.f_type as u64, TMPFS_MAGIC | OVERLAYFS_SUPER_MAGIC))
+}
+
+fn too_big_for_memory(p: &Path, room: crate::protocol::MemoryRoom) -> String {
+    use paddock_core::units::format_bytes;
+    format!(
+        "write {}: the file needs more memory than the sandbox has left ({} free of its {} limit), so it was not written. Files in the root's writable layer, /tmp and a scratch workspace are kept in memory: give the sandbox more memory, or write to a thread's workspace or a volume, which are on disk",
+        p.display(),
+        format_bytes(room.free),
+        format_bytes(room.limit)
+    )
 }
 
 /// Set-uid and set-gid bits are never set through the file API: a set-id file in a sandbox
@@ -74,7 +93,7 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
             io::copy(&mut file, &mut sink).map_err(|e| io_err("read", &p, e))?;
             return Ok(FileReply::Stat(stat_of(&p, &meta)));
         }
-        FileCall::Write { path, mode } => {
+        FileCall::Write { path, mode, room } => {
             let p = resolve(path)?;
             if let Some(parent) = p.parent() {
                 fs::create_dir_all(parent).map_err(|e| io_err("create parent of", &p, e))?;
@@ -89,7 +108,22 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
                 .map_err(|e| io_err("write", &p, e))?;
             require_regular("write", &p, &file.metadata().map_err(|e| io_err("write", &p, e))?)?;
             let mut source = File::from(data.ok_or_else(|| missing_data("write"))?);
-            io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
+            match room.filter(|_| kept_in_memory(&file)) {
+                None => {
+                    io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
+                }
+                Some(room) => {
+                    // Past what is free the memory cgroup's OOM killer would end a process
+                    // (perhaps the sandbox's init) instead of the write failing.
+                    let copied = io::copy(&mut io::Read::take(&mut source, room.free + 1), &mut file)
+                        .map_err(|e| io_err("write", &p, e))?;
+                    if copied > room.free {
+                        drop(file);
+                        let _ = fs::remove_file(&p);
+                        return Err(file_err(FileErrorKind::NoSpace, too_big_for_memory(&p, room)));
+                    }
+                }
+            }
             if let Some(mode) = mode {
                 fs::set_permissions(&p, fs::Permissions::from_mode(without_set_id(*mode)))
                     .map_err(|e| io_err("chmod", &p, e))?;

@@ -298,7 +298,7 @@ impl Init {
             }
             InitRequest::File { op, has_data } => {
                 let data = if has_data { fds.pop() } else { None };
-                worker(connection, move |conn| answer_file(conn, crate::fileops::run(&op, data)));
+                self.worker_at_top(connection, move |conn| answer_file(conn, crate::fileops::run(&op, data)));
             }
             // A server in the sandbox can stall a connect for minutes; only a worker waits.
             InitRequest::Connect { port } => worker(connection, move |conn| match connect_loopback(port) {
@@ -307,6 +307,20 @@ impl Init {
             }),
         }
         true
+    }
+
+    /// Forks a worker at the OOM killer's top score, as commands start: a file write that
+    /// outgrows the memory limit after all ends the worker, not the init (and the sandbox).
+    fn worker_at_top(&mut self, connection: OwnedFd, job: impl FnOnce(&OwnedFd)) {
+        match &self.oom_score {
+            Some(score) => {
+                let ((), kept) = score.spawn_at_top(|| worker(connection, job));
+                if !kept {
+                    self.oom_score = None;
+                }
+            }
+            None => worker(connection, job),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

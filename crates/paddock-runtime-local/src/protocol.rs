@@ -79,10 +79,24 @@ pub enum InitRequest {
 pub enum FileCall {
     /// Streams a regular file's bytes into the data pipe.
     Read { path: String },
-    /// Replaces a regular file with the bytes of the data pipe, creating parents.
-    Write { path: String, mode: Option<u32> },
+    /// Replaces a regular file with the bytes of the data pipe, creating parents. `room`: what
+    /// the sandbox's memory holds and has left, which a file kept in memory may not outgrow
+    /// (filled in by the supervisor, which can read the cgroup).
+    Write {
+        path: String,
+        mode: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        room: Option<MemoryRoom>,
+    },
     #[serde(untagged)]
     Meta(FileOp),
+}
+
+/// A sandbox's memory limit and what of it is free for a file kept in memory, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRoom {
+    pub limit: u64,
+    pub free: u64,
 }
 
 /// Client → init, on an exec's connection while it runs.
@@ -200,7 +214,7 @@ mod tests {
     fn file_calls_round_trip_with_the_runtime_ops_inside() {
         for call in [
             FileCall::Read { path: "/a".into() },
-            FileCall::Write { path: "b".into(), mode: Some(0o600) },
+            FileCall::Write { path: "b".into(), mode: Some(0o600), room: None },
             FileCall::Meta(FileOp::Stat { path: "/c".into() }),
             FileCall::Meta(FileOp::Remove { path: "/d".into(), recursive: true }),
         ] {

@@ -609,10 +609,13 @@ impl Supervisor {
                 crate::ownership::chown(self.init_pid, crate::ownership::Ids { host, inside }, &path, user, group)
                     .map(|reply| Reply::File { reply })
             }
-            Request::File { op, has_data } => {
+            Request::File { mut op, has_data } => {
                 if self.cgroup.is_frozen() {
                     Err(paused())
                 } else {
+                    if let protocol::FileCall::Write { room, .. } = &mut op {
+                        *room = self.memory_room();
+                    }
                     return self.forward(conn, &InitRequest::File { op, has_data }, fds);
                 }
             }
@@ -676,6 +679,14 @@ impl Supervisor {
         let reply = result.unwrap_or_else(|e| Reply::Error { error: WireError::from(&e) });
         send(&conn, &reply);
         false
+    }
+
+    /// What a file kept in memory may still take: the limit less what reclaim cannot free,
+    /// less a reserve for the processes that run (an eighth of the limit, at least 16 MiB).
+    fn memory_room(&self) -> Option<protocol::MemoryRoom> {
+        let (limit, pinned) = self.cgroup.memory_pinned()?;
+        let reserve = (limit / 8).max(16 << 20);
+        Some(protocol::MemoryRoom { limit, free: limit.saturating_sub(pinned).saturating_sub(reserve) })
     }
 
     /// Hands a request and its connection to the init, which answers the client directly.

@@ -52,6 +52,7 @@ impl From<RuntimeError> for ApiError {
                 FileErrorKind::NotFound => StatusCode::NOT_FOUND,
                 FileErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
                 FileErrorKind::AlreadyExists | FileErrorKind::DirectoryNotEmpty => StatusCode::CONFLICT,
+                FileErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
                 _ => StatusCode::BAD_REQUEST,
             },
             // A paused or stopped sandbox is a state conflict the client can act on.

@@ -398,6 +398,20 @@ impl SandboxCgroup {
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
+    /// The memory limit and what of it no reclaim can free (anonymous memory and tmpfs pages;
+    /// page cache is left out, since the kernel drops it before it kills), bytes. `None`
+    /// without a memory controller or a limit.
+    pub fn memory_pinned(&self) -> Option<(u64, u64)> {
+        let (dir, limit_file, fields): (&Path, _, &[&str]) = if self.limits_on_v2 {
+            (self.unified.as_deref()?, "memory.max", &["anon", "shmem"])
+        } else {
+            (self.v1_dir("memory")?, "memory.limit_in_bytes", &["total_rss", "total_shmem"])
+        };
+        let limit: u64 = fs::read_to_string(dir.join(limit_file)).ok()?.trim().parse().ok()?;
+        let stat = fs::read_to_string(dir.join("memory.stat")).ok()?;
+        Some((limit, sum_of_fields(&stat, fields)))
+    }
+
     /// CPU time used by every process of the sandbox so far, nanoseconds: v1's
     /// `cpuacct.usage` where cpuacct shares the cpu hierarchy, else cgroup2's `cpu.stat`, which
     /// the v2 core keeps even without the cpu controller.
@@ -512,8 +526,25 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The sum of the named lines of a `memory.stat` ("name value" per line).
+fn sum_of_fields(stat: &str, fields: &[&str]) -> u64 {
+    stat.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, _)| fields.contains(k))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pinned_memory_sums_anonymous_and_tmpfs_pages_only() {
+        let v1 = "cache 100\nrss 7\nshmem 5\ntotal_cache 4096\ntotal_rss 1000\ntotal_shmem 24\ntotal_mapped_file 9\n";
+        assert_eq!(super::sum_of_fields(v1, &["total_rss", "total_shmem"]), 1024);
+        let v2 = "anon 300\nfile 9000\nkernel 5\nshmem 12\n";
+        assert_eq!(super::sum_of_fields(v2, &["anon", "shmem"]), 312);
+    }
+
     use super::*;
 
     const HYBRID: &str = "\

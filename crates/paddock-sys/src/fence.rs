@@ -185,6 +185,20 @@ pub fn compile_seccomp() -> SeccompProgram {
     SeccompProgram { filter: tree::compile(&rules()) }
 }
 
+/// Confines a helper process of Paddock's own that sandboxes talk to (the egress enforcer)
+/// once it has set itself up: the sandbox's filter plus no program execution (a helper never
+/// starts one after setup, so code that took it over cannot either), no_new_privs, and not
+/// dumpable, so no process of the same uid can read its memory or attach to it.
+pub fn confine_helper() -> Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| SysError::call("make the process non-dumpable", e))?;
+    set_no_new_privs()?;
+    let nr = |n: i64| u32::try_from(n).expect("syscall numbers are small");
+    let mut rules = rules();
+    rules.extend([libc::SYS_execve, libc::SYS_execveat].map(|n| (nr(n), tree::Rule::Deny)));
+    apply_seccomp(&SeccompProgram { filter: tree::compile(&rules) })
+}
+
 /// Installs the filter on the calling thread (no_new_privs must already be set).
 pub fn apply_seccomp(program: &SeccompProgram) -> Result<()> {
     seccompiler::apply_filter(&program.filter)

@@ -70,6 +70,15 @@ impl World {
     }
 }
 
+impl World {
+    /// The world's CA at `/tmp/ca.pem` in the sandbox, for curl's `--cacert`.
+    async fn put_ca(&self, env: &Env, id: &paddock_core::runtime::SandboxId) {
+        let request = paddock_core::runtime::ExecRequest::shell("cat > /tmp/ca.pem");
+        let put = common::exec(&env.rt, id, request, Some(self.ca.clone().into_bytes())).await;
+        assert_eq!(put.code(), 0, "{}", put.stderr);
+    }
+}
+
 impl Drop for World {
     fn drop(&mut self) {
         // Closing its stdin tears the world down.
@@ -123,14 +132,7 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
     let id = env
         .confined(spec(rules(Action::Deny, &[(Action::Allow, "allowed.test"), (Action::Allow, "*.wild.test")])))
         .await;
-    let put_ca = common::exec(
-        &env.rt,
-        &id,
-        paddock_core::runtime::ExecRequest::shell("cat > /tmp/ca.pem"),
-        Some(world.ca.clone().into_bytes()),
-    )
-    .await;
-    assert_eq!(put_ca.code(), 0);
+    world.put_ca(&env, &id).await;
     // A listener on the host's own end of the world's link: no sandbox may reach it.
     let host_listener = std::net::TcpListener::bind((world.host_ip.as_str(), 0)).unwrap();
     host_listener.set_nonblocking(true).unwrap();
@@ -242,8 +244,12 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
 }
 
 fn enforcer_running(id: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        std::fs::read(p.path().join("cmdline"))
+    enforcer_pid(id).is_some()
+}
+
+fn enforcer_pid(id: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/proc").unwrap().flatten().map(|p| p.path()).find(|p| {
+        std::fs::read(p.join("cmdline"))
             .map(|c| {
                 let c = String::from_utf8_lossy(&c);
                 c.contains("__egress") && c.contains(id)
@@ -319,6 +325,14 @@ async fn allow_all_still_refuses_the_host_metadata_loopback_and_private_ranges()
     let world = World::up("a", "10.77.43");
     let env = world.env();
     let id = env.confined(spec(EgressPolicy::allow_all())).await;
+    // The enforcer itself: not root, filtered, no_new_privs, and not dumpable (its /proc
+    // files then belong to root, so no process of its uid can read its memory).
+    let proc = enforcer_pid(id.as_str()).expect("the enforcer runs");
+    let status = std::fs::read_to_string(proc.join("status")).unwrap();
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("").to_owned();
+    assert!(!field("Uid:").starts_with("0"), "{status}");
+    assert_eq!((field("Seccomp:"), field("NoNewPrivs:")), ("2".into(), "1".into()), "{status}");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(proc.join("mem")).unwrap()), 0, "dumpable");
     let out = sh(&env.rt, &id, &format!("curl -sS -m 10 http://allowed.test/ http://{}/", world.raw_ip)).await;
     assert_eq!(
         out.stdout,
@@ -339,4 +353,96 @@ async fn allow_all_still_refuses_the_host_metadata_loopback_and_private_ranges()
         assert!(q.starts_with("rcode 0 ") && q.contains("no sandbox may reach"), "{name}: {q}");
         assert_eq!(sh(&env.rt, &id, &format!("curl -sS -m 5 http://{name}/")).await.code(), 6, "{name}");
     }
+}
+
+/// An IP or CIDR deny rule holds for every way of reaching the address: by its address, by a
+/// name that resolves to it (DNS drops the answer), by a false `Host` header or a TLS SNI sent
+/// to another address (the proxy would dial the name's address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_rule_for_an_address_holds_for_every_name_that_leads_there() {
+    let world = World::up("n", "10.77.44");
+    let env = world.env();
+    let id = env.confined(spec(EgressPolicy::allow_all())).await;
+    world.put_ca(&env, &id).await;
+    // Before the rule: the name reaches the world's address.
+    let open = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
+    assert_eq!(open.stdout, "hello from outside host=allowed.test sni=-\n", "{}", open.stderr);
+
+    for rule in [world.ip.clone(), format!("{}/32", world.ip)] {
+        env.rt.set_egress(&id, rules(Action::Allow, &[(Action::Deny, &rule)])).await.unwrap();
+        let raw = sh(&env.rt, &id, &format!("curl -sS -m 5 -w '%{{http_code}}' http://{}/", world.ip)).await;
+        assert!(raw.stdout.ends_with("403"), "{rule}: {raw:?}");
+        // The name: no address for it.
+        let q = dns(&env, &id, "allowed.test").await;
+        assert!(q.starts_with("rcode 0 ") && q.contains(&format!("egress rule 0 (deny {rule})")), "{rule}: {q}");
+        assert_eq!(sh(&env.rt, &id, "curl -sS -m 5 http://allowed.test/").await.code(), 6, "{rule}");
+        // A false Host to an address the policy allows: a 403 naming the rule, not the page.
+        let host = sh(
+            &env.rt,
+            &id,
+            &format!("curl -sS -m 5 -w ' %{{http_code}}' -H 'Host: allowed.test' http://{}/", world.raw_ip),
+        )
+        .await;
+        assert!(host.stdout.ends_with(" 403") && host.stdout.contains(&format!("deny {rule}")), "{rule}: {host:?}");
+        // The SNI of the name, sent to the allowed address: reset, never answered.
+        let sni = sh(
+            &env.rt,
+            &id,
+            &format!(
+                "curl -sS -m 5 --cacert /tmp/ca.pem --resolve allowed.test:443:{} https://allowed.test/",
+                world.raw_ip
+            ),
+        )
+        .await;
+        assert!(sni.code() != 0 && !sni.stdout.contains("hello"), "{rule}: {sni:?}");
+        // The other address stays reachable.
+        let other = sh(&env.rt, &id, &format!("curl -sS -m 10 http://{}/", world.raw_ip)).await;
+        assert_eq!(other.stdout, format!("hello from outside host={} sni=-\n", world.raw_ip), "{}", other.stderr);
+    }
+    let status = env.rt.egress(&id).await.unwrap();
+    assert!(
+        status.denials.iter().any(|d| d.reason.contains("allowed.test resolves only to addresses")),
+        "{:?}",
+        status.denials
+    );
+}
+
+/// An address the host gains after a sandbox's enforcer started (a new interface, a VPN, a
+/// DHCP lease) is the host's too: refused as the host's other addresses are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_the_host_gains_later_is_refused_like_its_others() {
+    let world = World::up("h", "10.77.45");
+    let env = world.env();
+    let id = env.confined(spec(EgressPolicy::allow_all())).await;
+    // A TEST-NET address on a veth pair of this test's own (both ends in the host's namespace),
+    // added only now.
+    let link = format!("pdkh{}", std::process::id() % 100_000);
+    let addr = "198.51.100.77";
+    struct Dummy(String);
+    impl Drop for Dummy {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+        }
+    }
+    let peer = format!("{link}p");
+    assert!(
+        Command::new("ip")
+            .args(["link", "add", &link, "type", "veth", "peer", "name", &peer])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _dummy = Dummy(link.clone());
+    assert!(Command::new("ip").args(["addr", "add", &format!("{addr}/32"), "dev", &link]).status().unwrap().success());
+    assert!(Command::new("ip").args(["link", "set", &link, "up"]).status().unwrap().success());
+    let listener = std::net::TcpListener::bind((addr, 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+
+    let out = sh(&env.rt, &id, &format!("curl -sS -m 5 -w ' %{{http_code}}' http://{addr}:{port}/")).await;
+    assert!(out.stdout.ends_with(" 403") && out.stdout.contains("an address of the host itself"), "{out:?}");
+    assert!(listener.accept().is_err(), "a connection reached the host's new address");
+    // The world stays reachable: only the host's address is refused.
+    let ok = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
+    assert_eq!(ok.stdout, "hello from outside host=allowed.test sni=-\n", "{}", ok.stderr);
 }

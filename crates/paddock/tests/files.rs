@@ -549,3 +549,30 @@ async fn a_directory_too_large_to_list_is_refused_without_being_held() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A file kept in memory (the root's writable layer, `/tmp`) that would outgrow the sandbox's
+/// memory is refused with the limit named, and leaves nothing: the sandbox lives on, where
+/// the memory cgroup's OOM killer used to end its init.
+#[tokio::test]
+async fn a_write_bigger_than_the_memory_left_is_refused_and_the_sandbox_lives() {
+    let env = Env::new();
+    let mut spec = SandboxSpec::default();
+    spec.resources.memory_bytes = 64 << 20;
+    let id = env.confined(spec).await;
+    let data = random_bytes(96 << 20);
+    for path in ["/tmp/too-big.bin", "/tmp/deeper/too-big.bin"] {
+        let before = sh_ok(&env, &id, "echo $$").await;
+        let e = assert_file_err(write(&env, &id, path, None, &data).await, FileErrorKind::NoSpace);
+        let msg = e.to_string();
+        assert!(msg.contains("of its 64MiB limit") && msg.contains(path), "{msg}");
+        assert_eq!(e.code(), "NO_SPACE");
+        assert_file_err(stat(&env, &id, path).await, FileErrorKind::NotFound);
+        // Alive and running commands, its memory given back.
+        assert_eq!(env.rt.get(&id).await.unwrap().state, paddock_core::runtime::SandboxState::Running);
+        assert_ne!(sh_ok(&env, &id, "echo $$").await, "", "{before}");
+        let small = random_bytes(1 << 20);
+        let s = expect_stat(write(&env, &id, path, None, &small).await);
+        assert_eq!(s.size, 1 << 20);
+        op(&env, &id, FileOp::Remove { path: path.into(), recursive: false }).await.unwrap();
+    }
+}
