@@ -179,10 +179,14 @@ impl MakeRequestId for MakeId {
 /// egress, port proxy) under `/v1/sandboxes/{id}/proxy/{port}`, and the unauthenticated
 /// `/health`, `/version`, `/metrics`.
 pub fn app(state: AppState) -> Router {
+    // Bodies are read (and room for them reserved) only once the credential is known good:
+    // the budget's shares are by credential, which an unauthenticated client could vary.
     let api = lifecycle::router()
         .merge(runs::api::router())
+        .route_layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let sandbox = proxy::router(state.config.max_upload_bytes)
+        .route_layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
     let inner = Router::new()
@@ -195,7 +199,6 @@ pub fn app(state: AppState) -> Router {
         .merge(sandbox)
         .fallback(any(|| async { ApiError::not_found("no such route: see /v1/openapi.json for the API") }))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
-        .layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
         .layer(middleware::from_fn(too_large_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
         .layer(middleware::from_fn(unread::close_when_unread))
@@ -234,7 +237,7 @@ async fn too_large_as_json(req: Request, next: Next) -> Response {
     response
 }
 
-fn json_too_large() -> ApiError {
+pub(crate) fn json_too_large() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "PAYLOAD_TOO_LARGE",
@@ -596,6 +599,7 @@ pub async fn serve(
             router.clone(),
             move |mut req: Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(this.clone());
+                req.extensions_mut().insert(budget::PeerIp(peer.ip()));
                 req
             },
         ));

@@ -675,3 +675,39 @@ async fn an_evaluation_queues_its_tasks_together_or_refuses_them_all() {
     let (status, _) = s.call("GET", "/v1/evaluations/eval-nope", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// One sandbox that opens many gateway connections and trickles their bodies holds only its
+/// share (an eighth of `--gateway-max-connections`); other sandboxes' calls go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_one_sandbox_holds_only_its_share_of_the_gateway() {
+    let s = Server::new().await;
+    let (greedy, other) = (s.create().await, s.create().await);
+    let share = paddock_server::runs::RunOptions::for_tests().gateway_max_connections / 8;
+    let stalled = |sandbox: &str| {
+        let mut c = std::net::TcpStream::connect(s.gateway).unwrap();
+        let head = format!(
+            "{} {}\r\nPOST /v1/events HTTP/1.1\r\nHost: gateway\r\nContent-Length: 100\r\n\r\n{{",
+            paddock_core::spec::GATEWAY_PREAMBLE,
+            forwarder(&s, sandbox)
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        c
+    };
+    let held: Vec<_> = (0..share).map(|_| stalled(&greedy)).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // One more from the same sandbox is closed at once ...
+    let mut extra = stalled(&greedy);
+    extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    let closed_at = Instant::now();
+    assert_eq!(extra.read(&mut buf).unwrap_or(0), 0, "the connection past the share was served");
+    assert!(closed_at.elapsed() < Duration::from_secs(3));
+    // ... while another sandbox is answered (401: its token is made up, but it was heard).
+    let (status, _) = gateway(s.gateway, "GET", "/v1/run", "made-up", &[], b"", Some(&forwarder(&s, &other))).await;
+    assert_eq!(status, 401);
+    // Its share comes back when its connections close.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = gateway(s.gateway, "GET", "/v1/run", "made-up", &[], b"", Some(&forwarder(&s, &greedy))).await;
+    assert_eq!(status, 401);
+}

@@ -120,7 +120,8 @@ pub struct ServeArgs {
     /// 127.0.0.1:8081). Default 127.0.0.1:8081, or a free port when that one is taken.
     #[arg(long, value_name = "ADDR:PORT")]
     gateway_listen: Option<SocketAddr>,
-    /// Gateway connections held open at once.
+    /// Gateway connections held open at once; one sandbox (or one address connecting
+    /// directly) may hold an eighth of them, at least 4.
     #[arg(long, default_value_t = 256)]
     gateway_max_connections: usize,
     /// How long a driver's heartbeat keeps its attempt's lease.

@@ -336,6 +336,49 @@ async fn preamble(tcp: &mut tokio::net::TcpStream, secret: &str) -> std::io::Res
     Err(std::io::Error::other("a forwarder line too long"))
 }
 
+/// Gateway connections by origin (the sandbox a forwarder names, else the peer's address),
+/// each origin held to a share of the gateway's connections: one sandbox that opens many,
+/// or trickles its bodies, leaves the rest for the others.
+struct Origins {
+    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    share: usize,
+}
+
+/// One connection's place in its origin's share, given back on drop.
+struct OriginSlot {
+    origins: Arc<Origins>,
+    key: String,
+}
+
+impl Origins {
+    /// An origin's share of `total` connections: an eighth, at least 4.
+    fn new(total: usize) -> Arc<Self> {
+        Arc::new(Self { held: Default::default(), share: (total / 8).max(4).min(total.max(1)) })
+    }
+
+    fn take(self: &Arc<Self>, key: String) -> Option<OriginSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(key.clone()).or_insert(0);
+        if *n >= self.share {
+            return None;
+        }
+        *n += 1;
+        Some(OriginSlot { origins: self.clone(), key })
+    }
+}
+
+impl Drop for OriginSlot {
+    fn drop(&mut self) {
+        let mut held = self.origins.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// Binds the gateway and serves it for as long as the process lives; answers the address
 /// sandboxes are given (the bound one, with an unspecified address made loopback).
 /// `more` is served beside the run routes (the model route).
@@ -364,26 +407,36 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
         None => router(runs.clone()),
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(runs.opts.gateway_max_connections.max(1)));
+    let origins = Origins::new(runs.opts.gateway_max_connections);
     let secret: Arc<str> = runs.key.gateway_secret().into();
     tokio::spawn(async move {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
-            let mut tcp = match listener.accept().await {
-                Ok((tcp, _)) => tcp,
+            let (mut tcp, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a gateway connection failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
-            let (app, http, secret) = (app.clone(), http.clone(), secret.clone());
+            let (app, http, secret, origins) = (app.clone(), http.clone(), secret.clone(), origins.clone());
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
                 let from = match tokio::time::timeout(Duration::from_secs(10), preamble(&mut tcp, &secret)).await {
                     Ok(Ok(from)) => from,
                     _ => return,
+                };
+                let key = from.as_ref().map_or_else(|| format!("address {}", peer.ip()), |id| format!("sandbox {id}"));
+                let Some(_origin) = origins.take(key) else {
+                    tracing::warn!(
+                        origin = from.as_deref().unwrap_or("(direct)"),
+                        share = origins.share,
+                        "a gateway connection past its origin's share was closed"
+                    );
+                    return;
                 };
                 let service = tower::ServiceExt::map_request(app, move |mut req: Request<hyper::body::Incoming>| {
                     req.extensions_mut().insert(Origin(from.clone()));

@@ -162,6 +162,11 @@ impl Server {
         (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
     }
 
+    /// The server's router, for requests the helpers here cannot make (a body that trickles).
+    pub fn router(&self) -> Router {
+        self.app.clone()
+    }
+
     pub async fn create(&self) -> String {
         let (status, body) = self.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}}))).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
