@@ -231,7 +231,7 @@ impl Store {
             unpacked += self.layer_size(diff_id);
         }
         self.write_blob(&digest, &manifest_bytes)?;
-        self.set_ref(&name, &digest)?;
+        self.set_ref(&name, &digest, None)?;
         self.load(&name, &digest)
     }
 

@@ -233,7 +233,7 @@ impl Store {
     ) -> Result<Image> {
         let r = Ref::parse(reference)?;
         if r.digest.is_some()
-            && let Some(img) = self.lookup(reference)?
+            && let Some(img) = self.lookup_for(reference, opts.auth.as_ref())?
         {
             return Ok(img);
         }
@@ -389,7 +389,7 @@ impl Store {
             unpacked += self.layer_size(diff_id);
         }
         self.write_blob(&digest, &bytes)?;
-        self.set_ref(&name, &digest)?;
+        self.set_ref(&name, &digest, opts.auth.as_ref())?;
         progress(&Progress::Done { digest: digest.clone(), downloaded_bytes: downloaded });
         self.load(&name, &digest)
     }

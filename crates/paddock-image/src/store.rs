@@ -88,6 +88,30 @@ pub(crate) struct RefEntry {
     pub digest: String,
     #[serde(default)]
     pub stored_unix_ms: u64,
+    /// Pulled with registry credentials: digests of each set that pulled it
+    /// (`credentials_digest`). Only a caller with one of them finds it in the store; anyone
+    /// else goes to the registry, which decides. Empty for an image the registry served
+    /// without credentials.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub private_to: Vec<String>,
+}
+
+/// A one-way digest of registry credentials (never the credentials themselves on disk).
+pub(crate) fn credentials_digest(auth: &crate::Credentials) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"paddock image credentials\0");
+    h.update(auth.username.as_bytes());
+    h.update(b"\0");
+    h.update(auth.password.as_bytes());
+    format!("{:x}", h.finalize())
+}
+
+impl RefEntry {
+    /// Whether a caller with `auth` may use the stored image without asking its registry.
+    fn open_to(&self, auth: Option<&crate::Credentials>) -> bool {
+        self.private_to.is_empty() || auth.is_some_and(|a| self.private_to.contains(&credentials_digest(a)))
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -295,10 +319,23 @@ impl Store {
     }
 
     /// Points `name` at `digest`.
-    pub(crate) fn set_ref(&self, name: &str, digest: &str) -> Result<()> {
+    /// Records that `name` is `digest`, pulled with `auth` (or imported or served without
+    /// credentials: `None`, which makes it public).
+    pub(crate) fn set_ref(&self, name: &str, digest: &str, auth: Option<&crate::Credentials>) -> Result<()> {
         let _meta = self.lock("meta.lock", true)?;
         let mut refs = self.refs()?;
-        refs.insert(name.to_string(), RefEntry { digest: digest.to_string(), stored_unix_ms: now_ms() });
+        let mut private_to = match (auth, refs.get(name)) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(old)) if old.digest == digest && !old.private_to.is_empty() => old.private_to.clone(),
+            (Some(_), _) => Vec::new(),
+        };
+        if let Some(a) = auth {
+            let d = credentials_digest(a);
+            if !private_to.contains(&d) {
+                private_to.push(d);
+            }
+        }
+        refs.insert(name.to_string(), RefEntry { digest: digest.to_string(), stored_unix_ms: now_ms(), private_to });
         self.write_json("refs.json", &refs)
     }
 
@@ -353,16 +390,31 @@ impl Store {
         })
     }
 
-    /// The stored image `reference` names, without touching the network. A digest reference
-    /// also finds an image pulled by tag from the same repository.
+    /// The stored image `reference` names, without touching the network, whoever pulled it
+    /// (the operator's view). A digest reference also finds an image pulled by tag from the
+    /// same repository.
     pub fn lookup(&self, reference: &str) -> Result<Option<Image>> {
+        self.find(reference, |_| true)
+    }
+
+    /// As [`Store::lookup`], for a caller holding `auth`: an image pulled with registry
+    /// credentials is found only with the same credentials. Anyone else must pull, and so
+    /// show the registry credentials it accepts (the layers are not fetched again).
+    pub fn lookup_for(&self, reference: &str, auth: Option<&crate::Credentials>) -> Result<Option<Image>> {
+        self.find(reference, |e| e.open_to(auth))
+    }
+
+    fn find(&self, reference: &str, open: impl Fn(&RefEntry) -> bool) -> Result<Option<Image>> {
         let r = Ref::parse(reference)?;
         let name = r.to_string();
         let refs = self.refs()?;
         let digest = match refs.get(&name) {
-            Some(e) => Some(e.digest.clone()),
+            Some(e) if open(e) => Some(e.digest.clone()),
+            Some(_) => None,
             None => r.digest.clone().filter(|d| {
-                refs.iter().any(|(n, e)| &e.digest == d && Ref::parse(n).is_ok_and(|o| o.repo_name() == r.repo_name()))
+                refs.iter().any(|(n, e)| {
+                    &e.digest == d && open(e) && Ref::parse(n).is_ok_and(|o| o.repo_name() == r.repo_name())
+                })
             }),
         };
         match digest {

@@ -286,6 +286,23 @@ async fn auth_required_refused_without_credentials_works_with_them() {
     };
     let img = store.pull(&name, &right, &no_progress).await.unwrap();
     assert_eq!(fs::read(img.layers[0].join("secret")).unwrap(), b"data");
+
+    // Stored now, but private to the credentials that pulled it: a caller without them (another
+    // tenant naming the same image) does not find it in the store, by tag or by digest, and
+    // the registry refuses it.
+    let by_digest = format!("{}/private/app@{}", reg.host, img.digest);
+    for reference in [&name, &by_digest] {
+        assert!(store.lookup_for(reference, None).unwrap().is_none(), "{reference}");
+        assert!(store.lookup_for(reference, wrong.auth.as_ref()).unwrap().is_none(), "{reference}");
+        assert_eq!(store.lookup_for(reference, right.auth.as_ref()).unwrap().unwrap().digest, img.digest);
+        assert!(store.lookup(reference).unwrap().is_some(), "the operator sees every stored image");
+        for other in [&opts(), &wrong] {
+            let err = store.pull(reference, other, &no_progress).await.unwrap_err();
+            assert!(matches!(err, ImageError::Unauthorized(_)), "{reference}: {err}");
+        }
+    }
+    // The credentials that pulled it still find it, without the network.
+    assert_eq!(store.pull(&by_digest, &right, &no_progress).await.unwrap().digest, img.digest);
 }
 
 /// Incompressible bytes, so layers keep their size on the wire.

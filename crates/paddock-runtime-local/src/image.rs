@@ -89,11 +89,14 @@ pub(crate) async fn prepare(
     };
     let dir = dd.images();
     let (wanted, holder) = (reference.clone(), holder.as_str().to_owned());
+    let auth =
+        spec.image_auth.as_ref().map(|a| Credentials { username: a.username.clone(), password: a.password.clone() });
+    let asking = auth.clone();
     // A stored image (the usual case) is found, read and leased in one trip to the blocking
     // pool: each trip is a thread handoff on a create's critical path.
     let found = blocking(move || {
         let store = Store::open(&dir)?;
-        match store.lookup(&wanted)? {
+        match store.lookup_for(&wanted, asking.as_ref())? {
             Some(image) => lease(&store, &holder, image).map(Ok),
             None => Ok(Err((store, holder))),
         }
@@ -107,13 +110,7 @@ pub(crate) async fn prepare(
             )));
         }
         Err((store, holder)) => {
-            let pull = PullOptions {
-                auth: spec
-                    .image_auth
-                    .as_ref()
-                    .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() }),
-                registries: options.registries.clone(),
-            };
+            let pull = PullOptions { auth, registries: options.registries.clone() };
             let store = store.with_limits(options.limits.clone());
             let image = store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?;
             blocking(move || lease(&store, &holder, image)).await?
