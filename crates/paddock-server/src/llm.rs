@@ -126,7 +126,8 @@ fn dropped(name: &HeaderName) -> bool {
     )
 }
 
-fn caller(llm: &Llm, req: &Request) -> ApiResult<String> {
+/// Who calls: the sandbox its forwarder named, else the run whose token is the bearer.
+fn claimed(llm: &Llm, req: &Request) -> Result<String, Option<(String, i64, String)>> {
     if let Some(crate::runs::gateway::Origin(Some(sandbox))) = req.extensions().get::<crate::runs::gateway::Origin>() {
         return Ok(sandbox.clone());
     }
@@ -136,8 +137,29 @@ fn caller(llm: &Llm, req: &Request) -> ApiResult<String> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match bearer.and_then(|t| llm.key.verify_run_token(t)) {
-        Some((_, _, sandbox)) => Ok(sandbox),
+    Err(bearer.and_then(|t| llm.key.verify_run_token(t)))
+}
+
+async fn caller(llm: &Llm, claimed: Result<String, Option<(String, i64, String)>>) -> ApiResult<String> {
+    let token = match claimed {
+        Ok(sandbox) => return Ok(sandbox),
+        Err(token) => token,
+    };
+    match token {
+        // A token is signed for good: it is worth a call only while its attempt runs.
+        Some((run, epoch, sandbox)) => {
+            let store = crate::runs::store::RunStore::new(llm.tenants.pool().clone());
+            if store.is_current(&run, epoch, &sandbox).await? {
+                Ok(sandbox)
+            } else {
+                Err(ApiError::unauthorized(
+                    "STALE_ATTEMPT",
+                    format!(
+                        "the token of run {run}'s attempt {epoch} is no longer current (the attempt ended, or its lease ran out): a run's token calls the model route only while its attempt runs"
+                    ),
+                ))
+            }
+        }
         None => Err(ApiError::unauthorized(
             "NOT_A_SANDBOX",
             "the model route answers sandboxes only: call it from inside one, at $PADDOCK_LLM_BASE",
@@ -210,7 +232,8 @@ impl UsageScan {
 }
 
 async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Response> {
-    let sandbox = caller(&llm, &req)?;
+    let claim = claimed(&llm, &req);
+    let sandbox = caller(&llm, claim).await?;
     let tenant = admit(&llm, &sandbox).await?;
     let (parts, body) = req.into_parts();
     let rest = parts.uri.path().strip_prefix(ROUTE).unwrap_or("");

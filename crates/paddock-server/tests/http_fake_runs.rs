@@ -634,6 +634,10 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     assert_eq!(seen.lock().unwrap().len(), calls, "a refused call never reached the upstream");
     exit_with(dir.path(), 1, 0);
     wait_state(&s, &id, "succeeded", None).await;
+    // A run's token is signed for good, but calls the model only while its attempt runs.
+    let (status, out) = gateway(s.gateway, "GET", "/llm/v1/models", &token, &[], b"", None).await;
+    assert_eq!((status, code_of(&out).as_str()), (401, "STALE_ATTEMPT"), "{}", String::from_utf8_lossy(&out));
+    assert_eq!(seen.lock().unwrap().len(), calls, "an ended run's token reached the upstream");
 }
 
 #[tokio::test]

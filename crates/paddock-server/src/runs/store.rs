@@ -388,6 +388,25 @@ impl RunStore {
         self.on_current(done).await
     }
 
+    /// Whether `epoch` is the current attempt of run `id`, in `sandbox`, not ended and with its
+    /// lease (if it has one yet) unexpired: what a run token is worth outside the gateway's
+    /// own writes (the model route).
+    pub async fn is_current(&self, id: &str, epoch: i64, sandbox: &str) -> Result<bool, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT 1 FROM runs WHERE id = ? AND epoch = ? AND sandbox_id = ?
+             AND (lease_expires_ms IS NULL OR lease_expires_ms >= ?) AND state IN (?, ?)",
+        )
+        .bind(id)
+        .bind(epoch)
+        .bind(sandbox)
+        .bind(now_ms())
+        .bind(RunState::Starting.as_str())
+        .bind(RunState::Running.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.is_some())
+    }
+
     /// Ends the current attempt, and the run with it, as `state`.
     pub async fn finish(
         &self,
