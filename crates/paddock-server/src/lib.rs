@@ -15,6 +15,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod llm;
 pub mod metrics;
+pub mod model_usage;
 pub mod proxy;
 pub mod resources;
 pub mod routes;

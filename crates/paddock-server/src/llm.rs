@@ -247,6 +247,12 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the request: {e}")))?
         .to_bytes();
+    // A streamed completion reports its usage only when asked: asked for here, and the
+    // usage-only event taken out again on the way back, so a quota cannot be streamed past.
+    let (bytes, hide_usage) = match crate::model_usage::ask_for_usage(rest, &bytes) {
+        Some(asked) => (bytes::Bytes::from(asked), true),
+        None => (bytes, false),
+    };
     let model = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v["model"].as_str().map(str::to_owned))
@@ -300,7 +306,8 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
             }
             frame
         });
-        return response.body(Body::new(body)).map_err(|e| ApiError::internal(format!("answering: {e}")));
+        let body = if hide_usage { Body::new(crate::model_usage::HideUsage::new(body)) } else { Body::new(body) };
+        return response.body(body).map_err(|e| ApiError::internal(format!("answering: {e}")));
     }
     let bytes = abody
         .collect()

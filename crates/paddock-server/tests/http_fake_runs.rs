@@ -549,6 +549,22 @@ async fn fake_model() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<(Strin
             let auth = req.headers().get("authorization").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
             let body = axum::body::to_bytes(req.into_body(), 1 << 20).await.unwrap();
             record.lock().unwrap().push((path.clone(), auth, String::from_utf8_lossy(&body).into_owned()));
+            let asked: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if path.ends_with("/chat/completions") && asked["stream"] == true {
+                // As OpenAI streams: usage only when the request asked for it.
+                let mut chunks = vec!["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n".to_owned()];
+                if asked["stream_options"]["include_usage"] == true {
+                    chunks.push("data: {\"choices\":[],\"usage\":{\"total_tokens\":21}}\n\n".to_owned());
+                }
+                chunks.push("data: [DONE]\n\n".to_owned());
+                let body = axum::body::Body::from_stream(tokio_stream::iter(
+                    chunks.into_iter().map(|c| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(c))),
+                ));
+                return axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(body)
+                    .unwrap();
+            }
             if path.ends_with("/stream") {
                 let chunks = ["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n", "data: [DONE]\n\n"];
                 let body = axum::body::Body::from_stream(tokio_stream::iter(
@@ -621,6 +637,29 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     let (status, out) = gateway(s.gateway, "POST", "/llm/v1/stream", "x", &[], b"{}", Some(&sandbox)).await;
     assert_eq!(status, 200);
     assert_eq!(String::from_utf8_lossy(&out), "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n");
+    // A streamed completion that did not ask for usage: the route asks for it (so its tokens
+    // count against the tenant), and takes the usage event out again on the way back.
+    let pool = s.state.tenants.pool().clone();
+    let before = paddock_server::tenants::model_tokens_used(&pool, "default").await.unwrap();
+    let ask = br#"{"model": "m-1", "stream": true, "messages": []}"#;
+    let (status, out) = gateway(s.gateway, "POST", "/llm/v1/chat/completions", "x", &[], ask, Some(&sandbox)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
+        "the client sees what it asked for"
+    );
+    let sent: Value = serde_json::from_str(&seen.lock().unwrap().last().unwrap().2).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let until = Instant::now() + Duration::from_secs(5);
+    while paddock_server::tenants::model_tokens_used(&pool, "default").await.unwrap() < before + 21 {
+        assert!(Instant::now() < until, "the streamed call's 21 tokens were not counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One that asked keeps its usage event.
+    let ask = br#"{"stream": true, "stream_options": {"include_usage": true}}"#;
+    let (_, out) = gateway(s.gateway, "POST", "/llm/v1/chat/completions", "x", &[], ask, Some(&sandbox)).await;
+    assert!(String::from_utf8_lossy(&out).contains("\"total_tokens\":21"));
     // Without a forwarder's line, a run's token is the way in; nothing else is.
     let (status, _) = gateway(s.gateway, "GET", "/llm/v1/models", &token, &[], b"", None).await;
     assert_eq!(status, 200);
