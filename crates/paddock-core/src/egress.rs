@@ -206,6 +206,13 @@ impl EgressPolicy {
             .unwrap_or(Decision { action: self.default_action, because: Because::Default })
     }
 
+    /// Whether every name is allowed (allow by default, no domain rule denies): then a
+    /// connection's name cannot change its verdict, only its address can.
+    pub fn allows_every_name(&self) -> bool {
+        self.default_action == Action::Allow
+            && !self.targets().any(|(_, r, t)| r.action == Action::Deny && !matches!(t, Target::Net(_)))
+    }
+
     /// The verdict of the IP and CIDR rules for an address (denials first), or `None` when
     /// none of them matches.
     pub fn decide_ip_rules(&self, ip: IpAddr) -> Option<Decision> {
@@ -307,6 +314,19 @@ mod tests {
 
     fn rule(action: Action, target: &str) -> EgressRule {
         EgressRule { action, target: target.into() }
+    }
+
+    #[test]
+    fn every_name_is_allowed_only_by_default_allow_without_a_domain_denial() {
+        let p = |default, rules: &[(Action, &str)]| EgressPolicy {
+            default_action: default,
+            egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
+        };
+        assert!(EgressPolicy::allow_all().allows_every_name());
+        assert!(p(Action::Allow, &[(Action::Deny, "192.0.2.0/24"), (Action::Allow, "a.test")]).allows_every_name());
+        assert!(!p(Action::Allow, &[(Action::Deny, "*.evil.test")]).allows_every_name());
+        assert!(!p(Action::Allow, &[(Action::Deny, "evil.test")]).allows_every_name());
+        assert!(!EgressPolicy::deny_all().allows_every_name());
     }
 
     #[test]

@@ -68,7 +68,10 @@ enum Verdict {
 }
 
 async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
-    if let Hello::Unreadable { tls } = hello {
+    // Where no name could be denied, the name it carries does not matter: judged by address.
+    if let Hello::Unreadable { tls } = hello
+        && !enf.policy().allows_every_name()
+    {
         let what = if *tls { "TLS ClientHello" } else { "HTTP request head" };
         return Verdict::Deny(format!(
             "its {what} could not be read whole (malformed, over {} KiB, or not ended within {} s), so the name it carries cannot be judged",
@@ -314,8 +317,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_first_message_that_cannot_be_read_whole_is_refused_even_where_its_address_is_allowed() {
-        let enf = enforcer(EgressPolicy::allow_all());
+        // Where every name is allowed its name cannot matter: judged by its address.
+        let open = enforcer(EgressPolicy::allow_all());
         let orig: SocketAddr = "203.0.113.9:443".parse().unwrap();
+        assert!(matches!(judge(&open, orig, &Hello::Unreadable { tls: true }).await, Verdict::Dial(_)));
+        let enf = enforcer(allow_all_but(&["evil.test"]));
         let why = denied(judge(&enf, orig, &Hello::Unreadable { tls: true }).await);
         assert!(why.contains("TLS ClientHello could not be read whole"), "{why}");
         let why = denied(judge(&enf, orig, &Hello::Unreadable { tls: false }).await);
