@@ -41,9 +41,13 @@ pub struct Guard {
 /// Whether `ip` is one of this host's addresses now. A socket binds only a local address
 /// (EADDRNOTAVAIL otherwise), so this asks the kernel's own table, current to the moment;
 /// the alternative, following netlink address events, would leave a window between an
-/// address appearing and the event being read.
+/// address appearing and the event being read. Only "not available" means foreign: any other
+/// failure (out of descriptors) counts as the host's, so the check fails closed.
 fn is_local_now(ip: IpAddr) -> bool {
-    std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)).is_ok()
+    match std::net::UdpSocket::bind(std::net::SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(rustix::io::Errno::ADDRNOTAVAIL.raw_os_error()),
+    }
 }
 
 /// `net.ipv4.ip_nonlocal_bind` (or its IPv6 twin) lets any address bind: the live check

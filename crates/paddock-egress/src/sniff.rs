@@ -79,7 +79,8 @@ enum Progress {
 fn classify(buf: &[u8]) -> Progress {
     match buf.first() {
         Some(0x16) => tls(buf),
-        Some(b'A'..=b'Z') => http(buf),
+        // HTTP servers skip empty lines before a request line (RFC 9112 §2.2), so does httparse.
+        Some(b'A'..=b'Z' | b'\r' | b'\n') => http(buf),
         _ => Progress::Done(Hello::Opaque),
     }
 }
@@ -110,7 +111,7 @@ fn unreadable_tls(buf: &[u8]) -> Hello {
 }
 
 fn http(buf: &[u8]) -> Progress {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut headers = [httparse::EMPTY_HEADER; 256];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(_)) => {
@@ -127,6 +128,8 @@ fn http(buf: &[u8]) -> Progress {
             Progress::Done(Hello::Http(host.filter(|h| !h.is_empty())))
         }
         Ok(httparse::Status::Partial) => Progress::More,
+        // A request whose Host the parser could not reach: not judged by its address alone.
+        Err(httparse::Error::TooManyHeaders) => Progress::Done(Hello::Unreadable { tls: false }),
         Err(_) => Progress::Done(Hello::Opaque),
     }
 }
@@ -248,6 +251,13 @@ mod tests {
         assert_eq!(literal, Hello::Http(Some("2001:db8::1".into())));
         assert_eq!(literal.name(), None, "an address literal is not a name");
         assert_eq!(run(b"SSH-2.0-OpenSSH_9.2\r\n").await, Hello::Opaque);
+        assert_eq!(run(b"\r\nGET / HTTP/1.1\r\nHost: lead.test\r\n\r\n").await, Hello::Http(Some("lead.test".into())));
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..300 {
+            many.extend(format!("X-{i}: y\r\n").as_bytes());
+        }
+        many.extend(b"Host: far.test\r\n\r\n");
+        assert_eq!(run(&many).await, Hello::Unreadable { tls: false });
         assert_eq!(run(b"").await, Hello::Opaque);
     }
 }

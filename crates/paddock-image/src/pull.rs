@@ -102,6 +102,9 @@ impl RegistryCa {
 pub struct PullOptions {
     pub auth: Option<Credentials>,
     pub registries: RegistryConfig,
+    /// An image pulled with `auth` is kept private to it (see `Store::lookup_for`): for a
+    /// tenant's own pull. The operator's pulls (`paddock image pull`) are for the whole host.
+    pub private: bool,
 }
 
 /// Pull progress, reported as it happens.
@@ -389,7 +392,7 @@ impl Store {
             unpacked += self.layer_size(diff_id);
         }
         self.write_blob(&digest, &bytes)?;
-        self.set_ref(&name, &digest, opts.auth.as_ref())?;
+        self.set_ref(&name, &digest, opts.auth.as_ref().filter(|_| opts.private))?;
         progress(&Progress::Done { digest: digest.clone(), downloaded_bytes: downloaded });
         self.load(&name, &digest)
     }

@@ -326,7 +326,11 @@ impl Store {
         let mut refs = self.refs()?;
         let mut private_to = match (auth, refs.get(name)) {
             (None, _) => Vec::new(),
-            (Some(_), Some(old)) if old.digest == digest && !old.private_to.is_empty() => old.private_to.clone(),
+            // Stored public once, it stays public: the registry served it without credentials.
+            (Some(_), Some(old)) if old.digest == digest && old.private_to.is_empty() => {
+                return self.write_ref(&mut refs, name, digest, Vec::new());
+            }
+            (Some(_), Some(old)) if old.digest == digest => old.private_to.clone(),
             (Some(_), _) => Vec::new(),
         };
         if let Some(a) = auth {
@@ -335,8 +339,18 @@ impl Store {
                 private_to.push(d);
             }
         }
+        self.write_ref(&mut refs, name, digest, private_to)
+    }
+
+    fn write_ref(
+        &self,
+        refs: &mut BTreeMap<String, RefEntry>,
+        name: &str,
+        digest: &str,
+        private_to: Vec<String>,
+    ) -> Result<()> {
         refs.insert(name.to_string(), RefEntry { digest: digest.to_string(), stored_unix_ms: now_ms(), private_to });
-        self.write_json("refs.json", &refs)
+        self.write_json("refs.json", &*refs)
     }
 
     pub(crate) fn parse_manifest(&self, digest: &str) -> Result<Manifest> {

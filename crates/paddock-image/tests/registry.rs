@@ -275,12 +275,14 @@ async fn auth_required_refused_without_credentials_works_with_them() {
     assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
     assert!(err.to_string().contains("--username"), "{err}");
     let wrong = PullOptions {
+        private: true,
         auth: Some(Credentials { username: USER.into(), password: "wrong".into() }),
         registries: RegistryConfig::default(),
     };
     let err = store.pull(&name, &wrong, &no_progress).await.unwrap_err();
     assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
     let right = PullOptions {
+        private: true,
         auth: Some(Credentials { username: USER.into(), password: PASSWORD.into() }),
         registries: RegistryConfig::default(),
     };
@@ -303,6 +305,12 @@ async fn auth_required_refused_without_credentials_works_with_them() {
     }
     // The credentials that pulled it still find it, without the network.
     assert_eq!(store.pull(&by_digest, &right, &no_progress).await.unwrap().digest, img.digest);
+
+    // The operator's pull (`paddock image pull --username`) is for the whole host: public.
+    let (_t2, host_store) = crate::store();
+    let operator = PullOptions { private: false, ..right };
+    host_store.pull(&name, &operator, &no_progress).await.unwrap();
+    assert!(host_store.lookup_for(&name, None).unwrap().is_some());
 }
 
 /// Incompressible bytes, so layers keep their size on the wire.
@@ -485,6 +493,7 @@ async fn mirrors_and_multi_arch_indexes() {
     // Pulled through a mirror of a registry that does not exist.
     let (_t, store) = store();
     let o = PullOptions {
+        private: false,
         auth: None,
         registries: RegistryConfig {
             // The first mirror is down: the next one serves.
@@ -517,6 +526,7 @@ async fn a_private_registry_is_trusted_through_its_own_ca_and_for_nothing_else()
     let digest = reg.push("team/app:1.0", &three_layers(), None).await;
     let name = format!("{}/team/app:1.0", reg.host);
     let trusting = |host: &str, ca: &Path| PullOptions {
+        private: false,
         auth: None,
         registries: RegistryConfig { cas: vec![RegistryCa::load(host, ca).unwrap()], ..Default::default() },
     };

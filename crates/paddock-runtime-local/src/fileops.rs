@@ -98,6 +98,8 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
             if let Some(parent) = p.parent() {
                 fs::create_dir_all(parent).map_err(|e| io_err("create parent of", &p, e))?;
             }
+            // What the file it replaces held is given back by the truncation below.
+            let replaced = fs::symlink_metadata(&p).ok().filter(Metadata::is_file).map_or(0, |m| m.blocks() * 512);
             let mut file = fs::OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -108,15 +110,26 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
                 .map_err(|e| io_err("write", &p, e))?;
             require_regular("write", &p, &file.metadata().map_err(|e| io_err("write", &p, e))?)?;
             let mut source = File::from(data.ok_or_else(|| missing_data("write"))?);
+            // A write that fails (its filesystem full, its data cut) leaves no partial file.
+            let failed = |file: File, e: RuntimeError| {
+                drop(file);
+                let _ = fs::remove_file(&p);
+                Err(e)
+            };
             match room.filter(|_| kept_in_memory(&file)) {
                 None => {
-                    io::copy(&mut source, &mut file).map_err(|e| io_err("write", &p, e))?;
+                    if let Err(e) = io::copy(&mut source, &mut file) {
+                        return failed(file, io_err("write", &p, e));
+                    }
                 }
-                Some(room) => {
+                Some(mut room) => {
+                    room.free += replaced;
                     // Past what is free the memory cgroup's OOM killer would end a process
                     // (perhaps the sandbox's init) instead of the write failing.
-                    let copied = io::copy(&mut io::Read::take(&mut source, room.free + 1), &mut file)
-                        .map_err(|e| io_err("write", &p, e))?;
+                    let copied = match io::copy(&mut io::Read::take(&mut source, room.free + 1), &mut file) {
+                        Ok(n) => n,
+                        Err(e) => return failed(file, io_err("write", &p, e)),
+                    };
                     if copied > room.free {
                         drop(file);
                         let _ = fs::remove_file(&p);

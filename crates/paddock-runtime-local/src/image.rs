@@ -110,7 +110,7 @@ pub(crate) async fn prepare(
             )));
         }
         Err((store, holder)) => {
-            let pull = PullOptions { auth, registries: options.registries.clone() };
+            let pull = PullOptions { private: auth.is_some(), auth, registries: options.registries.clone() };
             let store = store.with_limits(options.limits.clone());
             let image = store.pull(&reference, &pull, &|_| {}).await.map_err(from_image_error)?;
             blocking(move || lease(&store, &holder, image)).await?

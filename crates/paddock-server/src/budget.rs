@@ -1,7 +1,7 @@
 //! One memory budget for everything the server holds whole while it serves a request: JSON
 //! bodies (up to `JSON_BODY_LIMIT` each) and files edited in memory (`files/replace`). Room is
-//! reserved as a body's bytes arrive (never by what it declares), each client (the credential
-//! it sends, else its address) may hold only a share of the budget, and a body must arrive
+//! reserved as a body's bytes arrive (never by what it declares), each client (the tenant its
+//! key proved, or the sandbox its token opened) may hold only a share of the budget, and a body must arrive
 //! whole within `BODY_TIME`. So slow or many bodies from one token wait, then get a 503 that
 //! says so, while everyone else's requests go on. Streams (uploads, downloads, proxied ports,
 //! run inputs) hold little and reserve nothing.
@@ -44,7 +44,7 @@ pub struct MemoryBudget {
     permits: Arc<Semaphore>,
     total_kib: u32,
     share_kib: u32,
-    /// Each client's share, by a keyed hash of its credential or address (no secret is kept);
+    /// Each client's share, by a keyed hash of who it is (its tenant, sandbox or address);
     /// an entry goes when its client holds nothing.
     shares: Shares,
     hasher: std::collections::hash_map::RandomState,
@@ -141,7 +141,7 @@ impl MemoryBudget {
             Ok(Ok(p)) => p,
             _ => {
                 return Err(ApiError::unavailable(format!(
-                    "this client (its credential, or its address) already has {} MiB of request data in the server's memory, its share of --max-request-memory: finish or cancel its other requests, then retry",
+                    "this client (its tenant, or the sandbox whose token it holds) already has {} MiB of request data in the server's memory, its share of --max-request-memory: finish or cancel its other requests, then retry",
                     self.share_kib / 1024
                 )));
             }
@@ -167,14 +167,16 @@ impl MemoryBudget {
     }
 }
 
-/// Who a request is from, for its share: the credential it carries (already checked: this
-/// runs inside the routes' authentication), else its address.
+/// Who a request is from, for its share, as authentication proved it (this runs inside the
+/// routes' authentication): the tenant whose key it carries, else the sandbox whose token or
+/// signed route opened it, else its address. Never a header as sent, which a client could
+/// vary to get a new share each time.
 fn client_of(req: &Request) -> String {
-    const CREDENTIALS: [&str; 5] =
-        ["open-sandbox-api-key", "x-api-key", "authorization", "x-paddock-sandbox-token", "x-execd-access-token"];
-    let headers = req.headers();
-    if let Some(v) = CREDENTIALS.iter().find_map(|h| headers.get(*h)) {
-        return format!("credential {}", String::from_utf8_lossy(v.as_bytes()));
+    if let Some(tenant) = req.extensions().get::<crate::tenants::Tenant>() {
+        return format!("tenant {}", tenant.as_str());
+    }
+    if let Some(id) = crate::sandbox_id_of(req.uri().path()) {
+        return format!("sandbox {id}");
     }
     match req.extensions().get::<PeerIp>() {
         Some(PeerIp(ip)) => format!("address {ip}"),

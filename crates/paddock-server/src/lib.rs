@@ -508,7 +508,7 @@ fn proxied_port_of(path: &str) -> Option<u16> {
 }
 
 /// `/v1/sandboxes/<id>/...` or `/sandboxes/<id>/...` → `<id>`.
-fn sandbox_id_of(path: &str) -> Option<String> {
+pub(crate) fn sandbox_id_of(path: &str) -> Option<String> {
     let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
     rest.split('/').next().filter(|s| !s.is_empty()).map(str::to_owned)
 }

@@ -116,6 +116,8 @@ fn dropped(name: &HeaderName) -> bool {
             | "x-api-key"
             | "api-key"
             | "cookie"
+            // Answers come back uncompressed, so what they spent can be read from them.
+            | "accept-encoding"
             | "connection"
             | "keep-alive"
             | "te"
@@ -249,8 +251,8 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
         .to_bytes();
     // A streamed completion reports its usage only when asked: asked for here, and the
     // usage-only event taken out again on the way back, so a quota cannot be streamed past.
-    let (bytes, hide_usage) = match crate::model_usage::ask_for_usage(rest, &bytes) {
-        Some(asked) => (bytes::Bytes::from(asked), true),
+    let (bytes, hide_usage) = match crate::model_usage::ask_for_usage(rest, &bytes).map_err(ApiError::bad_request)? {
+        Some((asked, hide)) => (bytes::Bytes::from(asked), hide),
         None => (bytes, false),
     };
     let model = serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -280,7 +282,8 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
     let mut response = Response::builder().status(status);
     let rh: &mut HeaderMap = response.headers_mut().expect("a fresh builder");
     for (k, v) in &aparts.headers {
-        if !dropped(k) || *k == header::CONTENT_LENGTH {
+        // A body whose usage event is taken out is shorter than the upstream said.
+        if !dropped(k) || (*k == header::CONTENT_LENGTH && !hide_usage) {
             rh.append(k, v.clone());
         }
     }

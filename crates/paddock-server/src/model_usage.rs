@@ -15,24 +15,33 @@ fn takes_stream_options(path: &str) -> bool {
     path.ends_with("/chat/completions") || path.ends_with("/completions")
 }
 
-/// The request to send instead of `body` when the route must ask for usage itself: a streamed
-/// completion whose client did not set `stream_options.include_usage`. `None` leaves it as is.
-pub fn ask_for_usage(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+/// What to send for a streamed completion: always with `stream_options.include_usage` set
+/// (whatever the client set, so a stream cannot hide what it spent), and whether the answer's
+/// usage-only event is to be hidden (the client did not ask for it). `Ok(None)` leaves the
+/// request as it is; `Err` is a completion body that is not JSON, which is refused rather
+/// than relayed uncounted.
+pub fn ask_for_usage(path: &str, body: &[u8]) -> Result<Option<(Vec<u8>, bool)>, String> {
     if !takes_stream_options(path) {
-        return None;
+        return Ok(None);
     }
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object_mut()?;
+    let mut v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the request is not JSON the model route can read: {e}"))?;
+    let Some(obj) = v.as_object_mut() else { return Ok(None) };
     if obj.get("stream") != Some(&serde_json::Value::Bool(true)) {
-        return None;
+        return Ok(None);
+    }
+    let asked = obj.get("stream_options").and_then(|o| o.get("include_usage")) == Some(&serde_json::Value::Bool(true));
+    if asked {
+        return Ok(None);
     }
     let options = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
-    let options = options.as_object_mut()?;
-    if options.contains_key("include_usage") {
-        return None;
+    if !options.is_object() {
+        *options = serde_json::json!({});
     }
-    options.insert("include_usage".into(), serde_json::Value::Bool(true));
-    serde_json::to_vec(&v).ok()
+    if let Some(o) = options.as_object_mut() {
+        o.insert("include_usage".into(), serde_json::Value::Bool(true));
+    }
+    Ok(serde_json::to_vec(&v).ok().map(|b| (b, true)))
 }
 
 /// A server-sent event that only reports usage: `data: {…, "choices": [], "usage": {…}}`.
@@ -49,11 +58,12 @@ pub struct HideUsage<B> {
     inner: B,
     pending: Vec<u8>,
     ended: bool,
+    held_trailers: Option<Frame<Bytes>>,
 }
 
 impl<B> HideUsage<B> {
     pub fn new(inner: B) -> Self {
-        Self { inner, pending: Vec::new(), ended: false }
+        Self { inner, pending: Vec::new(), ended: false, held_trailers: None }
     }
 
     /// The complete events held, less usage-only ones; what follows the last stays held.
@@ -95,6 +105,9 @@ where
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         loop {
+            if let Some(trailers) = self.held_trailers.take() {
+                return Poll::Ready(Some(Ok(trailers)));
+            }
             if self.ended {
                 return Poll::Ready(None);
             }
@@ -108,7 +121,15 @@ where
                             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                         }
                     }
-                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                    Err(trailers) => {
+                        // Data held back goes before the trailers; the trailers come next time.
+                        let rest = std::mem::take(&mut self.pending);
+                        if !rest.is_empty() && !usage_only(&rest) {
+                            self.held_trailers = Some(trailers);
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
+                        }
+                        return Poll::Ready(Some(Ok(trailers)));
+                    }
                 },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => {
@@ -130,26 +151,39 @@ mod tests {
     use http_body_util::BodyExt;
 
     #[test]
-    fn usage_is_asked_for_only_where_the_client_did_not_and_the_api_takes_it() {
-        let asked = ask_for_usage("/v1/chat/completions", br#"{"model":"m","stream":true}"#).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&asked).unwrap();
-        assert_eq!(v["stream_options"]["include_usage"], true);
-        assert_eq!(v["model"], "m");
-        let merged = ask_for_usage("/v1/completions", br#"{"stream":true,"stream_options":{"x":1}}"#).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&merged).unwrap();
+    fn every_streamed_completion_asks_for_usage_and_hides_it_unless_the_client_asked() {
+        let sent = |path, body: &[u8]| {
+            let (b, hide) = ask_for_usage(path, body).unwrap().unwrap();
+            (serde_json::from_slice::<serde_json::Value>(&b).unwrap(), hide)
+        };
+        let (v, hide) = sent("/v1/chat/completions", br#"{"model":"m","stream":true}"#);
+        assert_eq!(
+            (v["stream_options"]["include_usage"].clone(), v["model"].clone(), hide),
+            (true.into(), "m".into(), true)
+        );
+        let (v, _) = sent("/v1/completions", br#"{"stream":true,"stream_options":{"x":1}}"#);
         assert_eq!(
             (v["stream_options"]["x"].clone(), v["stream_options"]["include_usage"].clone()),
             (1.into(), true.into())
         );
+        // A client that says no, or sends options that are not an object, is counted anyway.
+        for body in [
+            &br#"{"stream":true,"stream_options":{"include_usage":false}}"#[..],
+            br#"{"stream":true,"stream_options":null}"#,
+        ] {
+            let (v, hide) = sent("/v1/chat/completions", body);
+            assert_eq!((v["stream_options"]["include_usage"].clone(), hide), (true.into(), true));
+        }
         for (path, body) in [
-            ("/v1/chat/completions", &br#"{"stream":true,"stream_options":{"include_usage":false}}"#[..]),
+            ("/v1/chat/completions", &br#"{"stream":true,"stream_options":{"include_usage":true}}"#[..]),
             ("/v1/chat/completions", br#"{"stream":false}"#),
             ("/v1/chat/completions", br#"{"model":"m"}"#),
             ("/v1/responses", br#"{"stream":true}"#),
-            ("/v1/chat/completions", b"not json"),
+            ("/v1/responses", b"not json"),
         ] {
-            assert_eq!(ask_for_usage(path, body), None, "{path} {}", String::from_utf8_lossy(body));
+            assert_eq!(ask_for_usage(path, body), Ok(None), "{path} {}", String::from_utf8_lossy(body));
         }
+        assert!(ask_for_usage("/v1/chat/completions", b"{\"stream\": tru").is_err());
     }
 
     #[tokio::test]

@@ -139,7 +139,7 @@ pub async fn ensure_pulled(
         return Ok(());
     }
     let progress = show_progress(std::io::stderr().is_terminal());
-    store.pull(reference, &PullOptions { auth: None, registries }, &progress).await?;
+    store.pull(reference, &PullOptions { auth: None, registries, private: false }, &progress).await?;
     Ok(())
 }
 
@@ -168,7 +168,7 @@ pub async fn run(
                 }
                 _ => None,
             };
-            let opts = PullOptions { auth, registries };
+            let opts = PullOptions { auth, registries, private: false };
             let progress = show_progress(std::io::stderr().is_terminal());
             let img = store.pull(&reference, &opts, &progress).await?;
             image_out(&img, json)?;
