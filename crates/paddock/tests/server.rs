@@ -741,43 +741,65 @@ fn a_request_refused_before_its_body_was_read_leaves_its_connection_usable() {
 }
 
 #[test]
-fn request_bodies_share_one_memory_budget_and_the_rest_of_the_server_keeps_working() {
+fn request_bodies_take_room_as_they_arrive_and_no_client_takes_it_all() {
     let dir = data_dir();
     let s = Server::start(dir.path(), &["--max-request-memory", "160MiB", "--header-timeout", "60s"]);
     let id = s.create();
-    // Eighty requests that each promise a 2 MiB body and send a byte of it: together they hold
-    // the whole budget while they wait for the rest.
-    let hold = |n: usize| -> Vec<TcpStream> {
+    // Requests that each promise a 2 MiB body and send `sent` bytes of it, then wait.
+    let hold = |n: usize, sent: usize| -> Vec<TcpStream> {
         (0..n)
             .map(|_| {
                 let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-                c.write_all(
-                    format!("POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nOPEN-SANDBOX-API-KEY: {KEY}\r\ncontent-type: application/json\r\nContent-Length: {}\r\n\r\n{{", 2 << 20)
-                        .as_bytes(),
-                )
-                .unwrap();
+                c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut req = format!("POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nOPEN-SANDBOX-API-KEY: {KEY}\r\ncontent-type: application/json\r\nContent-Length: {}\r\n\r\n{{\"x\":\"", 2 << 20).into_bytes();
+                req.extend(std::iter::repeat_n(b'a', sent));
+                // A server that stops reading (its share full) leaves the rest unsent.
+                let _ = c.write_all(&req);
                 c
             })
             .collect()
     };
-    let held = hold(80);
+    let create = || {
+        raw_request(
+            s.port,
+            "POST",
+            "/v1/sandboxes",
+            &[("OPEN-SANDBOX-API-KEY", KEY), ("content-type", "application/json")],
+            br#"{"image":{"uri":"host"},"entrypoint":["true"]}"#.to_vec(),
+        )
+    };
+    // Eighty that promise 160 MiB in all and send a few bytes hold a 64 KiB step each, not
+    // what they promise: the same key's next create is served at once.
+    let trickling = hold(80, 1);
     std::thread::sleep(Duration::from_millis(500));
-    // One more body waits, then is turned away with a reason and a Retry-After.
     let started = Instant::now();
+    let (status, body) = create();
+    assert_eq!(status, 202, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5), "it waited for room: {:?}", started.elapsed());
+    // Bodies that do send a MiB each fill the key's share (an eighth of the budget, 20 MiB):
+    // its next body waits, then is turned away with the reason and a Retry-After ...
+    let full = hold(24, 1 << 20);
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    let (status, body) = create();
+    assert_api_error(status, &body, 503, "its share of --max-request-memory");
+    assert!(started.elapsed() >= Duration::from_secs(5), "it waited for room first: {:?}", started.elapsed());
+    // ... while another client, the sandbox's own token, is served, as are bodiless calls.
+    let (_, endpoint) =
+        s.call("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None, &[("OPEN-SANDBOX-API-KEY", KEY)]);
+    let token = endpoint["headers"]["x-paddock-sandbox-token"].as_str().unwrap().to_owned();
     let (status, body) = raw_request(
         s.port,
         "POST",
-        "/v1/sandboxes",
-        &[("OPEN-SANDBOX-API-KEY", KEY), ("content-type", "application/json")],
-        br#"{"image":{"uri":"host"},"entrypoint":["true"]}"#.to_vec(),
+        &format!("/v1/sandboxes/{id}/proxy/44772/command"),
+        &[("x-paddock-sandbox-token", &token), ("content-type", "application/json")],
+        br#"{"command": "echo other"}"#.to_vec(),
     );
-    assert_api_error(status, &body, 503, "--max-request-memory");
-    assert!(started.elapsed() >= Duration::from_secs(5), "it waited for room first: {:?}", started.elapsed());
-    // What holds no body, and streams, still work: health, reads, a command's output.
+    assert_eq!(status, 200, "another client waited for the first one's room: {body}");
     assert_eq!(s.call("GET", "/health", None, &[]).0, 200);
     assert_eq!(s.call("GET", &format!("/v1/sandboxes/{id}"), None, &[("OPEN-SANDBOX-API-KEY", KEY)]).0, 200);
     // Once the held requests go, their room comes back.
-    drop(held);
+    drop((trickling, full));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(s.run(&id, "echo room", false).0, ["room"]);
     let (status, _) = raw_request(
