@@ -44,6 +44,9 @@ pub fn ask_for_usage(path: &str, body: &[u8]) -> Result<Option<(Vec<u8>, bool)>,
     Ok(serde_json::to_vec(&v).ok().map(|b| (b, true)))
 }
 
+/// The most of an unfinished event held back before it is passed on as it is.
+const MAX_PENDING: usize = 1 << 20;
+
 /// A server-sent event that only reports usage: `data: {…, "choices": [], "usage": {…}}`.
 fn usage_only(event: &[u8]) -> bool {
     let text = String::from_utf8_lossy(event);
@@ -115,7 +118,12 @@ where
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         self.pending.extend_from_slice(&data);
-                        let out = self.complete_events();
+                        let mut out = self.complete_events();
+                        // An event that never ends is not held without bound: past this it
+                        // passes on unfiltered (a usage event is a few hundred bytes).
+                        if self.pending.len() > MAX_PENDING {
+                            out.append(&mut self.pending);
+                        }
                         // An empty frame could read as the end of a chunked body: never sent.
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
