@@ -217,6 +217,8 @@ impl Store {
         };
         let config_bytes = src.read(&member(&config_desc.digest)?)?;
         self.write_blob(&config_desc.digest, &config_bytes)?;
+        // The archive holds the config: whoever imports it has it, and so may everyone.
+        self.grant(&config_desc.digest, None)?;
         let config = self.parse_config(&config_desc.digest)?;
         if config.rootfs.diff_ids.len() != layers.len() {
             return Err(ImageError::Corrupt(format!(
@@ -243,15 +245,27 @@ impl Store {
         diff_id: &str,
         image_before: u64,
     ) -> Result<()> {
-        if self.has_layer(diff_id)? {
+        let ready = || -> Result<bool> { Ok(self.has_layer(diff_id)? && self.open_to(diff_id, None)?) };
+        if ready()? {
             return Ok(());
         }
         let _lock = self.lock(&format!("layer-{}.lock", hex_of(diff_id)?), true)?;
-        if self.has_layer(diff_id)? {
+        if ready()? {
             return Ok(());
         }
         let open =
             || src.open_member(member)?.ok_or_else(|| ImageError::Corrupt(format!("the archive has no {member}")));
+        if self.has_layer(diff_id)? {
+            // Stored by a private pull: the archive holds the same layer, so it is public now.
+            let tar = unpack::decompress(open()?).map_err(|e| ImageError::io(format!("reading {member}"), e))?;
+            let (actual, _) = unpack::digest_of(tar).map_err(|e| ImageError::io(format!("reading {member}"), e))?;
+            if actual != diff_id {
+                return Err(ImageError::Corrupt(format!(
+                    "{member} in the archive unpacks to {actual}, not {diff_id}; the archive is damaged"
+                )));
+            }
+            return self.grant(diff_id, None);
+        }
         // The blob's own digest first: a damaged archive must not be half unpacked.
         let (actual, _) = unpack::digest_of(open()?).map_err(|e| ImageError::io(format!("reading {member}"), e))?;
         if actual != blob_digest {
@@ -259,7 +273,9 @@ impl Store {
                 "{member} in the archive has digest {actual}, not {blob_digest}; the archive is damaged"
             )));
         }
-        self.unpack_layer(open()?, diff_id, image_before).map(|_| ())
+        self.unpack_layer(open()?, diff_id, image_before)?;
+        // A claim left by a private pull that failed no longer holds.
+        self.grant(diff_id, None)
     }
 
     fn oci_layout(&self, src: &Source, file: &Path, tag: Option<Ref>) -> Result<(String, String, Vec<u8>)> {

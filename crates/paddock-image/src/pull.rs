@@ -12,7 +12,9 @@ use sha2::{Digest, Sha256};
 use crate::error::{ImageError, Result};
 use crate::oci::{self, Descriptor, Manifest};
 use crate::reference::Ref;
+use crate::store::credentials_digest;
 use crate::store::{Image, Store, hex_of, sha256_digest};
+use crate::unpack;
 
 /// Registry credentials (basic auth, or exchanged for a bearer token when the registry asks).
 #[derive(Clone)]
@@ -362,18 +364,31 @@ impl Store {
         }
         let (config_desc, layers) = manifest_parts(&manifest, &name)?;
         progress(&Progress::Resolved { digest: digest.clone(), layers: layers.len() });
-        if self.read_blob(&config_desc.digest)?.is_none() {
+        // A private pull's content serves others only once their registry handed it to them
+        // too: else a manifest from any registry naming a private config or layer by its
+        // digest would get it out of this store.
+        let principal = opts.auth.as_ref().filter(|_| opts.private).map(credentials_digest);
+        let principal = principal.as_deref();
+        let config_ready = |s: &Store| -> Result<bool> {
+            Ok(s.blob_path(&config_desc.digest)?.exists() && s.open_to(&config_desc.digest, principal)?)
+        };
+        if !config_ready(self)? {
             let (store, lock_name) = (self.clone(), format!("blob-{}.lock", hex_of(&config_desc.digest)?));
             let _lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
                 .await
                 .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
-            if self.read_blob(&config_desc.digest)?.is_none() {
+            if !config_ready(self)? {
                 let mut config = Vec::new();
                 client
                     .pull_blob(&oref, config_desc.digest.as_str(), &mut config)
                     .await
                     .map_err(|e| map_oci(host, &format!("the config of {name}"), e))?;
+                if let Some(p) = principal {
+                    self.claim(&config_desc.digest, p)?;
+                }
+                // Checks the digest whether or not the blob was stored already.
                 self.write_blob(&config_desc.digest, &config)?;
+                self.grant(&config_desc.digest, principal)?;
             }
         }
         let config = self.parse_config(&config_desc.digest)?;
@@ -387,7 +402,7 @@ impl Store {
         }
         let (mut downloaded, mut unpacked) = (0, 0);
         for (desc, diff_id) in layers.iter().zip(diff_ids) {
-            let remote = Remote { client: &client, oref: &oref, host };
+            let remote = Remote { client: &client, oref: &oref, host, principal };
             downloaded += self.fetch_layer(&remote, desc, diff_id, unpacked, progress).await?;
             unpacked += self.layer_size(diff_id);
         }
@@ -408,7 +423,9 @@ impl Store {
         progress: &(dyn Fn(&Progress) + Send + Sync),
     ) -> Result<u64> {
         let cached = || progress(&Progress::Cached { digest: desc.digest.clone() });
-        if self.has_layer(diff_id)? {
+        let principal = remote.principal;
+        let ready = |s: &Store| -> Result<bool> { Ok(s.has_layer(diff_id)? && s.open_to(diff_id, principal)?) };
+        if ready(self)? {
             cached();
             return Ok(0);
         }
@@ -418,9 +435,20 @@ impl Store {
         let lock = tokio::task::spawn_blocking(move || store.lock(&lock_name, true))
             .await
             .map_err(|e| ImageError::Io(format!("lock task failed: {e}")))??;
-        if self.has_layer(diff_id)? {
+        if ready(self)? {
             cached();
             return Ok(0);
+        }
+        if self.has_layer(diff_id)? {
+            // Stored by pulls with other credentials: this pull's registry must hand over the
+            // same layer (its digest and its diff_id checked) before the stored copy serves it.
+            let n = self.prove_layer(remote, desc, diff_id, progress).await?;
+            self.grant(diff_id, principal)?;
+            drop(lock);
+            return Ok(n);
+        }
+        if let Some(p) = principal {
+            self.claim(diff_id, p)?;
         }
         // The layer is unpacked while it downloads (a thread reads what the download hands
         // it), and published only once the download has checked the blob's digest.
@@ -449,7 +477,53 @@ impl Store {
         }
         // A damaged blob usually breaks the unpacking too; the digest says what went wrong.
         let n = downloaded?;
-        unpacked.map(|_| n)
+        unpacked?;
+        if principal.is_none() {
+            // Fetched publicly: a claim left by a private pull that failed no longer holds.
+            self.grant(diff_id, None)?;
+        }
+        Ok(n)
+    }
+
+    /// Downloads layer `desc` and checks that it is the blob named and unpacks to `diff_id`,
+    /// without unpacking it (it is stored already); returns the bytes downloaded.
+    async fn prove_layer(
+        &self,
+        remote: &Remote<'_>,
+        desc: &Descriptor,
+        diff_id: &str,
+        progress: &(dyn Fn(&Progress) + Send + Sync),
+    ) -> Result<u64> {
+        use std::io::Read;
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_CHUNKS);
+        let want = diff_id.to_string();
+        // The tar of a layer the unpacking accepted is no longer than this; a bomb stops here.
+        let bound = self.limits.layer_bytes.saturating_add(self.limits.layer_entries.saturating_mul(1536));
+        let hashing = tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut layer = Streamed { rx, buf: bytes::Bytes::new(), verified: false };
+            let corrupt = |e: std::io::Error| ImageError::Corrupt(format!("the layer does not decompress: {e}"));
+            let tar = unpack::decompress(&mut layer).map_err(corrupt)?;
+            let (actual, len) = unpack::digest_of(tar.take(bound + 1)).map_err(corrupt)?;
+            layer.verified()?;
+            if len > bound {
+                return Err(ImageError::TooLarge(format!("the layer decompresses to more than {bound} bytes")));
+            }
+            if actual != want {
+                return Err(ImageError::Corrupt(format!(
+                    "layer should unpack to {want} but its content is {actual}; the image's config and layers do not match"
+                )));
+            }
+            Ok(())
+        });
+        let mut sink = Some(tx);
+        let downloaded = self.download(remote.client, remote.oref, remote.host, desc, &mut sink, progress).await;
+        if let Some(tx) = sink {
+            let end = downloaded.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let _ = tx.send(Piece::End(end)).await;
+        }
+        let hashed = hashing.await.map_err(|e| ImageError::Io(format!("hashing task failed: {e}"))).and_then(|r| r);
+        let n = downloaded?;
+        hashed.map(|()| n)
     }
 
     /// Downloads `desc`, checking its size and digest, and hands each piece to `sink` while
@@ -520,6 +594,8 @@ struct Remote<'a> {
     client: &'a Client,
     oref: &'a Reference,
     host: &'a str,
+    /// Whose pull this is: `credentials_digest` of a private pull's credentials.
+    principal: Option<&'a str>,
 }
 
 /// Pieces of a layer in flight from the download to the unpacking thread, at most: a few MiB,

@@ -7,11 +7,15 @@
 //! - `layers/<hex>/`: one unpacked layer per `diff_id` (digest of its uncompressed tar), with
 //!   the tree in `root/` and its size in `meta.json`. Compressed layer blobs are not kept: the
 //!   unpacked tree is what sandboxes use.
+//! - `private.json`: content (a config blob by its digest, a layer by its `diff_id`) that only
+//!   pulls with registry credentials have fetched → the digests of those credentials. Absent:
+//!   public. A pull by anyone else fetches such content again from its own registry and checks
+//!   it before the stored copy serves it (knowing a digest is not having the content).
 //! - `refs.json`: name → manifest digest. `leases/<holder>`: the digest a holder (a sandbox id)
 //!   uses, one small file each (stores before 2026-12 kept them all in `leases.json`, still read;
 //!   binaries from before do not see lease files, so none may prune a store newer ones use).
 //! - `locks/`: `gc.lock` (pulls and imports share it, prune takes it alone), `meta.lock`
-//!   (edits of `refs.json` and of the leases) and one lock per layer being fetched.
+//!   (edits of `refs.json`, `private.json` and of the leases) and one lock per layer being fetched.
 //! - `tmp/`: work in progress. Everything is published by renaming out of `tmp/`, so what is
 //!   in `blobs/` and `layers/` is complete; a killed pull leaves only `tmp/` entries, which the
 //!   next holder of the same layer lock (or prune) removes.
@@ -119,6 +123,9 @@ struct LayerMeta {
     diff_id: String,
     size: u64,
 }
+
+/// Content only private pulls fetched (see the module's comment).
+const PRIVATE: &str = "private.json";
 
 /// The store; cheap to clone (a path), and safe to use from several processes at once.
 #[derive(Debug, Clone)]
@@ -318,7 +325,50 @@ impl Store {
         Ok(self.root.join("leases").join(holder))
     }
 
-    /// Points `name` at `digest`.
+    /// Whether stored content `key` (a config digest or a layer's `diff_id`) may serve a pull
+    /// by `principal` (`credentials_digest` of a private pull's credentials; `None`: public)
+    /// without its registry: it is public, or these credentials fetched it before.
+    pub(crate) fn open_to(&self, key: &str, principal: Option<&str>) -> Result<bool> {
+        let _meta = self.lock("meta.lock", false)?;
+        let private: BTreeMap<String, Vec<String>> = self.read_json(PRIVATE)?;
+        Ok(private.get(key).is_none_or(|who| principal.is_some_and(|p| who.iter().any(|w| w == p))))
+    }
+
+    /// Before a private pull stores content `key` that is not there yet: it is never public,
+    /// not even between being stored and the pull's end.
+    pub(crate) fn claim(&self, key: &str, principal: &str) -> Result<()> {
+        self.edit_private(key, |who| {
+            let mut who = who.unwrap_or_default();
+            if !who.iter().any(|w| w == principal) {
+                who.push(principal.to_string());
+            }
+            Some(who)
+        })
+    }
+
+    /// After a pull fetched `key` from its own registry and checked it: the stored copy serves
+    /// `principal` from now on (everyone, for a public pull).
+    pub(crate) fn grant(&self, key: &str, principal: Option<&str>) -> Result<()> {
+        match principal {
+            Some(p) => self.claim(key, p),
+            None => self.edit_private(key, |_| None),
+        }
+    }
+
+    fn edit_private(&self, key: &str, edit: impl FnOnce(Option<Vec<String>>) -> Option<Vec<String>>) -> Result<()> {
+        let _meta = self.lock("meta.lock", true)?;
+        let mut private: BTreeMap<String, Vec<String>> = self.read_json(PRIVATE)?;
+        let before = private.get(key).cloned();
+        match edit(private.remove(key)) {
+            Some(who) => private.insert(key.to_string(), who),
+            None => None,
+        };
+        if private.get(key) == before.as_ref() {
+            return Ok(());
+        }
+        self.write_json(PRIVATE, &private)
+    }
+
     /// Records that `name` is `digest`, pulled with `auth` (or imported or served without
     /// credentials: `None`, which makes it public).
     pub(crate) fn set_ref(&self, name: &str, digest: &str, auth: Option<&crate::Credentials>) -> Result<()> {
@@ -633,6 +683,12 @@ impl Store {
                     report.blobs += 1;
                 }
             }
+        }
+        let mut private: BTreeMap<String, Vec<String>> = self.read_json(PRIVATE)?;
+        let before = private.len();
+        private.retain(|key, _| hex_of(key).is_ok_and(|hex| live_blobs.contains(hex) || live_layers.contains(hex)));
+        if private.len() != before {
+            self.write_json(PRIVATE, &private)?;
         }
         // Nothing is in progress (we hold gc.lock alone), so all of tmp/ is debris, and so are
         // the per-layer lock files nobody waits on.

@@ -550,3 +550,70 @@ async fn a_private_registry_is_trusted_through_its_own_ca_and_for_nothing_else()
     assert!(err.to_string().contains("speaks HTTPS"), "{err}");
     assert!(other_store.lookup(&name).unwrap().is_none(), "a refused pull stored the image");
 }
+
+/// A private pull's config and layers are in the store, found by digest. Another tenant's
+/// registry (public, its own) serves manifests naming them: one names the private layers'
+/// diff_ids over a layer of its own, one names the private config and layer but has neither
+/// (it learnt the digests, not the content). Neither may get private content out of the store;
+/// a registry that really has the same content gets it, after handing it over once.
+#[tokio::test]
+async fn a_manifest_naming_private_content_by_digest_does_not_get_it_from_the_store() {
+    let private = Registry::start(true);
+    let evil = Registry::start(false);
+    let secret = vec![Layer::new().file("secret", b"the private layer").tar()];
+    private.push("private/app:1", &secret, None).await;
+    let (_t, store) = store();
+    let right = PullOptions {
+        private: true,
+        auth: Some(Credentials { username: USER.into(), password: PASSWORD.into() }),
+        registries: RegistryConfig::default(),
+    };
+    let img = store.pull(&format!("{}/private/app:1", private.host), &right, &no_progress).await.unwrap();
+    assert_eq!(fs::read(img.layers[0].join("secret")).unwrap(), b"the private layer");
+
+    // 1. A config naming the private diff_id, over a layer of the attacker's own.
+    let client = evil.client();
+    let own = Layer::new().file("decoy", b"mine").tar();
+    let crafted = config(&secret, None, &["PATH=/usr/bin:/bin"]);
+    let reference: Reference = format!("{}/evil/diffid:1", evil.host).parse().unwrap();
+    client
+        .push(
+            &reference,
+            &[oci_client::client::ImageLayer::oci_v1_gzip(gzip(&own), None)],
+            oci_client::client::Config::oci_v1(crafted, None),
+            &RegistryAuth::Anonymous,
+            None,
+        )
+        .await
+        .unwrap();
+    let name = format!("{}/evil/diffid:1", evil.host);
+    let err = store.pull(&name, &opts(), &no_progress).await.unwrap_err();
+    assert!(matches!(err, ImageError::Corrupt(_)), "{err}");
+    assert!(store.lookup_for(&name, None).unwrap().is_none());
+
+    // 2. The private config, then the private layer, named by digest with its blob gone from
+    //    the registry (pushed only because a registry refuses a manifest naming absent blobs).
+    let config_digest = sha256(&config(&secret, None, &["PATH=/usr/bin:/bin", "FROM_IMAGE=1"]));
+    let layer_digest = sha256(&gzip(&secret[0]));
+    assert!(store.dir().join("blobs/sha256").join(&config_digest[7..]).exists(), "the test names the private config");
+    for gone in [&config_digest, &layer_digest] {
+        let other = Registry::start(false);
+        other.push("evil/copy:1", &secret, None).await;
+        fs::remove_file(other.blob_file(gone)).unwrap();
+        let name = format!("{}/evil/copy:1", other.host);
+        let err = store.pull(&name, &opts(), &no_progress).await.unwrap_err();
+        assert!(matches!(err, ImageError::NotFound(_) | ImageError::Registry(_)), "{gone}: {err}");
+        assert!(store.lookup_for(&name, None).unwrap().is_none());
+    }
+
+    // 3. A registry that has the content hands it over once, and then it is public.
+    evil.push("evil/honest:1", &secret, None).await;
+    let name = format!("{}/evil/honest:1", evil.host);
+    let honest = store.pull(&name, &opts(), &no_progress).await.unwrap();
+    assert_eq!(evil.blob_gets(&layer_digest), 1, "log:\n{}", evil.log());
+    assert_eq!(fs::read(honest.layers[0].join("secret")).unwrap(), b"the private layer");
+    assert_eq!(honest.layers, img.layers, "the stored layer serves both");
+    evil.push("evil/again:1", &secret, None).await;
+    store.pull(&format!("{}/evil/again:1", evil.host), &opts(), &no_progress).await.unwrap();
+    assert_eq!(evil.blob_gets(&layer_digest), 1, "public now: not downloaded again");
+}
