@@ -19,15 +19,17 @@ pub enum Quantity {
 impl Quantity {
     fn syntax(self) -> &'static str {
         match self {
-            Self::Bytes => "a number with an optional binary unit (B, K, M, G, T, P, or KiB/KB/Ki etc.)",
+            Self::Bytes => {
+                "a number with an optional unit: Ki, Mi, Gi, Ti, Pi (2^10-based) or k, M, G, T, P (10^3-based)"
+            }
             Self::Duration => "numbers with units ms, s, m, h, or plain seconds",
-            Self::Cpus => "a plain decimal number of CPUs",
+            Self::Cpus => "a decimal number of CPUs, or millicpus with an m",
         }
     }
 
     fn example(self) -> &'static str {
         match self {
-            Self::Bytes => "512M",
+            Self::Bytes => "512Mi",
             Self::Duration => "1m30s",
             Self::Cpus => "0.5",
         }
@@ -58,32 +60,55 @@ pub enum UnitError {
     Zero { quantity: Quantity, input: String },
     #[error("{quantity} {input:?} is too large to represent: pass a smaller value, e.g. {}", .quantity.example())]
     Overflow { quantity: Quantity, input: String },
+    #[error(
+        "byte size {input:?} is ambiguous: Kubernetes reads a lowercase m as milli, Docker as MiB; \
+         write {number}Mi (2^20-based) or {number}M (10^6-based), likewise Gi/G, Ti/T, Pi/P"
+    )]
+    Ambiguous { input: String, number: String },
     #[error("cpu count {input:?} is outside 0.01..=1024: pass a value in that range, e.g. 0.5")]
     CpusOutOfRange { input: String },
 }
 
-/// Parses a byte size such as `"512M"`, `"1G"`, `"1.5GiB"`, `"64m"`,
-/// `"100k"`, `"2Gi"` or `"1048576"` (plain bytes).
+/// Parses a byte size as Kubernetes writes quantities, the same in the API and on the command
+/// line: `"512Mi"` (2²⁰-based), `"1G"` (10⁹), `"1.5GiB"`, `"100k"`, `"1048576"` (bytes).
 ///
-/// Every unit is binary (1024-based) and case-insensitive: `k`, `kb`, `ki`
-/// and `kib` all mean 1024, likewise `m`, `g`, `t`, `p`; `b` means bytes.
-/// So `1MB` is 1048576, not 10^6 — limits here are always written in binary
-/// units, and accepting `MB` spares users a pointless error. Exabytes are
-/// left out because `1e9`-style input would otherwise parse as 1 EiB.
+/// - Binary units, any case, with or without a final `B`: `Ki`, `Mi`, `Gi`, `Ti`, `Pi` are
+///   2¹⁰ … 2⁵⁰ (`KiB`, `mib`, `GI` too).
+/// - Decimal units: `k` or `K`, `M`, `G`, `T`, `P` are 10³ … 10¹⁵, with or without a final `B`
+///   (`MB`, `kB`), as in Kubernetes and SI.
+/// - `B` or nothing is bytes.
+/// - A lone lowercase `m`, `g`, `t` or `p` (`512m`, `1gb`) is refused with both readings
+///   spelled out: Kubernetes reads `m` as milli and Docker as MiB, so either guess would
+///   surprise someone by a factor of 2²⁰ or 1.05.
+///
+/// Exabytes are left out because `1e9`-style input would otherwise parse as 1 EB.
 pub fn parse_bytes(s: &str) -> Result<u64, UnitError> {
     const QUANTITY: Quantity = Quantity::Bytes;
     let (number, unit) = split_number(QUANTITY, s)?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "ki" | "kib" => 10,
-        "m" | "mb" | "mi" | "mib" => 20,
-        "g" | "gb" | "gi" | "gib" => 30,
-        "t" | "tb" | "ti" | "tib" => 40,
-        "p" | "pb" | "pi" | "pib" => 50,
-        _ => return Err(unknown_unit(QUANTITY, s, unit)),
+    let stem = unit.strip_suffix(['B', 'b']).filter(|u| !u.is_empty()).unwrap_or(unit);
+    let scale: u64 = match stem {
+        "" | "B" | "b" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "m" | "g" | "t" | "p" => {
+            return Err(UnitError::Ambiguous {
+                input: s.to_owned(),
+                number: s.trim()[..s.trim().len() - unit.len()].to_owned(),
+            });
+        }
+        binary => match binary.to_ascii_lowercase().as_str() {
+            "ki" => 1 << 10,
+            "mi" => 1 << 20,
+            "gi" => 1 << 30,
+            "ti" => 1 << 40,
+            "pi" => 1 << 50,
+            _ => return Err(unknown_unit(QUANTITY, s, unit)),
+        },
     };
-    let bytes =
-        number.scale(1 << shift).ok_or_else(|| UnitError::Overflow { quantity: QUANTITY, input: s.to_owned() })?;
+    let bytes = number.scale(scale).ok_or_else(|| UnitError::Overflow { quantity: QUANTITY, input: s.to_owned() })?;
     nonzero(QUANTITY, s, bytes)
 }
 
@@ -123,22 +148,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     }
 }
 
-/// Parses a CPU count the way `docker --cpus` does (`"1"`, `"0.5"`,
-/// `"2.25"`) into millicpus. Accepts 0.01..=1024; finer precision than a
-/// millicpu is rounded down.
+/// Parses a CPU count into millicpus: a decimal number of CPUs as `docker --cpus` writes it
+/// (`"1"`, `"0.5"`, `"2.25"`) or millicpus as Kubernetes does (`"500m"`). Accepts
+/// 0.01..=1024 CPUs; finer precision than a millicpu is rounded down.
 pub fn parse_cpus(s: &str) -> Result<u32, UnitError> {
     const QUANTITY: Quantity = Quantity::Cpus;
     // The kernel's smallest CFS quota is 1ms per default 100ms period.
     const MIN_MILLIS: u32 = 10;
     const MAX_MILLIS: u32 = 1024 * 1000;
     let (number, unit) = split_number(QUANTITY, s)?;
-    if !unit.is_empty() {
-        return Err(invalid(QUANTITY, s));
-    }
+    let scale = match unit {
+        "" => 1000,
+        "m" => 1,
+        _ => return Err(invalid(QUANTITY, s)),
+    };
     if number.is_zero() {
         return Err(UnitError::Zero { quantity: QUANTITY, input: s.to_owned() });
     }
-    match number.scale(1000).and_then(|m| u32::try_from(m).ok()) {
+    match number.scale(scale).and_then(|m| u32::try_from(m).ok()) {
         Some(millis @ MIN_MILLIS..=MAX_MILLIS) => Ok(millis),
         _ => Err(UnitError::CpusOutOfRange { input: s.to_owned() }),
     }
@@ -251,29 +278,43 @@ mod tests {
     #[test]
     fn bytes_accepts_documented_forms() {
         let cases = [
-            ("512M", 512 * MIB),
-            ("1G", GIB),
+            ("512Mi", 512 * MIB),
+            ("512M", 512_000_000),
+            ("1G", 1_000_000_000),
+            ("1Gi", GIB),
             ("1.5GiB", GIB + GIB / 2),
-            ("64m", 64 * MIB),
             ("1048576", MIB),
-            ("100k", 100 * 1024),
+            ("100k", 100_000),
+            ("100K", 100_000),
             ("2Gi", 2 * GIB),
-            ("1MB", MIB),
+            ("1MB", 1_000_000),
+            ("1kB", 1_000),
             ("1mib", MIB),
             ("3KI", 3 * 1024),
-            ("1t", 1 << 40),
+            ("1Ti", 1 << 40),
+            ("1T", 1_000_000_000_000),
             ("2PiB", 2 << 50),
             ("512B", 512),
-            (" 1G\n", GIB),
-            (".5k", 512),
-            ("0.1k", 102),
+            (" 1Gi\n", GIB),
+            (".5Ki", 512),
+            ("0.1Ki", 102),
             ("1.5", 1),
-            ("0000000000000000000000001k", 1024),
-            ("15.99999999999999999999999999999999P", 16 * (1 << 50) - 1),
+            ("0000000000000000000000001Ki", 1024),
+            ("15.99999999999999999999999999999999Pi", 16 * (1 << 50) - 1),
         ];
         for (input, want) in cases {
             assert_eq!(parse_bytes(input), Ok(want), "{input:?}");
         }
+    }
+
+    #[test]
+    fn bytes_refuses_a_lowercase_m_naming_both_readings() {
+        for input in ["64m", "1g", "2t", "1p", "64mb", "1gb"] {
+            let err = parse_bytes(input).unwrap_err();
+            assert!(matches!(err, UnitError::Ambiguous { .. }), "{input:?}: {err}");
+        }
+        let msg = parse_bytes("512m").unwrap_err().to_string();
+        assert!(msg.contains("512Mi") && msg.contains("512M ") && msg.contains("milli"), "{msg}");
     }
 
     #[test]
@@ -302,7 +343,7 @@ mod tests {
 
     #[test]
     fn bytes_rejects_overflow() {
-        for input in ["16384P", "18446744073709551616", "99999999999999999999999G"] {
+        for input in ["16384Pi", "18446744073709551616", "99999999999999999999999G"] {
             assert!(matches!(parse_bytes(input), Err(UnitError::Overflow { .. })), "{input:?}");
         }
     }
@@ -313,7 +354,7 @@ mod tests {
             parse_bytes("5X"),
             Err(UnitError::UnknownUnit { quantity: Quantity::Bytes, input: "5X".to_owned(), unit: "X".to_owned() })
         );
-        for input in ["1e9", "1E", "5 M", "1kk", "1_000"] {
+        for input in ["1e9", "1E", "5 M", "1kk", "1_000", "1Mb5", "1iB"] {
             assert!(matches!(parse_bytes(input), Err(UnitError::UnknownUnit { .. })), "{input:?}");
         }
     }
@@ -328,7 +369,7 @@ mod tests {
     #[test]
     fn error_messages_name_input_and_show_example() {
         let msg = parse_bytes("5X").unwrap_err().to_string();
-        assert!(msg.contains("\"5X\"") && msg.contains("e.g. 512M"), "{msg}");
+        assert!(msg.contains("\"5X\"") && msg.contains("e.g. 512Mi"), "{msg}");
         let msg = parse_bytes("0M").unwrap_err().to_string();
         assert!(msg.contains("must be > 0"), "{msg}");
         let msg = parse_duration("").unwrap_err().to_string();
@@ -415,6 +456,9 @@ mod tests {
             ("1024", 1_024_000),
             ("0.0125", 12),
             (" 4 ", 4000),
+            ("500m", 500),
+            ("10m", 10),
+            ("2500m", 2500),
         ] {
             assert_eq!(parse_cpus(input), Ok(want), "{input:?}");
         }
@@ -430,7 +474,7 @@ mod tests {
 
     #[test]
     fn cpus_rejects_out_of_range() {
-        for input in ["0.009", "0.0001", "1024.001", "2000", "99999999999999999999999"] {
+        for input in ["0.009", "0.0001", "1024.001", "2000", "99999999999999999999999", "9m", "1m", "1024001m"] {
             assert_eq!(parse_cpus(input), Err(UnitError::CpusOutOfRange { input: input.to_owned() }), "{input:?}");
         }
     }
@@ -438,7 +482,7 @@ mod tests {
     #[test]
     fn cpus_rejects_garbage() {
         assert!(matches!(parse_cpus(""), Err(UnitError::Empty { .. })));
-        for input in ["NaN", "inf", "abc", "500m", "1.5.5", "1e3", "."] {
+        for input in ["NaN", "inf", "abc", "500M", "500mm", "1.5.5", "1e3", "."] {
             assert!(matches!(parse_cpus(input), Err(UnitError::Invalid { .. })), "{input:?}");
         }
     }

@@ -17,9 +17,6 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
 use crate::execd::ENTRYPOINT_EXITED;
-#[cfg(test)]
-use crate::resources::parse_cpu;
-use crate::resources::parse_memory;
 use crate::state::AppState;
 use crate::store::{SandboxRow, now_ms};
 use crate::tenants::{TENANT_LABEL, Tenant, scoped, unscoped};
@@ -231,13 +228,7 @@ impl ApiVolume {
                 let size_bytes = p
                     .storage
                     .as_deref()
-                    .map(|s| {
-                        parse_memory(s).ok_or_else(|| {
-                            ApiError::bad_request(format!(
-                                "volume {name}: storage {s:?} is not a size such as 1Gi or 500Mi"
-                            ))
-                        })
-                    })
+                    .map(|s| crate::resources::bytes(&format!("volume {name}: storage"), s))
                     .transpose()?;
                 crate::tenants::check_user_name(&format!("volume {name}: claimName"), &p.claim_name)?;
                 VolumeSource::Named {
@@ -1674,23 +1665,6 @@ fn workspace_document() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kubernetes_quantities_parse() {
-        assert_eq!(parse_memory("512Mi"), Some(512 << 20));
-        assert_eq!(parse_memory("2Gi"), Some(2 << 30));
-        assert_eq!(parse_memory("1G"), Some(1_000_000_000));
-        assert_eq!(parse_memory("1048576"), Some(1 << 20));
-        for bad in ["", "-1Gi", "1Xi", "Gi", "1e999"] {
-            assert_eq!(parse_memory(bad), None, "{bad}");
-        }
-        assert_eq!(parse_cpu("500m"), Some(500));
-        assert_eq!(parse_cpu("2"), Some(2000));
-        assert_eq!(parse_cpu("0.25"), Some(250));
-        for bad in ["", "-1", "abc", "0", "0m"] {
-            assert_eq!(parse_cpu(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn metadata_follows_label_rules() {

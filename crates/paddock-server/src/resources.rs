@@ -2,39 +2,19 @@
 //! sandbox and the run APIs.
 
 use paddock_core::spec::SandboxSpec;
+use paddock_core::units::{parse_bytes, parse_cpus};
 
 use crate::error::{ApiError, ApiResult};
 
-/// Kubernetes-style memory quantity (`512Mi`, `2Gi`, `1G`, `1048576`) → bytes.
-pub fn parse_memory(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let mult: f64 = match unit {
-        "" => 1.0,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "k" | "K" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        _ => return None,
-    };
-    let v: f64 = num.parse().ok()?;
-    let bytes = v * mult;
-    (bytes.is_finite() && (1.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
+/// A byte quantity as Kubernetes writes it (`512Mi`, `2Gi`, `1G` = 10⁹, `1048576`), parsed by
+/// the same exact parser as the command line's; `what` names the field in the error.
+pub fn bytes(what: &str, s: &str) -> ApiResult<u64> {
+    parse_bytes(s).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 
-/// Kubernetes-style CPU quantity (`500m`, `1`, `0.5`) → millicpus.
-pub fn parse_cpu(s: &str) -> Option<u32> {
-    let s = s.trim();
-    let milli = match s.strip_suffix('m') {
-        Some(m) => m.parse::<f64>().ok()?,
-        None => s.parse::<f64>().ok()? * 1000.0,
-    };
-    (milli.is_finite() && milli >= 1.0 && milli <= f64::from(u32::MAX)).then_some(milli.round() as u32)
+/// A CPU quantity as Kubernetes writes it (`500m`, `1`, `0.5`) → millicpus.
+pub fn cpus(what: &str, s: &str) -> ApiResult<u32> {
+    parse_cpus(s).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 
 /// Sets a spec's resources from `{name: quantity}` pairs, refusing names and quantities it
@@ -42,35 +22,15 @@ pub fn parse_cpu(s: &str) -> Option<u32> {
 pub fn apply<'a>(spec: &mut SandboxSpec, limits: impl Iterator<Item = (&'a String, &'a String)>) -> ApiResult<()> {
     for (k, v) in limits {
         match k.as_str() {
-            "cpu" => {
-                spec.resources.millicpus = parse_cpu(v).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "resourceLimits.cpu {v:?} is not a CPU quantity such as \"500m\" or \"2\""
-                    ))
-                })?
-            }
-            "memory" => {
-                spec.resources.memory_bytes = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "resourceLimits.memory {v:?} is not a quantity such as \"512Mi\" or \"2Gi\""
-                    ))
-                })?
-            }
+            "cpu" => spec.resources.millicpus = cpus("resourceLimits.cpu", v)?,
+            "memory" => spec.resources.memory_bytes = bytes("resourceLimits.memory", v)?,
             "pids" => {
                 spec.resources.pids = v
                     .parse()
                     .map_err(|_| ApiError::bad_request(format!("resourceLimits.pids {v:?} is not a whole number")))?
             }
-            "ephemeral-storage" | "tmp" => {
-                spec.resources.tmp_bytes = parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.{k} {v:?} is not a quantity such as \"1Gi\""))
-                })?
-            }
-            "workspace" => {
-                spec.resources.workspace_bytes = Some(parse_memory(v).ok_or_else(|| {
-                    ApiError::bad_request(format!("resourceLimits.workspace {v:?} is not a quantity such as \"10Gi\""))
-                })?)
-            }
+            "ephemeral-storage" | "tmp" => spec.resources.tmp_bytes = bytes(&format!("resourceLimits.{k}"), v)?,
+            "workspace" => spec.resources.workspace_bytes = Some(bytes("resourceLimits.workspace", v)?),
             "workspace-inodes" => {
                 spec.resources.workspace_inodes = v.parse().map_err(|_| {
                     ApiError::bad_request(format!("resourceLimits.workspace-inodes {v:?} is not a whole number"))
@@ -84,4 +44,45 @@ pub fn apply<'a>(spec: &mut SandboxSpec, limits: impl Iterator<Item = (&'a Strin
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(pairs: &[(&str, &str)]) -> ApiResult<SandboxSpec> {
+        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut spec = SandboxSpec::default();
+        apply(&mut spec, owned.iter().map(|(k, v)| (k, v)))?;
+        Ok(spec)
+    }
+
+    /// The API reads a quantity exactly as the command line does (`M` is 10⁶, `Mi` 2²⁰).
+    #[test]
+    fn quantities_mean_what_they_mean_on_the_command_line() {
+        for (memory, cpu) in [("512Mi", "500m"), ("1G", "2"), ("1048576", "0.25"), ("1.5Gi", "1500m")] {
+            let spec = limits(&[("memory", memory), ("cpu", cpu)]).unwrap();
+            assert_eq!(spec.resources.memory_bytes, parse_bytes(memory).unwrap(), "{memory}");
+            assert_eq!(spec.resources.millicpus, parse_cpus(cpu).unwrap(), "{cpu}");
+        }
+        assert_eq!(limits(&[("memory", "1M")]).unwrap().resources.memory_bytes, 1_000_000);
+        assert_eq!(limits(&[("memory", "1Mi")]).unwrap().resources.memory_bytes, 1 << 20);
+        for (k, bad) in [
+            ("memory", "512m"),
+            ("memory", ""),
+            ("memory", "-1Gi"),
+            ("memory", "1Xi"),
+            ("memory", "1e999"),
+            ("cpu", "0"),
+            ("cpu", "0m"),
+            ("cpu", "abc"),
+            ("tmp", "1g"),
+            ("workspace", "Gi"),
+        ] {
+            let err = limits(&[(k, bad)]).unwrap_err();
+            assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST, "{k}={bad}");
+            assert!(err.message.contains(k), "{k}={bad}: {}", err.message);
+        }
+        assert!(limits(&[("memory", "512m")]).unwrap_err().message.contains("512Mi"));
+    }
 }
