@@ -289,12 +289,46 @@ pub struct Denial {
     pub reason: String,
 }
 
+/// What enforces a sandbox's egress policy (shown as OpenSandbox's `enforcementMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Enforcement {
+    /// A network namespace with loopback only: no egress at all, no DNS.
+    #[serde(rename = "network-namespace")]
+    NetworkNamespace,
+    /// Paddock's enforcer answers DNS and dials every connection itself, by the rules.
+    #[serde(rename = "dns+proxy")]
+    DnsProxy,
+    /// A Kubernetes NetworkPolicy allows or drops connections by address.
+    #[serde(rename = "networkpolicy")]
+    NetworkPolicy,
+    /// The policy is kept but nothing enforces it (a test runtime with no network).
+    #[serde(rename = "none")]
+    NotEnforced,
+}
+
+impl Enforcement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NetworkNamespace => "network-namespace",
+            Self::DnsProxy => "dns+proxy",
+            Self::NetworkPolicy => "networkpolicy",
+            Self::NotEnforced => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A sandbox's egress as its runtime enforces it now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressStatus {
     pub policy: EgressPolicy,
-    /// How the runtime enforces it, in a word or two (e.g. `dns+proxy`, `network-namespace`).
-    pub enforcement: String,
+    /// How the runtime enforces it.
+    pub enforcement: Enforcement,
     pub counters: EgressCounters,
     /// The newest denials, oldest first (bounded by the runtime).
     pub denials: Vec<Denial>,
@@ -303,8 +337,8 @@ pub struct EgressStatus {
 impl EgressStatus {
     /// A policy enforced by something that counts nothing and logs no denials (a network
     /// namespace with loopback only, a NetworkPolicy).
-    pub fn uncounted(policy: EgressPolicy, enforcement: &str) -> Self {
-        Self { policy, enforcement: enforcement.into(), counters: EgressCounters::default(), denials: Vec::new() }
+    pub fn uncounted(policy: EgressPolicy, enforcement: Enforcement) -> Self {
+        Self { policy, enforcement, counters: EgressCounters::default(), denials: Vec::new() }
     }
 }
 

@@ -430,6 +430,32 @@ impl RuntimeError {
 /// Why a runtime without an egress enforcer has no credential vault.
 pub const VAULT_UNSUPPORTED: &str = "this runtime has no egress enforcer of Paddock's to add credentials to a sandbox's requests (a NetworkPolicy only allows or drops connections): use the local runtime for the credential vault";
 
+/// What a sandbox's network policy may say on a runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkFeature {
+    /// Loopback only.
+    Deny,
+    /// Everything but the addresses no sandbox may reach.
+    AllowAll,
+    /// Rules naming IP addresses and CIDR ranges.
+    IpRules,
+    /// Rules naming hosts and `*.`-wildcards.
+    DomainRules,
+    /// A running sandbox's policy can be changed.
+    Change,
+}
+
+/// A kind of volume a sandbox may mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeKind {
+    /// A host directory under the operator's allowed roots.
+    Host,
+    /// A volume the runtime keeps until it is deleted.
+    Named,
+}
+
 /// What a runtime can do, so callers (the server, tests, clients through the API) ask instead
 /// of assuming.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -444,16 +470,13 @@ pub struct Capabilities {
     pub run_as_other_user: bool,
     /// Image references this runtime accepts, in words (shown in errors and `/v1/capabilities`).
     pub images: String,
-    /// What a sandbox's network policy may say, in words: `deny` (loopback only),
-    /// `allow-all`, `ip-rules` (IP and CIDR targets), `domain-rules` (names and `*.names`),
-    /// `change` (a running sandbox's policy can be changed).
-    pub network: Vec<String>,
+    /// What a sandbox's network policy may say.
+    pub network: Vec<NetworkFeature>,
     /// CPU and memory use can be read (`Runtime::metrics`).
     pub metrics: bool,
-    /// Volume kinds a sandbox may mount: `host` (operator-allowed host directories), `named`
-    /// (volumes the runtime keeps until deleted). Empty: none.
+    /// Volume kinds a sandbox may mount. Empty: none.
     #[serde(default)]
-    pub volumes: Vec<String>,
+    pub volumes: Vec<VolumeKind>,
     /// A sandbox can be given a way home to the server's gateway (`SandboxSpec::gateway`),
     /// which runs need.
     #[serde(default)]

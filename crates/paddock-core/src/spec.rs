@@ -85,26 +85,12 @@ impl Default for Resources {
     }
 }
 
-/// Where the sandbox's ids live on the host: inside uid `u` is host uid `HOST_ID_OFFSET + u`
-/// (gids alike). A dedicated, unnamed range: no real host user owns sandbox files or shares
-/// per-user kernel limits with sandboxes.
-pub const HOST_ID_OFFSET: u32 = 1_000_000_000;
-
 /// The identity processes run as inside the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct User {
     pub uid: u32,
     pub gid: u32,
-}
-
-impl User {
-    pub fn host_uid(&self) -> u32 {
-        HOST_ID_OFFSET.saturating_add(self.uid)
-    }
-    pub fn host_gid(&self) -> u32 {
-        HOST_ID_OFFSET.saturating_add(self.gid)
-    }
 }
 
 impl Default for User {

@@ -121,7 +121,7 @@ impl Enforcer {
     pub fn status(&self) -> EgressStatus {
         EgressStatus {
             policy: (*self.policy()).clone(),
-            enforcement: "dns+proxy".into(),
+            enforcement: paddock_core::egress::Enforcement::DnsProxy,
             counters: self.counters(),
             denials: self.denials.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect(),
         }

@@ -35,8 +35,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use paddock_core::naming::{NamingMode, ThreadId, sanitize_hashed};
 use paddock_core::runtime::{
-    ByteReader, Capabilities, Duplex, ExecRequest, FileOp, FileReply, Process, Runtime, RuntimeError, SandboxId,
-    SandboxInfo, SandboxMetrics,
+    ByteReader, Capabilities, Duplex, ExecRequest, FileOp, FileReply, NetworkFeature, Process, Runtime, RuntimeError,
+    SandboxId, SandboxInfo, SandboxMetrics, VolumeKind,
 };
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef, command_env};
 use paddock_core::volume::VolumeSource;
@@ -1226,9 +1226,14 @@ impl Runtime for KubeRuntime {
                 "container image references with a POSIX sh and busybox-level tools (default {}, pull policy {})",
                 self.config.default_image, self.config.image_pull_policy
             ),
-            network: ["deny", "allow-all", "ip-rules", "change"].map(String::from).to_vec(),
+            network: vec![
+                NetworkFeature::Deny,
+                NetworkFeature::AllowAll,
+                NetworkFeature::IpRules,
+                NetworkFeature::Change,
+            ],
             metrics: true,
-            volumes: vec!["named".into()],
+            volumes: vec![VolumeKind::Named],
             gateway: false,
             default_workspace_bytes: Some(self.config.workspace_default_bytes),
             credential_vault: false,
@@ -1439,7 +1444,10 @@ impl Runtime for KubeRuntime {
     /// nothing and logs no denials).
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         let info = self.get(id).await?;
-        Ok(paddock_core::egress::EgressStatus::uncounted(info.spec.network.policy(), "networkpolicy"))
+        Ok(paddock_core::egress::EgressStatus::uncounted(
+            info.spec.network.policy(),
+            paddock_core::egress::Enforcement::NetworkPolicy,
+        ))
     }
 
     /// Rewrites the sandbox's NetworkPolicy, then the spec on its Pod: new connections follow
@@ -1832,7 +1840,7 @@ mod tests {
             let c = k.capabilities();
             assert_eq!(c.runtime, "kubernetes");
             assert!(!c.pause && c.persistent_workspaces && !c.run_as_other_user);
-            assert!(c.network.contains(&"ip-rules".to_string()) && !c.network.contains(&"domain-rules".to_string()));
+            assert!(c.network.contains(&NetworkFeature::IpRules) && !c.network.contains(&NetworkFeature::DomainRules));
             let id = SandboxId::parse("sbx-000000000001").unwrap();
             assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
             assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use paddock_core::naming::{NamingMode, ThreadId, resource_name};
 use paddock_core::runtime::{
-    ByteReader, ByteWriter, Capabilities, Duplex, ExecOutcome, ExecRequest, Execution, FileOp, FileReply, Process,
-    Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState,
+    ByteReader, ByteWriter, Capabilities, Duplex, ExecOutcome, ExecRequest, Execution, FileOp, FileReply,
+    NetworkFeature, Process, Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, VolumeKind,
 };
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef};
 use paddock_sys::fdpass;
@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use crate::layout::DataDir;
 use crate::protocol::{self, Control, FileCall, Ready, Record, Reply, Request};
-use paddock_core::egress::{EgressPolicy, EgressStatus};
+use paddock_core::egress::{EgressPolicy, EgressStatus, Enforcement};
 use paddock_egress::control::Request as ControlRequest;
 
 /// The embedded local runtime.
@@ -166,10 +166,8 @@ impl LocalRuntime {
     /// The host identity a sandbox runs as (its egress enforcer drops to it).
     fn host_ids(&self, id: &SandboxId) -> Result<(u32, u32), RuntimeError> {
         let record = self.read_record(id)?;
-        Ok(match record.host_ids {
-            Some(ids) => (ids.uid, ids.gid),
-            None => (record.info.spec.user.host_uid(), record.info.spec.user.host_gid()),
-        })
+        let ids = record.host_ids.unwrap_or(crate::identity::HostIds::shared(&record.info.spec.user));
+        Ok((ids.uid, ids.gid))
     }
 
     /// Starts or updates a sandbox's egress enforcer with `policy`.
@@ -612,12 +610,18 @@ impl Runtime for LocalRuntime {
             persistent_workspaces: true,
             run_as_other_user: false,
             images: crate::image::ACCEPTED.into(),
-            network: ["deny", "allow-all", "ip-rules", "domain-rules", "change"].map(String::from).to_vec(),
+            network: vec![
+                NetworkFeature::Deny,
+                NetworkFeature::AllowAll,
+                NetworkFeature::IpRules,
+                NetworkFeature::DomainRules,
+                NetworkFeature::Change,
+            ],
             metrics: true,
             volumes: if self.volumes.host_roots.is_empty() {
-                vec!["named".into()]
+                vec![VolumeKind::Named]
             } else {
-                vec!["host".into(), "named".into()]
+                vec![VolumeKind::Host, VolumeKind::Named]
             },
             gateway: true,
             default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
@@ -855,7 +859,7 @@ impl Runtime for LocalRuntime {
         // A gateway's forwarder is the enforcer's too, so one that denies everything is still
         // brought back.
         if info.state == SandboxState::Failed || (policy.denies_everything() && info.spec.gateway.is_none()) {
-            return Ok(EgressStatus::uncounted(policy, "network-namespace"));
+            return Ok(EgressStatus::uncounted(policy, Enforcement::NetworkNamespace));
         }
         // Its enforcer is gone (killed, or the host ran out of memory): start it again rather
         // than leave the sandbox cut off from what its policy allows.
@@ -875,7 +879,7 @@ impl Runtime for LocalRuntime {
         if !crate::egress::set_vault(&self.dd, id, vault.as_ref()).await? && vault.is_some() {
             // No enforcer answers: bring it back (it reads the vault just saved).
             let status = self.egress(id).await?;
-            if status.enforcement == "network-namespace" {
+            if status.enforcement == Enforcement::NetworkNamespace {
                 return Err(RuntimeError::InvalidArgument(format!(
                     "sandbox {id} has no egress (its policy denies everything): a vault needs hosts its policy allows"
                 )));

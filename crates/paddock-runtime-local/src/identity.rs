@@ -25,6 +25,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::DataDir;
 
+/// Where every sandbox's ids lived on the host before identities were per sandbox (and where a
+/// workspace made then still lives): inside uid `u` is host uid `HOST_ID_OFFSET + u` (gids
+/// alike). A dedicated, unnamed range: no real host user owns sandbox files or shares per-user
+/// kernel limits with sandboxes.
+pub const HOST_ID_OFFSET: u32 = 1_000_000_000;
+
 /// The first host uid (and gid) of Paddock's range. Above the ids of earlier versions
 /// (`HOST_ID_OFFSET` + the sandbox's own uid), below the top of the 32-bit id space.
 pub const BASE: u32 = 1_001_000_000;
@@ -70,7 +76,7 @@ impl HostIds {
 
     /// The identity every sandbox shared before: `HOST_ID_OFFSET` + its own uid.
     pub fn shared(user: &User) -> Self {
-        Self { uid: user.host_uid(), gid: user.host_gid(), slot: None }
+        Self { uid: HOST_ID_OFFSET.saturating_add(user.uid), gid: HOST_ID_OFFSET.saturating_add(user.gid), slot: None }
     }
 }
 

@@ -599,12 +599,8 @@ impl Supervisor {
                 op: protocol::FileCall::Meta(paddock_core::runtime::FileOp::Chown { path, user, group }),
                 ..
             } => {
-                let host = self
-                    .record
-                    .host_ids
-                    .map_or((self.record.info.spec.user.host_uid(), self.record.info.spec.user.host_gid()), |h| {
-                        (h.uid, h.gid)
-                    });
+                let h = self.record.host_ids.unwrap_or(HostIds::shared(&self.record.info.spec.user));
+                let host = (h.uid, h.gid);
                 let inside = (self.record.info.spec.user.uid, self.record.info.spec.user.gid);
                 crate::ownership::chown(self.init_pid, crate::ownership::Ids { host, inside }, &path, user, group)
                     .map(|reply| Reply::File { reply })

@@ -271,7 +271,7 @@ fn open_dir(at: impl rustix::path::Arg, base: Option<&OwnedFd>, what: &str) -> R
 /// sandboxes). `None` otherwise: the directory is then mounted read-only, since files the
 /// sandbox made there would belong to its own identity, which a later sandbox may be given.
 fn mapped_owner(uid: u32, gid: u32) -> Option<(u32, u32)> {
-    let ordinary = |id: u32| (1000..paddock_core::spec::HOST_ID_OFFSET).contains(&id);
+    let ordinary = |id: u32| (1000..crate::identity::HOST_ID_OFFSET).contains(&id);
     (ordinary(uid) && ordinary(gid)).then_some((uid, gid))
 }
 
@@ -539,7 +539,7 @@ mod tests {
         assert_eq!(mapped_owner(1000, 1000), Some((1000, 1000)));
         assert_eq!(mapped_owner(1001, 0), None, "nor a system group");
         assert_eq!(mapped_owner(identity::BASE + 3, 1000), None, "nor a sandbox's identity");
-        let legacy = paddock_core::spec::HOST_ID_OFFSET + 1000;
+        let legacy = crate::identity::HOST_ID_OFFSET + 1000;
         assert_eq!(mapped_owner(legacy, legacy), None, "nor the identity sandboxes once shared");
     }
 

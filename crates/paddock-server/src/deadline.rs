@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{
-    ByteReader, Capabilities, Duplex, ExecRequest, Execution, FileOp, FileReply, Process, Runtime, RuntimeError,
-    SandboxId, SandboxInfo, SandboxMetrics,
+    ByteReader, Capabilities, Duplex, ExecRequest, Execution, FileOp, FileReply, IsolationTargets, Process, Runtime,
+    RuntimeError, SandboxId, SandboxInfo, SandboxMetrics,
 };
 use paddock_core::spec::SandboxSpec;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -148,6 +148,23 @@ impl Runtime for Deadlined {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
+        within(self.d.call, || "finding what sandboxes must not reach".to_owned(), self.inner.isolation_targets()).await
+    }
+    async fn create_and_exec(
+        &self,
+        spec: SandboxSpec,
+        request: ExecRequest,
+    ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+        let what = || "creating a sandbox and starting its command".to_owned();
+        let (info, process) = within(self.d.lifecycle, what, self.inner.create_and_exec(spec, request)).await?;
+        let call = self.d.call;
+        let process = process.map(|mut p| {
+            p.control = Box::new(DeadlinedExecution { inner: p.control, call });
+            p
+        });
+        Ok((info, process))
+    }
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
         within(self.d.lifecycle, || "creating a sandbox".to_owned(), self.inner.create(spec)).await
     }
@@ -254,7 +271,168 @@ impl Runtime for Deadlined {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    use paddock_core::egress::{EgressPolicy, EgressStatus};
+    use paddock_core::vault::Vault;
+    use paddock_core::volume::NamedVolume;
+
     use super::*;
+
+    /// A runtime that records which of its methods were called and fails each call.
+    #[derive(Default)]
+    struct Recorder(Mutex<BTreeSet<&'static str>>);
+
+    impl Recorder {
+        fn saw<T>(&self, method: &'static str) -> Result<T, RuntimeError> {
+            self.0.lock().unwrap().insert(method);
+            Err(RuntimeError::Unsupported(format!("recorded {method}")))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Runtime for Recorder {
+        fn capabilities(&self) -> Capabilities {
+            let _ = self.saw::<()>("capabilities");
+            serde_json::from_value(serde_json::json!({"runtime": "recorder", "pause": false,
+                "persistent_workspaces": false, "run_as_other_user": false, "images": "", "network": [],
+                "metrics": false}))
+            .unwrap()
+        }
+        async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
+            self.saw("isolation_targets")
+        }
+        async fn health(&self) -> Result<(), RuntimeError> {
+            self.saw("health")
+        }
+        async fn create(&self, _: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+            self.saw("create")
+        }
+        async fn get(&self, _: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
+            self.saw("get")
+        }
+        async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError> {
+            self.saw("list")
+        }
+        async fn exec(&self, _: &SandboxId, _: ExecRequest) -> Result<Process, RuntimeError> {
+            self.saw("exec")
+        }
+        async fn create_and_exec(
+            &self,
+            _: SandboxSpec,
+            _: ExecRequest,
+        ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
+            self.saw("create_and_exec")
+        }
+        async fn file(&self, _: &SandboxId, _: FileOp) -> Result<FileReply, RuntimeError> {
+            self.saw("file")
+        }
+        async fn read_file(&self, _: &SandboxId, _: &str) -> Result<ByteReader, RuntimeError> {
+            self.saw("read_file")
+        }
+        async fn write_file(&self, _: &SandboxId, _: &str, _: Option<u32>, _: ByteReader) -> Result<(), RuntimeError> {
+            self.saw("write_file")
+        }
+        async fn connect(&self, _: &SandboxId, _: u16) -> Result<Box<dyn Duplex>, RuntimeError> {
+            self.saw("connect")
+        }
+        async fn metrics(&self, _: &SandboxId) -> Result<SandboxMetrics, RuntimeError> {
+            self.saw("metrics")
+        }
+        async fn egress(&self, _: &SandboxId) -> Result<EgressStatus, RuntimeError> {
+            self.saw("egress")
+        }
+        async fn set_egress(&self, _: &SandboxId, _: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+            self.saw("set_egress")
+        }
+        async fn vault(&self, _: &SandboxId) -> Result<Option<Vault>, RuntimeError> {
+            self.saw("vault")
+        }
+        async fn set_vault(&self, _: &SandboxId, _: Option<Vault>) -> Result<(), RuntimeError> {
+            self.saw("set_vault")
+        }
+        async fn volumes(&self) -> Result<Vec<NamedVolume>, RuntimeError> {
+            self.saw("volumes")
+        }
+        async fn delete_volume(&self, _: &str) -> Result<(), RuntimeError> {
+            self.saw("delete_volume")
+        }
+        async fn pause(&self, _: &SandboxId) -> Result<(), RuntimeError> {
+            self.saw("pause")
+        }
+        async fn resume(&self, _: &SandboxId) -> Result<(), RuntimeError> {
+            self.saw("resume")
+        }
+        async fn renew(&self, _: &SandboxId, _: Duration) -> Result<SandboxInfo, RuntimeError> {
+            self.saw("renew")
+        }
+        async fn destroy(&self, _: &SandboxId) -> Result<(), RuntimeError> {
+            self.saw("destroy")
+        }
+        async fn acquire(&self, _: &ThreadId, _: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+            self.saw("acquire")
+        }
+        async fn release(&self, _: &ThreadId) -> Result<(), RuntimeError> {
+            self.saw("release")
+        }
+        async fn destroy_workspace(&self, _: &ThreadId) -> Result<(), RuntimeError> {
+            self.saw("destroy_workspace")
+        }
+    }
+
+    /// The methods `trait Runtime` declares, read from its source: a method added there and
+    /// not called below (so not forwarded by `Deadlined`, since the recorder must see it)
+    /// fails this test. A default method the decorator did not forward would run the trait's
+    /// default instead of the inner runtime's, silently.
+    fn trait_methods() -> BTreeSet<String> {
+        let src = include_str!("../../paddock-core/src/runtime.rs");
+        let body = &src[src.find("pub trait Runtime").expect("the trait")..];
+        let body = &body[..body.find("\n}\n").expect("the trait's end")];
+        body.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("async fn ").or_else(|| l.trim_start().strip_prefix("fn ")))
+            .map(|l| l[..l.find(['(', '<']).unwrap()].to_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_deadline_decorator_forwards_every_method() {
+        let inner = Arc::new(Recorder::default());
+        let rt = Deadlined::new(inner.clone(), Deadlines::default());
+        let id = SandboxId::parse("sbx-recorded").unwrap();
+        let thread = ThreadId::new("thread-recorded").unwrap();
+        let read = || -> ByteReader { Box::new(tokio::io::empty()) };
+        let _ = rt.capabilities();
+        let _ = rt.isolation_targets().await;
+        let _ = rt.health().await;
+        let _ = rt.create(SandboxSpec::default()).await;
+        let _ = rt.get(&id).await;
+        let _ = rt.list().await;
+        let _ = rt.exec(&id, ExecRequest::shell("true")).await;
+        let _ = rt.create_and_exec(SandboxSpec::default(), ExecRequest::shell("true")).await;
+        let _ = rt.file(&id, FileOp::Stat { path: "/x".into() }).await;
+        let _ = rt.read_file(&id, "/x").await;
+        let _ = rt.write_file(&id, "/x", None, read()).await;
+        let _ = rt.connect(&id, 80).await;
+        let _ = rt.metrics(&id).await;
+        let _ = rt.egress(&id).await;
+        let _ = rt.set_egress(&id, EgressPolicy::deny_all()).await;
+        let _ = rt.vault(&id).await;
+        let _ = rt.set_vault(&id, None).await;
+        let _ = rt.volumes().await;
+        let _ = rt.delete_volume("v").await;
+        let _ = rt.pause(&id).await;
+        let _ = rt.resume(&id).await;
+        let _ = rt.renew(&id, Duration::from_secs(60)).await;
+        let _ = rt.destroy(&id).await;
+        let _ = rt.acquire(&thread, SandboxSpec::default()).await;
+        let _ = rt.release(&thread).await;
+        let _ = rt.destroy_workspace(&thread).await;
+        let seen: BTreeSet<String> = inner.0.lock().unwrap().iter().map(|m| m.to_string()).collect();
+        let declared = trait_methods();
+        assert!(declared.len() > 20, "the trait's methods were not found: {declared:?}");
+        assert_eq!(seen, declared, "methods of the trait the decorator did not forward (or this test does not call)");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_reader_fails_only_while_waiting() {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use paddock_core::egress::{Action, EgressPolicy, EgressRule, EgressStatus};
+use paddock_core::egress::{Action, EgressPolicy, EgressRule, EgressStatus, Enforcement};
 use paddock_core::spec::NetworkPolicy;
 use serde_json::{Value, json};
 
@@ -30,8 +30,10 @@ pub fn network_of(policy: EgressPolicy) -> ApiResult<NetworkPolicy> {
 
 /// OpenSandbox's `PolicyStatusResponse`.
 fn policy_status(s: &EgressStatus) -> Value {
-    let reason = match (s.policy.mode(), s.enforcement.as_str()) {
-        ("deny_all", "network-namespace") => "the sandbox's network namespace has only loopback: no egress, no DNS",
+    let reason = match (s.policy.mode(), s.enforcement) {
+        ("deny_all", Enforcement::NetworkNamespace) => {
+            "the sandbox's network namespace has only loopback: no egress, no DNS"
+        }
         ("deny_all", _) => "every connection and DNS query is denied",
         ("allow_all", _) => {
             "everything is allowed but the addresses no sandbox may reach (this host, link-local and metadata, private ranges the operator did not allow)"

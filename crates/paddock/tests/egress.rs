@@ -218,7 +218,7 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
     assert_eq!(flipped.stdout, "hello from outside host=denied.test sni=denied.test\n6\n", "{}", flipped.stderr);
 
     let status = env.rt.egress(&id).await.unwrap();
-    assert_eq!(status.enforcement, "dns+proxy");
+    assert_eq!(status.enforcement, paddock_core::egress::Enforcement::DnsProxy);
     assert!(
         status.counters.connections_allowed >= 3 && status.counters.connections_denied >= 3,
         "{:?}",

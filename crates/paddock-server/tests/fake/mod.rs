@@ -222,7 +222,7 @@ impl Runtime for FakeRuntime {
             persistent_workspaces: true,
             run_as_other_user: false,
             images: "\"fake\"".into(),
-            network: vec!["deny".into()],
+            network: vec![paddock_core::runtime::NetworkFeature::Deny],
             metrics: true,
             volumes: Vec::new(),
             // Its commands run on the host, so the gateway's own address is the way home.
@@ -361,7 +361,10 @@ impl Runtime for FakeRuntime {
     /// The policy is kept in the sandbox's spec; nothing is enforced (there is no network).
     async fn egress(&self, id: &SandboxId) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         let info = self.known(id)?;
-        Ok(paddock_core::egress::EgressStatus::uncounted(info.spec.network.policy(), "fake"))
+        Ok(paddock_core::egress::EgressStatus::uncounted(
+            info.spec.network.policy(),
+            paddock_core::egress::Enforcement::NotEnforced,
+        ))
     }
     async fn set_egress(
         &self,
