@@ -414,14 +414,23 @@ impl RuntimeError {
     /// Classifies a host I/O error: running out of disk, memory, descriptors or processes is
     /// `Exhausted`, a timeout is `Timeout`, anything else `System`. `context` says what failed.
     pub fn from_io(context: impl std::fmt::Display, e: &std::io::Error) -> Self {
-        // ENOSPC, EDQUOT, EMFILE, ENFILE, ENOMEM, EAGAIN (fork), ETIMEDOUT on Linux.
-        const EXHAUSTED: [i32; 6] = [28, 122, 24, 23, 12, 11];
         let message = format!("{context}: {e}");
-        match e.raw_os_error() {
+        match e.kind() {
+            std::io::ErrorKind::TimedOut if e.raw_os_error().is_none() => Self::Timeout(message),
+            std::io::ErrorKind::StorageFull if e.raw_os_error().is_none() => Self::Exhausted(message),
+            _ => Self::from_errno(e.raw_os_error(), message),
+        }
+    }
+
+    /// Classifies a failed system call by its errno, as [`RuntimeError::from_io`] does;
+    /// `message` says what failed. No errno: `System`.
+    pub fn from_errno(errno: Option<i32>, message: String) -> Self {
+        // ENOSPC, EDQUOT, EMFILE, ENFILE, ENOMEM, EAGAIN (fork, clone: the pid limit), on Linux.
+        const EXHAUSTED: [i32; 6] = [28, 122, 24, 23, 12, 11];
+        const ETIMEDOUT: i32 = 110;
+        match errno {
             Some(n) if EXHAUSTED.contains(&n) => Self::Exhausted(message),
-            Some(110) => Self::Timeout(message),
-            _ if e.kind() == std::io::ErrorKind::TimedOut => Self::Timeout(message),
-            _ if e.kind() == std::io::ErrorKind::StorageFull => Self::Exhausted(message),
+            Some(ETIMEDOUT) => Self::Timeout(message),
             _ => Self::System(message),
         }
     }
@@ -658,6 +667,13 @@ mod tests {
         let perm = std::io::Error::from_raw_os_error(1);
         assert_eq!(RuntimeError::from_io("x", &perm).code(), "INTERNAL");
         assert_eq!(RuntimeError::Unsupported("x".into()).code(), "NOT_SUPPORTED");
+        // A clone that hits the pid limit, a mount with no memory: the host is full, not broken.
+        assert_eq!(RuntimeError::from_errno(Some(11), "clone: EAGAIN".into()).code(), "RESOURCE_EXHAUSTED");
+        assert_eq!(RuntimeError::from_errno(Some(12), "mount: ENOMEM".into()).code(), "RESOURCE_EXHAUSTED");
+        assert_eq!(RuntimeError::from_errno(Some(110), "x".into()).code(), "TIMEOUT");
+        assert_eq!(RuntimeError::from_errno(None, "x".into()).code(), "INTERNAL");
+        let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "slow");
+        assert_eq!(RuntimeError::from_io("x", &timed_out).code(), "TIMEOUT");
     }
 
     #[test]

@@ -359,7 +359,7 @@ impl LocalRuntime {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Err(RuntimeError::NotFound(format!("no sandbox {id}: see `paddock ls` for the sandboxes that exist")))
             }
-            Err(e) => Err(RuntimeError::System(format!("{}: {e}", path.display()))),
+            Err(e) => Err(RuntimeError::from_io(path.display(), &e)),
         }
     }
 

@@ -128,8 +128,10 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// A failed system call as the caller should see it: out of processes, memory, descriptors
+/// or disk is `Exhausted` (try again later), not an internal error.
 fn sys(context: &str) -> impl Fn(paddock_sys::SysError) -> RuntimeError + '_ {
-    move |e| RuntimeError::System(format!("{context}: {e}"))
+    move |e| RuntimeError::from_errno(e.errno(), format!("{context}: {e}"))
 }
 
 /// Open files per process in a sandbox (soft, hard): what build tools and language servers
@@ -813,11 +815,11 @@ impl Supervisor {
 }
 
 fn io(path: &Path, e: std::io::Error) -> RuntimeError {
-    RuntimeError::System(format!("{}: {e}", path.display()))
+    RuntimeError::from_io(path.display(), &e)
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
-    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| RuntimeError::System(format!("pipe: {e}")))
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| RuntimeError::from_io("pipe", &e.into()))
 }
 
 fn listen(path: &Path) -> Result<OwnedFd, RuntimeError> {

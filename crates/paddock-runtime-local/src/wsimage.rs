@@ -45,8 +45,8 @@ pub fn create(image: &Path, bytes: u64, inodes: u64, uid: u32, gid: u32) -> Resu
         .truncate(true)
         .mode(0o600)
         .open(image)
-        .map_err(|e| RuntimeError::System(format!("{}: {e}", image.display())))?;
-    file.set_len(bytes).map_err(|e| RuntimeError::System(format!("sizing {}: {e}", image.display())))?;
+        .map_err(|e| RuntimeError::from_io(image.display(), &e))?;
+    file.set_len(bytes).map_err(|e| RuntimeError::from_io(format!("sizing {}", image.display()), &e))?;
     drop(file);
     let result = run(
         tool("mkfs.ext4")
@@ -65,14 +65,15 @@ pub fn create(image: &Path, bytes: u64, inodes: u64, uid: u32, gid: u32) -> Resu
 
 /// Mounts `image` at `at` in the calling supervisor's own mount namespace.
 pub fn mount_private(image: &Path, at: &Path) -> Result<(), RuntimeError> {
-    paddock_sys::process::unshare_mount_namespace()
-        .map_err(|e| RuntimeError::System(format!("a private mount namespace for the workspace: {e}")))?;
+    paddock_sys::process::unshare_mount_namespace().map_err(|e| {
+        RuntimeError::from_errno(e.errno(), format!("a private mount namespace for the workspace: {e}"))
+    })?;
     mount(image, at)
 }
 
 /// Mounts `image` at `at` (made if missing) in the caller's mount namespace.
 pub fn mount(image: &Path, at: &Path) -> Result<(), RuntimeError> {
-    fs::create_dir_all(at).map_err(|e| RuntimeError::System(format!("{}: {e}", at.display())))?;
+    fs::create_dir_all(at).map_err(|e| RuntimeError::from_io(at.display(), &e))?;
     // noinit_itable: the image was made sparse with lazy_itable_init, so its inode tables read
     // as zeros already; the kernel's background zeroing would only turn tens of MiB of holes per
     // workspace into written disk.
