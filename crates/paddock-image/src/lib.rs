@@ -20,5 +20,3 @@ pub use reference::normalize;
 pub use store::{Image, ImageConfig, ImageInfo, PruneReport, Store};
 #[cfg(test)]
 mod tests;
-#[doc(hidden)]
-pub mod testutil;

@@ -5,8 +5,8 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::testutil::{Layer, config, docker_save, gzip, manifest, sha256, sparse_layer};
 use crate::{Image, ImageError, Store};
+use paddock_testkit::image::{Layer, config, docker_save, gzip, manifest, sha256, sparse_layer};
 
 fn unpack_into(tar: &[u8], dir: &Path) -> crate::error::Result<crate::unpack::Unpacked> {
     fs::create_dir_all(dir).unwrap();
@@ -440,7 +440,7 @@ fn a_lease_of_an_image_pruned_meanwhile_is_refused() {
 fn a_full_disk_gives_no_space_and_no_corrupt_store() {
     let t = tempfile::tempdir().unwrap();
     let mnt = t.path().join("small");
-    let _small = crate::testutil::SmallTmpfs::mount(&mnt);
+    let _small = paddock_testkit::image::SmallTmpfs::mount(&mnt);
     // No free-space floor: this is about the disk running out all the same.
     let store =
         Store::open(&mnt.join("images")).unwrap().with_limits(crate::Limits { min_free: 0, ..Default::default() });

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use oci_client::Reference;
 use oci_client::secrets::RegistryAuth;
-use paddock_image::testutil::{
-    self, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256, sparse_layer,
-};
 use paddock_image::{Credentials, ImageError, Progress, PullOptions, RegistryCa, RegistryConfig, Store};
+use paddock_testkit::image::{
+    self as testutil, Layer, REGISTRY_PASSWORD as PASSWORD, REGISTRY_USER as USER, config, gzip, sha256, sparse_layer,
+};
 
 /// A registry in a temporary directory: the process is killed before its directory goes.
 struct Registry {

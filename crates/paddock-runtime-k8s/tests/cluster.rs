@@ -1229,3 +1229,16 @@ async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper
     })
     .await;
 }
+
+/// The runtime contract every runtime keeps (`paddock_testkit::contract`), on a real cluster.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "cluster lane: needs a cluster (PADDOCK_K8S_TESTS=1, KUBECONFIG; dev/k8s/paddock runs it)"]
+async fn cluster_the_kubernetes_runtime_keeps_the_contract() {
+    require_cluster();
+    with_namespace(|client, ns| async move {
+        let rt = Arc::new(KubeRuntime::new(client, config(&ns)));
+        let contract = paddock_testkit::contract::Contract::new(small_spec());
+        paddock_testkit::contract::run_all(rt, &contract).await;
+    })
+    .await;
+}

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use paddock_image::testutil::{self, Layer, docker_save};
+use paddock_testkit::image::{self as testutil, Layer, docker_save};
 
 const EXE: &str = env!("CARGO_BIN_EXE_paddock");
 

@@ -1,8 +1,26 @@
-//! Building layers and images in tests (this crate's and the runtime's): not part of the API.
+//! Building layers and images in tests, and a real registry to serve them: Debian's
+//! `docker-registry` on loopback, `htpasswd` for its auth, `openssl` for a CA.
 
 use std::io::Write;
 
 use sha2::{Digest, Sha256};
+
+// The OCI image spec's media types (paddock-image keeps its own; this crate must not depend on
+// it, since its tests use this one).
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// This machine's OCI platform, for test images' configs (the architectures tests run on).
+fn this_platform() -> (&'static str, &'static str) {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    ("linux", arch)
+}
 
 /// A layer tarball built entry by entry. Names are written raw, so tests can build the
 /// malicious layers a real tar tool refuses to.
@@ -133,7 +151,7 @@ pub fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// An image config with these layers (uncompressed tarballs, lowest first) and `User`.
 pub fn config(tars: &[Vec<u8>], user: Option<&str>, env: &[&str]) -> Vec<u8> {
     let diff_ids: Vec<String> = tars.iter().map(|t| sha256(t)).collect();
-    let (os, arch) = crate::oci::this_platform();
+    let (os, arch) = this_platform();
     serde_json::to_vec(&serde_json::json!({
         "created": "2024-01-02T03:04:05Z",
         "architecture": arch,
@@ -149,14 +167,14 @@ pub fn manifest(config: &[u8], blobs: &[Vec<u8>]) -> Vec<u8> {
     let layers: Vec<_> = blobs
         .iter()
         .map(|b| {
-            let mt = if b.starts_with(&[0x1f, 0x8b]) { crate::oci::OCI_LAYER_GZIP } else { crate::oci::OCI_LAYER_TAR };
+            let mt = if b.starts_with(&[0x1f, 0x8b]) { OCI_LAYER_GZIP } else { OCI_LAYER_TAR };
             serde_json::json!({ "mediaType": mt, "digest": sha256(b), "size": b.len() })
         })
         .collect();
     serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
-        "mediaType": crate::oci::OCI_MANIFEST,
-        "config": { "mediaType": crate::oci::OCI_CONFIG, "digest": sha256(config), "size": config.len() },
+        "mediaType": OCI_MANIFEST,
+        "config": { "mediaType": OCI_CONFIG, "digest": sha256(config), "size": config.len() },
         "layers": layers,
     }))
     .expect("json")
