@@ -1451,7 +1451,8 @@ fn lifecycle_paths() -> Value {
         "/sandboxes": {
             "post": {"summary": "Create a sandbox (OpenSandbox lifecycle API)",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CreateRequest"}}}},
-                "responses": {"202": ok("The sandbox, starting", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone()}},
+                "responses": {"202": ok("The sandbox, starting", sandbox_ref.clone()), "400": error_ref.clone(), "401": error_ref.clone(),
+                    "429": {"description": "QUOTA_EXCEEDED: the tenant's sandboxes or their memory are at its quota", "content": error_ref["content"].clone()}}},
             "get": {"summary": "List sandboxes",
                 "parameters": [
                     {"name": "state", "in": "query", "schema": {"type": "string"}},
@@ -1598,7 +1599,8 @@ fn workspace_document() -> Value {
                 "parameters": [thread],
                 "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AcquireRequest"}}}},
                 "responses": {"200": {"description": "The sandbox", "content": {"application/json": {"schema": sandbox_ref}}},
-                    "400": error_ref, "401": error_ref}}},
+                    "400": error_ref, "401": error_ref,
+                    "429": {"description": "QUOTA_EXCEEDED: the tenant's sandboxes or their memory are at its quota", "content": error_ref["content"].clone()}}}},
             "/workspaces/{thread}/release": {"post": {
                 "summary": "Stop the thread's sandbox and keep its workspace", "parameters": [thread],
                 "responses": {"204": {"description": "Released"}, "400": error_ref, "401": error_ref}}},

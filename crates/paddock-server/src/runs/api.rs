@@ -745,7 +745,8 @@ pub fn openapi_paths() -> Value {
                 "parameters": [{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string", "maxLength": 255}}],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": submit}}},
                 "responses": {"201": ok("queued", run.clone()), "200": ok("the run this Idempotency-Key made", run.clone()),
-                    "400": error.clone(), "401": error.clone(), "409": error.clone()}},
+                    "400": error.clone(), "401": error.clone(), "409": error.clone(),
+                    "429": {"description": "QUOTA_EXCEEDED: the tenant's unfinished runs of this tier are at its quota", "content": error["content"].clone()}}},
             "get": {"tags": ["runs"], "summary": "List runs, oldest first",
                 "parameters": [
                     {"name": "tier", "in": "query", "schema": {"type": "string"}},
