@@ -20,6 +20,8 @@ from opensandbox.models.sandboxes import Host, Volume
 from conftest import EXTERNAL, PaddockServer, capabilities, run_ok, sandboxes_on
 
 KEY = "sk-e2e-never-inside-0123456789"
+# Tenant acme's own upstream and key (`--llm-tenant-base`, `--llm-tenant-key-file`).
+ACME_KEY = "sk-e2e-acme-own-9876543210"
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -28,7 +30,7 @@ class Upstream(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         size = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(size) or b"{}")
-        Upstream.seen.append((self.path, self.headers.get("authorization")))
+        type(self).seen.append((self.path, self.headers.get("authorization")))
         if body.get("stream"):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -55,20 +57,30 @@ class Upstream(BaseHTTPRequestHandler):
         pass
 
 
+class AcmeUpstream(Upstream):
+    seen: list[tuple[str, str | None]] = []
+
+
 @pytest.fixture(scope="module")
 def model_server():
     if EXTERNAL or os.geteuid() != 0:
         pytest.skip("the model route test starts its own server and mounts a host directory (root)")
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    key_file = Path(tempfile.mkdtemp(prefix="pllm-")) / "key"
-    key_file.write_text(KEY + "\n")
-    key_file.chmod(0o600)
+    acme = ThreadingHTTPServer(("127.0.0.1", 0), AcmeUpstream)
+    threading.Thread(target=acme.serve_forever, daemon=True).start()
+    keys = Path(tempfile.mkdtemp(prefix="pllm-"))
+    key_file, acme_key_file = keys / "key", keys / "acme-key"
+    for path, value in ((key_file, KEY), (acme_key_file, ACME_KEY)):
+        path.write_text(value + "\n")
+        path.chmod(0o600)
     packages = Path(site.getsitepackages()[0])
     s = PaddockServer("model", [
         "--llm-base", f"http://127.0.0.1:{upstream.server_port}/v1/",
         "--llm-key-file", str(key_file),
         "--llm-env", "OPENAI_BASE_URL",
+        "--llm-tenant-base", f"acme=http://127.0.0.1:{acme.server_port}",
+        "--llm-tenant-key-file", f"acme={acme_key_file}",
         "--volume-root", str(packages),
     ])
     try:
@@ -79,6 +91,7 @@ def model_server():
     finally:
         s.cleanup()
         upstream.shutdown()
+        acme.shutdown()
 
 
 CLIENT = """
@@ -128,22 +141,8 @@ for i in range(3):
 
 
 def test_a_tenants_model_tokens_are_counted_and_its_quota_refuses_with_429(model_server):
-    import subprocess
-    from datetime import timedelta
-
-    from opensandbox import SandboxSync
-    from opensandbox.config import ConnectionConfigSync
-
-    from conftest import IMAGE, PADDOCK_BIN
-
     server, _ = model_server
-    done = subprocess.run(
-        [str(PADDOCK_BIN), "--data-dir", str(server.data_dir), "tenant", "add", "tokens", "--max-model-tokens", "3"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )
-    key = done.stdout.strip().splitlines()[-1]
-    cfg = ConnectionConfigSync(domain=server.domain, api_key=key, request_timeout=timedelta(seconds=60))
-    sb = SandboxSync.create(IMAGE, connection_config=cfg, timeout=timedelta(minutes=10))
+    sb = tenant_sandbox(server, "tokens", "--max-model-tokens", "3")
     try:
         sb.files.write_file("/workspace/calls.py", CALLS)
         lines = run_ok(sb, "python3 /workspace/calls.py")
@@ -152,3 +151,42 @@ def test_a_tenants_model_tokens_are_counted_and_its_quota_refuses_with_429(model
     finally:
         sb.kill()
         sb.close()
+
+
+def tenant_sandbox(server, name: str, *quota: str):
+    """A new tenant's key and a sandbox made with it."""
+    import subprocess
+    from datetime import timedelta
+
+    from opensandbox import SandboxSync
+    from opensandbox.config import ConnectionConfigSync
+
+    from conftest import IMAGE, PADDOCK_BIN
+
+    done = subprocess.run(
+        [str(PADDOCK_BIN), "--data-dir", str(server.data_dir), "tenant", "add", name, *quota],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    key = done.stdout.strip().splitlines()[-1]
+    cfg = ConnectionConfigSync(domain=server.domain, api_key=key, request_timeout=timedelta(seconds=60))
+    return SandboxSync.create(IMAGE, connection_config=cfg, timeout=timedelta(minutes=10))
+
+
+def test_a_tenant_with_its_own_upstream_reaches_it_with_its_own_key(model_server):
+    server, _ = model_server
+    Upstream.seen.clear()
+    AcmeUpstream.seen.clear()
+    sb = tenant_sandbox(server, "acme")
+    try:
+        sb.files.write_file("/workspace/calls.py", CALLS)
+        lines = run_ok(sb, "python3 /workspace/calls.py")
+        assert lines == ["call 0 200 2", "call 1 200 2", "call 2 200 2"], lines
+        for key in (KEY, ACME_KEY):
+            found = run_ok(sb, f"(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; env) | grep -c {key} || true")
+            assert found == ["0"], (key, found)
+    finally:
+        sb.kill()
+        sb.close()
+    assert [p for p, _ in AcmeUpstream.seen] == ["/v1/chat/completions"] * 3, AcmeUpstream.seen
+    assert all(auth == f"Bearer {ACME_KEY}" for _, auth in AcmeUpstream.seen), AcmeUpstream.seen
+    assert Upstream.seen == [], "the server's upstream saw acme's calls"

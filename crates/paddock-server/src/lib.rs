@@ -132,7 +132,7 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
             data_dir: config_data_dir.clone(),
             boot: boot.id().to_owned(),
             workspace: (config.workspace_bytes, config.workspace_inodes),
-            sandbox_env: config.llm.as_ref().map(llm::sandbox_env).unwrap_or_default(),
+            llm: config.llm.clone(),
         },
     );
     let model_route = match &config.llm {

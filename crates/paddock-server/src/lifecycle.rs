@@ -438,9 +438,12 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
     if let Some(llm) = &state.config.llm
         && state.rt.capabilities().gateway
     {
-        spec.gateway = state.runs.gateway_addr();
-        spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(state.token_key.gateway_secret()));
-        for (k, v) in crate::llm::sandbox_env(llm) {
+        let vars = crate::llm::sandbox_env(llm, tenant);
+        if !vars.is_empty() {
+            spec.gateway = state.runs.gateway_addr();
+            spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(state.token_key.gateway_secret()));
+        }
+        for (k, v) in vars {
             spec.env.entry(k).or_insert(v);
         }
     }

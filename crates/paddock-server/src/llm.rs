@@ -1,7 +1,8 @@
 //! The model route: a sandbox calls its model at `$PADDOCK_LLM_BASE` (and the aliases the
 //! operator names, e.g. `OPENAI_BASE_URL`), a path on the gateway that reaches one upstream
-//! (`paddock serve --llm-base`) and nothing else, with the provider key put in on the way out.
-//! The key never enters a sandbox: not its environment, files or requests.
+//! (`paddock serve --llm-base`, or its tenant's own, `--llm-tenant-base TENANT=URL`) and nothing
+//! else, with that upstream's provider key put in on the way out. The key never enters a
+//! sandbox: not its environment, files or requests.
 //!
 //! Who calls is the sandbox the gateway forwarder names (a local sandbox), or the run whose
 //! token is the bearer (a connection without a forwarder). What a sandbox sends as its own
@@ -30,48 +31,67 @@ const MAX_REQUEST: usize = 8 << 20;
 /// The most of a non-streamed answer read to learn its token count; larger ones pass as they come.
 const MAX_ANSWER_INSPECTED: u64 = 4 << 20;
 
-/// The operator's model route.
+/// One model API the route reaches.
 #[derive(Clone)]
-pub struct LlmConfig {
-    /// The upstream's base, normalised to end in exactly one `/v1`.
+pub struct Upstream {
+    /// Its base, normalised to end in exactly one `/v1`.
     pub base: String,
     /// The provider key, sent upstream as `Authorization: Bearer`; `None` sends none.
     pub key: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base", &self.base)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// The operator's model routes.
+#[derive(Debug, Clone, Default)]
+pub struct LlmConfig {
+    /// The route of every tenant without its own (`--llm-base`); `None`: those have none.
+    pub default: Option<Upstream>,
+    /// Tenants' own routes (`--llm-tenant-base`), by tenant name.
+    pub tenants: std::collections::BTreeMap<String, Upstream>,
     /// Variables besides `PADDOCK_LLM_BASE` that sandboxes get the route's URL in.
     pub env: Vec<String>,
 }
 
-impl std::fmt::Debug for LlmConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LlmConfig")
-            .field("base", &self.base)
-            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
-            .field("env", &self.env)
-            .finish()
+impl LlmConfig {
+    /// The upstream a tenant's sandboxes reach: its own, else the server's.
+    pub fn upstream(&self, tenant: &Tenant) -> Option<&Upstream> {
+        self.tenants.get(tenant.as_str()).or(self.default.as_ref())
     }
 }
 
 /// `https://api.example.com`, `…/v1`, `…/v1/` and `…//v1//` all become `…/v1`.
 pub fn normalise_base(url: &str) -> Result<String, String> {
-    let uri: Uri = url.trim().parse().map_err(|e| format!("--llm-base {url:?} is not a URL: {e}"))?;
+    let uri: Uri = url.trim().parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
-        _ => return Err(format!("--llm-base {url:?}: give an http:// or https:// URL")),
+        _ => return Err(format!("{url:?}: give an http:// or https:// URL")),
     }
     if uri.query().is_some() {
-        return Err(format!("--llm-base {url:?}: a base URL has no query"));
+        return Err(format!("{url:?}: a base URL has no query"));
     }
     let mut path = uri.path().trim_end_matches('/').to_owned();
     while let Some(p) = path.strip_suffix("/v1") {
         path = p.trim_end_matches('/').to_owned();
     }
-    let authority = uri.authority().ok_or_else(|| format!("--llm-base {url:?} names no host"))?;
+    let authority = uri.authority().ok_or_else(|| format!("{url:?} names no host"))?;
     Ok(format!("{}://{authority}{path}/v1", uri.scheme_str().unwrap_or("https")))
 }
 
-/// The variables a sandbox gets: each names the route, under the runtime's gateway URL
-/// (`$PADDOCK_GATEWAY`, which the runtime expands: `paddock_core::spec::expand_gateway`).
-pub fn sandbox_env(config: &LlmConfig) -> Vec<(String, String)> {
+/// The variables a sandbox of `tenant` gets: each names the route, under the runtime's gateway
+/// URL (`$PADDOCK_GATEWAY`, which the runtime expands: `paddock_core::spec::expand_gateway`).
+/// None when the tenant has no route.
+pub fn sandbox_env(config: &LlmConfig, tenant: &Tenant) -> Vec<(String, String)> {
+    if config.upstream(tenant).is_none() {
+        return Vec::new();
+    }
     let value = format!("${}{ROUTE}", paddock_core::spec::GATEWAY_ENV);
     std::iter::once("PADDOCK_LLM_BASE".to_owned())
         .chain(config.env.iter().cloned())
@@ -237,11 +257,22 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
     let claim = claimed(&llm, &req);
     let sandbox = caller(&llm, claim).await?;
     let tenant = admit(&llm, &sandbox).await?;
+    let upstream = llm.config.upstream(&tenant).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NO_MODEL_ROUTE",
+            format!(
+                "tenant {:?} has no model route: the operator gives it one with paddock serve --llm-tenant-base {}=URL (or --llm-base for every tenant)",
+                tenant.as_str(),
+                tenant.as_str()
+            ),
+        )
+    })?;
     let (parts, body) = req.into_parts();
     let rest = parts.uri.path().strip_prefix(ROUTE).unwrap_or("");
     let target = match parts.uri.query() {
-        Some(q) => format!("{}{rest}?{q}", llm.config.base),
-        None => format!("{}{rest}", llm.config.base),
+        Some(q) => format!("{}{rest}?{q}", upstream.base),
+        None => format!("{}{rest}", upstream.base),
     };
     let uri: Uri = target.parse().map_err(|_| ApiError::bad_request("the path is not valid upstream"))?;
     let bytes = http_body_util::Limited::new(body, MAX_REQUEST)
@@ -266,7 +297,7 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
             headers.append(k, v.clone());
         }
     }
-    if let Some(key) = &llm.config.key {
+    if let Some(key) = &upstream.key {
         let mut v = HeaderValue::from_str(&format!("Bearer {key}"))
             .map_err(|_| ApiError::internal("the provider key is not a valid header value"))?;
         v.set_sensitive(true);
@@ -382,10 +413,25 @@ mod tests {
             assert!(dropped(&HeaderName::from_static(h)), "{h}");
         }
         assert!(!dropped(&HeaderName::from_static("openai-beta")));
-        let c = LlmConfig { base: "https://x/v1".into(), key: Some("sk-very-secret".into()), env: vec![] };
+        let up = Upstream { base: "https://x/v1".into(), key: Some("sk-very-secret".into()) };
+        let c = LlmConfig { default: Some(up.clone()), tenants: [("acme".into(), up)].into(), env: vec![] };
         assert!(!format!("{c:?}").contains("sk-very-secret"));
-        let env = sandbox_env(&LlmConfig { env: vec!["OPENAI_BASE_URL".into()], ..c });
+        let env = sandbox_env(&LlmConfig { env: vec!["OPENAI_BASE_URL".into()], ..c }, &Tenant::default_tenant());
         assert_eq!(env[0], ("PADDOCK_LLM_BASE".to_owned(), "$PADDOCK_GATEWAY/llm/v1".to_owned()));
         assert_eq!(env[1].0, "OPENAI_BASE_URL");
+    }
+
+    #[test]
+    fn a_tenant_reaches_its_own_upstream_else_the_servers_else_none() {
+        let up = |b: &str| Upstream { base: b.into(), key: None };
+        let mut c = LlmConfig { default: None, tenants: [("acme".into(), up("https://acme/v1"))].into(), env: vec![] };
+        let (acme, other) = (Tenant::named("acme"), Tenant::named("other"));
+        assert_eq!(c.upstream(&acme).map(|u| u.base.as_str()), Some("https://acme/v1"));
+        assert!(c.upstream(&other).is_none() && c.upstream(&Tenant::default_tenant()).is_none());
+        assert!(sandbox_env(&c, &other).is_empty(), "no route: no variables");
+        assert!(!sandbox_env(&c, &acme).is_empty());
+        c.default = Some(up("https://all/v1"));
+        assert_eq!(c.upstream(&other).map(|u| u.base.as_str()), Some("https://all/v1"));
+        assert_eq!(c.upstream(&acme).map(|u| u.base.as_str()), Some("https://acme/v1"));
     }
 }

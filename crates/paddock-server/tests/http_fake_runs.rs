@@ -593,8 +593,11 @@ async fn the_model_route_adds_the_key_outside_and_reaches_only_its_upstream() {
     let (upstream, seen) = fake_model().await;
     let s = Server::with_config(|c| {
         c.llm = Some(paddock_server::llm::LlmConfig {
-            base: paddock_server::llm::normalise_base(&format!("http://{upstream}/v1/")).unwrap(),
-            key: Some(KEY.into()),
+            default: Some(paddock_server::llm::Upstream {
+                base: paddock_server::llm::normalise_base(&format!("http://{upstream}/v1/")).unwrap(),
+                key: Some(KEY.into()),
+            }),
+            tenants: Default::default(),
             env: vec!["OPENAI_BASE_URL".into()],
         });
     })

@@ -144,7 +144,7 @@ pub enum Command {
     /// and its newest output (up to 64 KiB; a running entrypoint's is at most a few seconds old).
     Logs { id: String },
     /// Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces).
-    Serve(crate::serve::ServeArgs),
+    Serve(Box<crate::serve::ServeArgs>),
     /// Submit, list, follow and cancel runs on a `paddock serve` (its run API).
     Runs(crate::runs_cmd::RunsArgs),
     /// Tenants of `paddock serve`: API keys that each see only their own sandboxes, runs,
@@ -617,7 +617,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;
     if let Command::Serve(args) = cli.command {
-        return crate::serve::run(rt, &cli.data_dir, args).await;
+        return crate::serve::run(rt, &cli.data_dir, *args).await;
     }
     let json = cli.json;
     let rt = rt.as_ref();

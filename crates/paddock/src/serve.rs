@@ -145,8 +145,16 @@ pub struct ServeArgs {
     llm_key_file: Option<PathBuf>,
     /// Another variable that sandboxes get the model route's URL in, e.g. OPENAI_BASE_URL or
     /// DREADNODE_LLM_BASE (repeatable).
-    #[arg(long = "llm-env", value_name = "NAME", requires = "llm_base")]
+    #[arg(long = "llm-env", value_name = "NAME")]
     llm_env: Vec<String>,
+    /// A tenant's own model API (repeatable): its sandboxes' model route reaches this upstream
+    /// instead of --llm-base's (tenants without one use --llm-base, or have no route).
+    #[arg(long = "llm-tenant-base", value_name = "TENANT=URL")]
+    llm_tenant_base: Vec<String>,
+    /// The provider key of a tenant's --llm-tenant-base, read from this file (its first line;
+    /// keep it 0600). Without one, that tenant's calls go upstream without a key.
+    #[arg(long = "llm-tenant-key-file", value_name = "TENANT=PATH")]
+    llm_tenant_key_file: Vec<String>,
     /// Tenants besides those of `paddock tenant add` (JSON: {"tenants": [{"name", "keySha256":
     /// [digest, ...], "quotas": {...}}]}; `paddock tenant digest` makes a key's digest). Read
     /// again while serving, so edits take effect within seconds.
@@ -154,18 +162,55 @@ pub struct ServeArgs {
     tenants: Option<PathBuf>,
 }
 
-/// The model route from the command line: the base, the key (file or environment), aliases.
+/// The model routes from the command line: the server's base and key (file or environment),
+/// each tenant's own base and key file, and the aliases.
 fn llm_config(args: &ServeArgs) -> Result<Option<paddock_server::llm::LlmConfig>> {
-    let Some(base) = &args.llm_base else { return Ok(None) };
-    let base = paddock_server::llm::normalise_base(base).map_err(|e| anyhow::anyhow!(e))?;
-    let key = match &args.llm_key_file {
-        Some(path) => Some(key_from(path).with_context(|| "reading --llm-key-file".to_string())?),
-        None => std::env::var("PADDOCK_LLM_KEY").ok().filter(|k| !k.is_empty()),
+    use paddock_server::llm::{LlmConfig, Upstream, normalise_base};
+    let default = match &args.llm_base {
+        None => None,
+        Some(base) => Some(Upstream {
+            base: normalise_base(base).map_err(|e| anyhow::anyhow!("--llm-base {e}"))?,
+            key: match &args.llm_key_file {
+                Some(path) => Some(key_from(path).with_context(|| "reading --llm-key-file".to_string())?),
+                None => std::env::var("PADDOCK_LLM_KEY").ok().filter(|k| !k.is_empty()),
+            },
+        }),
     };
+    let pair = |flag: &str, given: &str| -> Result<(String, String)> {
+        let (tenant, value) = given
+            .split_once('=')
+            .with_context(|| format!("{flag} {given:?}: give TENANT=VALUE, e.g. {flag} acme=..."))?;
+        paddock_server::tenants::validate_name(tenant)
+            .map_err(|e| anyhow::anyhow!("{flag} {given:?}: {e} (the default tenant's route is --llm-base)"))?;
+        Ok((tenant.to_owned(), value.to_owned()))
+    };
+    let mut tenants = std::collections::BTreeMap::new();
+    for given in &args.llm_tenant_base {
+        let (tenant, base) = pair("--llm-tenant-base", given)?;
+        let base = normalise_base(&base).map_err(|e| anyhow::anyhow!("--llm-tenant-base {tenant}: {e}"))?;
+        anyhow::ensure!(
+            tenants.insert(tenant.clone(), Upstream { base, key: None }).is_none(),
+            "--llm-tenant-base names tenant {tenant} twice: give each tenant one upstream"
+        );
+    }
+    for given in &args.llm_tenant_key_file {
+        let (tenant, path) = pair("--llm-tenant-key-file", given)?;
+        let upstream = tenants.get_mut(&tenant).with_context(|| {
+            format!(
+                "--llm-tenant-key-file {tenant}: tenant {tenant} has no --llm-tenant-base {tenant}=URL to send it to"
+            )
+        })?;
+        let key = key_from(Path::new(&path)).with_context(|| format!("reading --llm-tenant-key-file {tenant}"))?;
+        upstream.key = Some(key);
+    }
     for name in &args.llm_env {
         paddock_core::spec::validate_env_name(name).map_err(|e| anyhow::anyhow!("--llm-env: {e}"))?;
     }
-    Ok(Some(paddock_server::llm::LlmConfig { base, key, env: args.llm_env.clone() }))
+    if default.is_none() && tenants.is_empty() {
+        anyhow::ensure!(args.llm_env.is_empty(), "--llm-env needs a model route: give --llm-base or --llm-tenant-base");
+        return Ok(None);
+    }
+    Ok(Some(LlmConfig { default, tenants, env: args.llm_env.clone() }))
 }
 
 fn parse_tier(s: &str) -> Result<paddock_server::runs::tiers::Tier, String> {

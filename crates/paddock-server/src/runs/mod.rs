@@ -139,8 +139,8 @@ pub struct Runs {
     boot: String,
     /// Caps of `/workspace` for run sandboxes, as for API sandboxes.
     workspace: (Option<u64>, u64),
-    /// Variables every sandbox of this server gets (the model route's), under the run's own.
-    sandbox_env: Vec<(String, String)>,
+    /// The model routes, whose variables a run's sandbox gets (by its tenant) under its own.
+    llm: Option<crate::llm::LlmConfig>,
     wake: Notify,
     /// The id of a run whose events changed, for the event streams.
     changed: broadcast::Sender<String>,
@@ -157,8 +157,8 @@ pub struct Home {
     pub boot: String,
     /// Caps of `/workspace`, as for API sandboxes.
     pub workspace: (Option<u64>, u64),
-    /// Variables every sandbox of the server gets (the model route's).
-    pub sandbox_env: Vec<(String, String)>,
+    /// The model routes, whose variables sandboxes get (by their tenant).
+    pub llm: Option<crate::llm::LlmConfig>,
 }
 
 impl Runs {
@@ -169,7 +169,7 @@ impl Runs {
         key: Arc<TokenKey>,
         home: Home,
     ) -> Arc<Self> {
-        let Home { data_dir, boot, workspace, sandbox_env } = home;
+        let Home { data_dir, boot, workspace, llm } = home;
         Arc::new(Self {
             store: RunStore::new(pool),
             opts,
@@ -178,7 +178,7 @@ impl Runs {
             data_dir,
             boot,
             workspace,
-            sandbox_env,
+            llm,
             wake: Notify::new(),
             changed: broadcast::channel(1024).0,
             active: Mutex::new(HashMap::new()),
@@ -402,7 +402,9 @@ impl Runs {
 
     /// The sandbox spec of an attempt.
     fn spec_of(&self, run: &RunRow) -> Result<SandboxSpec, String> {
-        let mut env: BTreeMap<String, String> = self.sandbox_env.iter().cloned().collect();
+        let tenant = crate::tenants::Tenant::named(&run.tenant);
+        let mut env: BTreeMap<String, String> =
+            self.llm.as_ref().map(|l| crate::llm::sandbox_env(l, &tenant)).unwrap_or_default().into_iter().collect();
         env.extend(run.spec.env.clone());
         let mut spec = SandboxSpec { image: run.spec.image.clone(), env, ..Default::default() };
         spec.resources.workspace_bytes = self.workspace.0;
