@@ -757,3 +757,31 @@ async fn fake_runtime_one_sandbox_holds_only_its_share_of_the_gateway() {
     let (status, _) = gateway(s.gateway, "GET", "/v1/run", "made-up", &[], b"", Some(&forwarder(&s, &greedy))).await;
     assert_eq!(status, 401);
 }
+
+/// How an attempt ended must reach the database even when the database refuses a write for a
+/// while (another writer holds it past the busy timeout): the run does not stay `running` for
+/// the rest of the server's life, it becomes `succeeded` once the database takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempts_end_is_recorded_once_the_database_takes_writes_again() {
+    use sqlx::Connection;
+    let s = Server::new().await;
+    let dir = shared_dir();
+    let id = submit(&s, run_body(dir.path(), "batch")).await;
+    let t = token(dir.path(), 1).await;
+    let (status, _) = gateway(s.gateway, "POST", "/v1/heartbeat", &t, &[], b"", None).await;
+    assert_eq!(status, 200);
+    wait_state(&s, &id, "running", Some(1)).await;
+
+    // Another process's write transaction, held past the server's 5 s busy timeout.
+    let url = format!("sqlite://{}", s.data_dir().join("server.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap();
+    exit_with(dir.path(), 1, 0);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(run_of(&s, &id).await["state"], "running", "the write could not have gone through");
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    drop(other);
+
+    let run = wait_state(&s, &id, "succeeded", Some(1)).await;
+    assert_eq!(run["exitCode"], 0, "{run}");
+}

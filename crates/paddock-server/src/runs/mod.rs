@@ -587,11 +587,30 @@ impl Runs {
         }
     }
 
+    /// Records how an attempt ended. The record is the only way out of `starting` or
+    /// `running` while this server lives (its recovery looks only at attempts of servers that
+    /// ended), so a database that fails the write (busy, full, briefly unwritable) is asked
+    /// again until it takes it.
     async fn settle(&self, run: &RunRow, epoch: i64, outcome: Outcome) {
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.record(run, epoch, &outcome).await {
+                Ok(true) => return self.note_state(&run.id).await,
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(run = %run.id, error = %e, retry_in = ?pause, "recording how an attempt ended; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    async fn record(&self, run: &RunRow, epoch: i64, outcome: &Outcome) -> Result<bool, sqlx::Error> {
         let s = &self.store;
         let attempts_left = run.attempt_of(epoch) < run.max_attempts;
         let backoff = |n: i64| now_ms() + 1000 * (1i64 << (n.clamp(1, 7) - 1)).min(60);
-        let done = match outcome {
+        match outcome {
             Outcome::Exited(o) => {
                 let code = Some(i64::from(o.exit_code));
                 if o.exit_code == 0 {
@@ -630,11 +649,6 @@ impl Runs {
             Outcome::Refused(why) => {
                 s.finish(&run.id, epoch, RunState::Failed, None, Some(&format!("cannot run: {why}"))).await
             }
-        };
-        match done {
-            Ok(true) => self.note_state(&run.id).await,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(run = %run.id, error = %e, "recording how an attempt ended"),
         }
     }
 

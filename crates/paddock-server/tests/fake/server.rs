@@ -42,6 +42,11 @@ impl Server {
         Self { app: paddock_server::app(state.clone()), gateway, state, rt, _data: data }
     }
 
+    /// The server's data directory (its database is `server.db` there).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._data.path()
+    }
+
     /// The same data directory and runtime under a new server, as after a restart.
     pub async fn restarted(self) -> Self {
         let config = Self::config(self._data.path());
