@@ -121,7 +121,7 @@ pub async fn status(State(state): State<AppState>, Path(p): Path<HashMap<String,
 pub async fn refresh_metrics(state: &AppState) {
     let Ok(rows) = state.store.list().await else { return };
     let mut asks = tokio::task::JoinSet::new();
-    for row in rows.into_iter().filter(|r| r.state == "Running") {
+    for row in rows.into_iter().filter(|r| r.state == crate::store::LifecycleState::Running) {
         let Ok(sid) = paddock_core::runtime::SandboxId::parse(&row.id) else { continue };
         let rt = state.rt.clone();
         asks.spawn(async move {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, ApiResult};
 use crate::execd::ENTRYPOINT_EXITED;
 use crate::state::AppState;
-use crate::store::{SandboxRow, now_ms};
+use crate::store::{LifecycleState, SandboxRow, now_ms};
 use crate::tenants::{TENANT_LABEL, Tenant, scoped, unscoped};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
 use crate::{ApiJson, SANDBOX_TOKEN_HEADER};
@@ -317,7 +317,7 @@ fn sandbox_json(row: &SandboxRow) -> SandboxJson {
     SandboxJson {
         id: row.id.clone(),
         status: Status {
-            state: row.state.clone(),
+            state: row.state.as_str().to_owned(),
             reason: row.reason.clone(),
             message: row.message.clone(),
             last_transition_at: rfc3339(row.updated_at_ms),
@@ -643,7 +643,7 @@ async fn reserve(
     if let Some(t) = &planned.thread {
         let live = state.store.list().await?.into_iter().any(|r| {
             r.tenant == tenant.as_str()
-                && matches!(r.state.as_str(), "Running" | "Paused")
+                && matches!(r.state, LifecycleState::Running | LifecycleState::Paused)
                 && r.extensions.get("workspace").map(|w| scoped(tenant, w)).as_deref() == Some(t.as_str())
         });
         if live {
@@ -681,7 +681,7 @@ async fn record(
     };
     let row = SandboxRow {
         id: info.id.to_string(),
-        state: "Running".into(),
+        state: LifecycleState::Running,
         reason: Some("SANDBOX_RUNNING".into()),
         message: None,
         image: planned.image.clone(),
@@ -717,27 +717,26 @@ async fn record(
 async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
     // A sandbox Failed by its entrypoint still exists and may yet be deleted or expire; any
     // other Failed or Terminated row is final.
-    let entrypoint_failed = row.state == "Failed" && row.reason.as_deref() == Some(ENTRYPOINT_EXITED);
-    if row.state == "Terminated" || (row.state == "Failed" && !entrypoint_failed) {
+    let entrypoint_failed = row.state == LifecycleState::Failed && row.reason.as_deref() == Some(ENTRYPOINT_EXITED);
+    if row.state == LifecycleState::Terminated || (row.state == LifecycleState::Failed && !entrypoint_failed) {
         return Ok(row);
     }
     let Ok(id) = paddock_core::runtime::SandboxId::parse(&row.id) else { return Ok(row) };
     let (new_state, reason, message) = match state.rt.get(&id).await {
         Ok(info) if entrypoint_failed && info.state != SandboxState::Failed => return Ok(row),
-        Ok(info) => match info.state {
-            SandboxState::Running => ("Running", "SANDBOX_RUNNING", None),
-            SandboxState::Paused => ("Paused", "SANDBOX_PAUSED", None),
-            SandboxState::Failed => ("Failed", "SANDBOX_FAILED", info.failure),
-        },
+        Ok(info) => {
+            let s = LifecycleState::of(info.state);
+            (s, s.reason(), info.failure.filter(|_| s == LifecycleState::Failed))
+        }
         Err(RuntimeError::NotFound(_)) => {
             let expired = row.expires_at_ms.is_some_and(|e| e <= now_ms() + 1000);
             let why = if expired { "the sandbox expired" } else { "the sandbox is gone" };
-            ("Terminated", if expired { "SANDBOX_EXPIRED" } else { "SANDBOX_GONE" }, Some(why.to_owned()))
+            (LifecycleState::Terminated, if expired { "SANDBOX_EXPIRED" } else { "SANDBOX_GONE" }, Some(why.to_owned()))
         }
         Err(e) => return Err(e.into()),
     };
     if new_state != row.state {
-        if matches!(new_state, "Terminated" | "Failed") {
+        if matches!(new_state, LifecycleState::Terminated | LifecycleState::Failed) {
             // Its commands can no longer run: drop their logs and registry entries.
             state.commands.forget_sandbox(&row.id);
             forget_use(state, &row.id);
@@ -792,7 +791,7 @@ async fn list(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQue
             continue;
         }
         let row = refresh(&state, row).await?;
-        if !states.is_empty() && !states.contains(&row.state.to_lowercase()) {
+        if !states.is_empty() && !states.contains(&row.state.as_str().to_lowercase()) {
             continue;
         }
         if !metadata.iter().all(|(k, v)| row.metadata.get(k) == Some(v)) {
@@ -846,7 +845,7 @@ async fn patch_metadata(
 
 /// A sandbox whose entrypoint ended keeps that state: pausing or resuming it would hide why.
 fn refuse_failed(row: &SandboxRow) -> ApiResult<()> {
-    if row.state == "Failed" {
+    if row.state == LifecycleState::Failed {
         return Err(ApiError::conflict(format!(
             "sandbox {} has failed ({}): delete it and create another",
             row.id,
@@ -860,7 +859,7 @@ async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> ApiResu
     let (sid, row) = state.sandbox(&id).await?;
     refuse_failed(&refresh(&state, row).await?)?;
     state.rt.pause(&sid).await?;
-    state.store.set_state(&id, "Paused", Some("SANDBOX_PAUSED"), None).await?;
+    state.store.set_state(&id, LifecycleState::Paused, Some("SANDBOX_PAUSED"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -868,7 +867,7 @@ async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> ApiRes
     let (sid, row) = state.sandbox(&id).await?;
     refuse_failed(&refresh(&state, row).await?)?;
     state.rt.resume(&sid).await?;
-    state.store.set_state(&id, "Running", Some("SANDBOX_RUNNING"), None).await?;
+    state.store.set_state(&id, LifecycleState::Running, Some("SANDBOX_RUNNING"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -1147,7 +1146,7 @@ async fn forget_thread_rows(state: &AppState, tenant: &Tenant, thread: &str) -> 
     for row in state.store.list().await? {
         if row.tenant == tenant.as_str() && row.extensions.get("workspace").map(String::as_str) == Some(thread) {
             let row = refresh(state, row).await?;
-            if row.state == "Terminated" {
+            if row.state == LifecycleState::Terminated {
                 state.commands.forget_sandbox(&row.id);
                 state.store.delete(&row.id).await?;
             }
@@ -1241,11 +1240,8 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
     if from_api && age < ADOPT_API_SANDBOX_AFTER && create_may_be_under_way(state, info).await? {
         return Ok(None);
     }
-    let (state_name, reason) = match info.state {
-        SandboxState::Running => ("Running", "SANDBOX_RUNNING"),
-        SandboxState::Paused => ("Paused", "SANDBOX_PAUSED"),
-        SandboxState::Failed => ("Failed", "SANDBOX_FAILED"),
-    };
+    let state_name = LifecycleState::of(info.state);
+    let reason = state_name.reason();
     // One the API made for a tenant before a crash stays that tenant's.
     let tenant = match info.spec.labels.get(TENANT_LABEL) {
         Some(t) if crate::tenants::validate_name(t).is_ok() => Tenant::named(t),
@@ -1258,7 +1254,7 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
     }
     let row = SandboxRow {
         id: info.id.to_string(),
-        state: state_name.into(),
+        state: state_name,
         reason: Some(reason.into()),
         message: info.failure.clone(),
         image: info.spec.image.clone().unwrap_or_else(|| "default".into()),
@@ -1321,15 +1317,15 @@ pub async fn reconcile(state: &AppState) {
         tracing::warn!("listing the runtime's sandboxes to adopt: {}", e.message);
     }
     let Ok(rows) = state.store.list().await else { return };
-    let mut counts: HashMap<String, i64> = HashMap::new();
+    let mut counts: HashMap<LifecycleState, i64> = HashMap::new();
     for row in rows {
         if let Ok(row) = refresh(state, row).await {
             *counts.entry(row.state).or_default() += 1;
         }
     }
-    for s in ["Running", "Paused", "Failed", "Terminated"] {
-        let n = counts.get(s).copied().unwrap_or(0);
-        state.metrics.sandboxes.get_or_create(&crate::metrics::StateLabel { state: s.into() }).set(n);
+    for s in LifecycleState::ALL {
+        let n = counts.get(&s).copied().unwrap_or(0);
+        state.metrics.sandboxes.get_or_create(&crate::metrics::StateLabel { state: s.as_str().into() }).set(n);
     }
     if let Ok(usage) = crate::tenants::usage(state.store.pool()).await {
         for (tenant, n, memory, tokens) in usage {
@@ -1369,7 +1365,7 @@ pub async fn reap_idle(state: &AppState, idle: Duration) {
     let now = now_ms();
     let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
     for row in rows {
-        if row.state != "Running" || held.contains(&row.id) {
+        if row.state != LifecycleState::Running || held.contains(&row.id) {
             continue;
         }
         let thread = row.extensions.get("workspace").cloned();

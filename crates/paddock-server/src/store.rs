@@ -13,7 +13,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRow {
     pub id: String,
-    pub state: String,
+    pub state: LifecycleState,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub image: String,
@@ -27,6 +27,65 @@ pub struct SandboxRow {
     pub tenant: String,
     /// Its memory limit, bytes (0: none), counted against its tenant's memory quota.
     pub memory_bytes: i64,
+}
+
+/// A sandbox's state in the lifecycle API (OpenSandbox's names), as the store keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LifecycleState {
+    Running,
+    Paused,
+    /// Its runtime reports it failed (or its entrypoint exited): it may still be deleted.
+    Failed,
+    /// Gone from its runtime: deleted, expired or lost. Final.
+    Terminated,
+}
+
+impl LifecycleState {
+    pub const ALL: [Self; 4] = [Self::Running, Self::Paused, Self::Failed, Self::Terminated];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "Running",
+            Self::Paused => "Paused",
+            Self::Failed => "Failed",
+            Self::Terminated => "Terminated",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// What a runtime's own state is here.
+    pub fn of(state: paddock_core::runtime::SandboxState) -> Self {
+        match state {
+            paddock_core::runtime::SandboxState::Running => Self::Running,
+            paddock_core::runtime::SandboxState::Paused => Self::Paused,
+            paddock_core::runtime::SandboxState::Failed => Self::Failed,
+        }
+    }
+
+    /// The reason the API gives for being in this state by the runtime's word.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Running => "SANDBOX_RUNNING",
+            Self::Paused => "SANDBOX_PAUSED",
+            Self::Failed => "SANDBOX_FAILED",
+            Self::Terminated => "SANDBOX_GONE",
+        }
+    }
+}
+
+impl serde::Serialize for LifecycleState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for LifecycleState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What is kept of a sandbox's entrypoint: its newest output and how it ended.
@@ -55,7 +114,11 @@ fn json_col<T: serde::de::DeserializeOwned + Default>(row: &SqliteRow, col: &str
 fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
     Ok(SandboxRow {
         id: row.try_get("id")?,
-        state: row.try_get("state")?,
+        state: {
+            let s: String = row.try_get("state")?;
+            LifecycleState::parse(&s)
+                .ok_or_else(|| sqlx::Error::Decode(format!("unknown sandbox state {s:?}").into()))?
+        },
         reason: row.try_get("reason")?,
         message: row.try_get("message")?,
         image: row.try_get("image")?,
@@ -115,7 +178,7 @@ impl Store {
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.id)
-        .bind(&r.state)
+        .bind(r.state.as_str())
         .bind(&r.reason)
         .bind(&r.message)
         .bind(&r.image)
@@ -162,12 +225,12 @@ impl Store {
     pub async fn set_state(
         &self,
         id: &str,
-        state: &str,
+        state: LifecycleState,
         reason: Option<&str>,
         message: Option<&str>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE sandboxes SET state = ?, reason = ?, message = ?, updated_at_ms = ? WHERE id = ?")
-            .bind(state)
+            .bind(state.as_str())
             .bind(reason)
             .bind(message)
             .bind(now_ms())
@@ -267,7 +330,7 @@ mod tests {
     fn row(id: &str) -> SandboxRow {
         SandboxRow {
             id: id.into(),
-            state: "Running".into(),
+            state: LifecycleState::Running,
             reason: None,
             message: None,
             image: "host".into(),
@@ -288,12 +351,12 @@ mod tests {
         let path = dir.path().join("state.db");
         let store = Store::open(&path).await.unwrap();
         store.insert(&row("sbx-a")).await.unwrap();
-        store.set_state("sbx-a", "Paused", Some("PAUSED"), None).await.unwrap();
+        store.set_state("sbx-a", LifecycleState::Paused, Some("PAUSED"), None).await.unwrap();
         store.set_metadata("sbx-a", &BTreeMap::from([("k".into(), "v".into())])).await.unwrap();
         drop(store);
         let store = Store::open(&path).await.unwrap();
         let got = store.get("sbx-a").await.unwrap().unwrap();
-        assert_eq!(got.state, "Paused");
+        assert_eq!(got.state, LifecycleState::Paused);
         assert_eq!(got.metadata["k"], "v");
         assert_eq!(got.entrypoint, ["tail", "-f", "/dev/null"]);
         let log = EntrypointLog {
@@ -346,7 +409,11 @@ mod tests {
             |p: &Path| std::fs::read(p).is_ok_and(|b| b.windows(secret.len()).any(|w| w == secret.as_bytes()));
         assert!(contains(&path) || contains(&dir.path().join("state.db-wal")), "the old file held the token");
         let store = Store::open(&path).await.unwrap();
-        assert_eq!(store.get("sbx-old").await.unwrap().unwrap().state, "Running", "old rows keep working");
+        assert_eq!(
+            store.get("sbx-old").await.unwrap().unwrap().state,
+            LifecycleState::Running,
+            "old rows keep working"
+        );
         for f in ["state.db", "state.db-wal", "state.db-shm"] {
             assert!(!contains(&dir.path().join(f)), "{f} still holds a clear token");
         }

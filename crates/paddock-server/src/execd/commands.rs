@@ -23,6 +23,7 @@ use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
 use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
+use crate::store::LifecycleState;
 use crate::store::now_ms;
 use crate::time_fmt::rfc3339;
 
@@ -414,9 +415,11 @@ async fn watch_entrypoint(state: AppState, sandbox: SandboxId, started: Started)
     }
     let message = entrypoint_failure(&sandbox, &log, code);
     match state.store.get(sandbox.as_str()).await {
-        Ok(Some(row)) if matches!(row.state.as_str(), "Running" | "Paused") => {
+        Ok(Some(row)) if matches!(row.state, LifecycleState::Running | LifecycleState::Paused) => {
             tracing::info!(%sandbox, "{message}");
-            if let Err(e) = state.store.set_state(&row.id, "Failed", Some(ENTRYPOINT_EXITED), Some(&message)).await {
+            if let Err(e) =
+                state.store.set_state(&row.id, LifecycleState::Failed, Some(ENTRYPOINT_EXITED), Some(&message)).await
+            {
                 tracing::warn!(%sandbox, "recording the entrypoint's exit: {e}");
             }
         }
