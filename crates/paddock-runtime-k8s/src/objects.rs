@@ -759,7 +759,7 @@ mod tests {
     #[test]
     fn optional_pod_settings() {
         let shape = Shape {
-            runtime_class: Some("gvisor".into()),
+            runtime_class: Some("kata".into()),
             host_users_false: true,
             cpu_request_millicpus: Some(100),
             ..shape()
@@ -768,7 +768,7 @@ mod tests {
         spec.resources.workspace_bytes = Some(64 << 20);
         let p = to_json(&pod(&shape, &id(), &sandbox_names(&id(), &spec), &spec, 1, None).unwrap());
         assert_eq!(p["spec"]["hostUsers"], false);
-        assert_eq!(p["spec"]["runtimeClassName"], "gvisor");
+        assert_eq!(p["spec"]["runtimeClassName"], "kata");
         assert_eq!(p["spec"]["containers"][0]["resources"]["requests"]["cpu"], "100m");
         assert_eq!(p["spec"]["volumes"][1], json!({"name": "workspace", "emptyDir": {"sizeLimit": "67108864"}}));
         assert!(p["metadata"]["annotations"].get(EXPIRES_ANNOTATION).is_none());

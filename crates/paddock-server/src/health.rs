@@ -96,8 +96,17 @@ pub async fn health(State(state): State<AppState>) -> Response {
         "the sandbox runtime did not answer within {}s: creates and commands will time out",
     )
     .await;
-    let (status, word) =
-        if problems.is_empty() { (StatusCode::OK, "healthy") } else { (StatusCode::SERVICE_UNAVAILABLE, "unhealthy") };
+    // A draining server still answers, but takes no new work: a load balancer's readiness
+    // probe sends new sandboxes elsewhere.
+    let draining = state.draining.load(std::sync::atomic::Ordering::SeqCst);
+    if draining {
+        problems.push("the server is shutting down: it creates no new sandboxes or runs".to_owned());
+    }
+    let (status, word) = match (problems.is_empty(), draining) {
+        (_, true) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        (true, false) => (StatusCode::OK, "healthy"),
+        (false, false) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
+    };
     let body =
         json!({"status": word, "problems": problems, "descriptors": fds, "database": database, "runtime": runtime});
     (status, axum::Json(body)).into_response()

@@ -513,8 +513,9 @@ pub(crate) fn sandbox_id_of(path: &str) -> Option<String> {
     rest.split('/').next().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
-/// Serves until SIGTERM or SIGINT, then drains: no new sandboxes, running requests finish
-/// (for at most `drain`), sandboxes keep running.
+/// Serves until SIGTERM or SIGINT, then drains for at most `drain`: the listener stays open,
+/// but new sandboxes and runs are refused with 503 (and `/health` says draining), requests in
+/// flight and running attempts finish, and then the server exits; sandboxes keep running.
 /// `ready` is called with the bound address once the server accepts connections.
 ///
 /// Connections are served by hyper directly (not `axum::serve`) for what a server facing slow
@@ -625,12 +626,12 @@ pub async fn serve(
             drop(slot);
         });
     }
-    drop(listener);
     draining.store(true, Ordering::SeqCst);
     tracing::info!(
         "draining: no new sandboxes or runs; running requests and attempts finish (the gateway stays open); sandboxes keep running"
     );
-    // A long stream must not hold the process forever once a drain began.
+    // A long stream must not hold the process forever once a drain began: each connection
+    // finishes the request in flight, then closes.
     let _ = drain_tx.send(true);
     // Every connection holds a slot until it closes: all slots back means all closed.
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
@@ -640,9 +641,46 @@ pub async fn serve(
             () = tokio::time::sleep(drain) => {}
         }
     };
-    tokio::join!(connections, runs.drain(drain));
+    let done = async { tokio::join!(connections, runs.drain(drain)) };
+    tokio::pin!(done);
+    // Until then, new connections are still answered, one request each: a create gets its 503
+    // and a client its reason, instead of a refused connection, and reads still work. They do
+    // not hold the drain open.
+    let late = Arc::new(tokio::sync::Semaphore::new(LATE_CONNECTIONS));
+    let mut one_request = http.clone();
+    one_request.keep_alive(false);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut done => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = late.clone().try_acquire_owned() else { continue };
+        let _ = tcp.set_nodelay(true);
+        let tcp = slow::WriteDeadline::new(tcp, stall);
+        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(budget::PeerIp(peer.ip()));
+                req
+            },
+        ));
+        let conn = one_request.serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
     Ok(())
 }
+
+/// Connections answered at once while the server drains (one request each).
+const LATE_CONNECTIONS: usize = 64;
 
 /// Counts a request as in flight on its connection until its response has been sent, so the
 /// connection is never closed to make room while it serves (`conns`).

@@ -1072,6 +1072,24 @@ mod tests {
     }
 
     #[test]
+    fn user_namespaces_are_refused_under_gvisor_and_kept_under_other_classes() {
+        let kube = |flags: &str| {
+            let line = format!("serve --runtime kubernetes --runtime-class c {flags}");
+            super::Cli::try_parse_from(argv(&line)).unwrap().runtime.kube
+        };
+        let err =
+            kube("--isolation gvisor --user-namespaces").config(paddock_core::naming::NamingMode::Hashed).unwrap_err();
+        assert!(err.to_string().contains("gVisor Pods keep host users"), "{err}");
+        assert!(!kube("--isolation gvisor").config(paddock_core::naming::NamingMode::Hashed).unwrap().host_users_false);
+        assert!(
+            kube("--isolation kata --user-namespaces")
+                .config(paddock_core::naming::NamingMode::Hashed)
+                .unwrap()
+                .host_users_false
+        );
+    }
+
+    #[test]
     fn a_subcommands_help_lists_the_global_options() {
         let err = super::Cli::parse_args(argv("run --help")).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);

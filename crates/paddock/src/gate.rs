@@ -292,6 +292,7 @@ async fn gate(
         rt,
         &a,
         "id -u; grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status | awk '{print $2}' | tr '\\n' ' '; echo; \
+         echo \"nnp $(awk '/^NoNewPrivs:/ {print $2}' /proc/self/status)\"; \
          ls /var/run/secrets/kubernetes.io/serviceaccount/token /run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null | head -n1; echo end; \
          awk '/^nameserver/ {print $2}' /etc/resolv.conf 2>/dev/null",
     )
@@ -302,6 +303,10 @@ async fn gate(
     let caps = lines.next().unwrap_or_default().trim().to_owned();
     let no_caps = !caps.is_empty() && caps.split_whitespace().all(|c| c.trim_start_matches('0').is_empty());
     push("no capabilities", "CapEff CapPrm CapBnd".into(), no_caps, caps);
+    // Set-id programs and file capabilities grant nothing once no_new_privs is set, so a
+    // command cannot win back what the sandbox dropped.
+    let nnp = lines.next().unwrap_or_default().trim_start_matches("nnp").trim().to_owned();
+    push("no_new_privs", "NoNewPrivs in /proc/self/status".into(), nnp == "1", format!("NoNewPrivs {nnp}"));
     let token = lines.next().unwrap_or_default().trim().to_owned();
     let no_token = token == "end";
     if !no_token {

@@ -311,8 +311,15 @@ pub enum ModelKind {
 }
 
 impl KubeOpts {
-    fn config(&self, naming: NamingMode) -> paddock_runtime_k8s::KubeConfig {
-        paddock_runtime_k8s::KubeConfig {
+    pub(crate) fn config(&self, naming: NamingMode) -> Result<paddock_runtime_k8s::KubeConfig> {
+        // gVisor runs a Pod under its own kernel with host users (google/gvisor#13303): a user
+        // namespace is not what isolates it there, and asking for one is refused rather than
+        // dropped unsaid.
+        anyhow::ensure!(
+            !(self.user_namespaces && self.isolation == Some(IsolationKind::Gvisor)),
+            "--user-namespaces with --isolation gvisor: gVisor Pods keep host users (its own kernel is the boundary, google/gvisor#13303); drop --user-namespaces, or use it with another RuntimeClass (kata, firecracker) or none"
+        );
+        Ok(paddock_runtime_k8s::KubeConfig {
             context: self.context.clone(),
             namespace: self.namespace.clone(),
             default_image: self.default_image.clone(),
@@ -337,7 +344,7 @@ impl KubeOpts {
                 None => default_agent(),
             },
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -368,7 +375,7 @@ fn default_agent() -> Option<PathBuf> {
 pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, probe: bool, json: bool) -> Result<u8> {
     let report = match opts.kind {
         RuntimeKind::Kubernetes => {
-            let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?;
+            let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?;
             rt.check(probe).await
         }
         RuntimeKind::Local => local_check(data_dir, naming).await,
@@ -478,7 +485,7 @@ pub async fn bench(
         }
         RuntimeKind::Kubernetes => {
             let rt =
-                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
+                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?);
             // The local runtime's exec round trip is the yardstick of the 3x aim; it needs root.
             let local = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming).ok();
             crate::bench_k8s::run(rt, local, args.kube, (args.local.iterations, args.local.quick), json).await
@@ -494,7 +501,7 @@ pub async fn reap_pvcs(opts: &RuntimeOpts, naming: NamingMode, ttl: std::time::D
             "reap-pvcs reaps Kubernetes workspace PVCs: give --runtime kubernetes (local workspaces end with `paddock workspace rm`)"
         );
     }
-    let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?;
+    let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?;
     let report = rt.reap_pvcs(ttl).await.context("reaping unused workspace PVCs")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -567,7 +574,7 @@ pub async fn open(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, servi
         }
         RuntimeKind::Kubernetes => {
             let rt =
-                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)).await?);
+                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?);
             if serving {
                 rt.preflight().await.context("the Kubernetes runtime cannot start")?;
                 if let Some(handler) = rt.check_runtime_class().await.context("the Kubernetes runtime cannot start")? {

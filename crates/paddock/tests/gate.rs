@@ -35,7 +35,9 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
     assert_eq!(code, 0, "{report:#}\n{stderr}");
     assert_eq!(report["passed"], true);
     let names = names(&report);
-    for want in ["positive control", "not root", "no capabilities", "TEST-NET-1", "DNS server 198.51.100.53"] {
+    for want in
+        ["positive control", "not root", "no capabilities", "no_new_privs", "TEST-NET-1", "DNS server 198.51.100.53"]
+    {
         assert!(names.iter().any(|n| n == want), "no {want:?} check in {names:?}");
     }
     for never in ["cloud metadata", "the outside world (HTTPS)", "the outside world (DNS)"] {

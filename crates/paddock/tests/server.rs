@@ -967,3 +967,64 @@ fn supervisors_are_forked_by_a_clean_launcher_and_execd_once_it_is_gone() {
         assert_eq!(s.api("DELETE", &format!("/v1/sandboxes/{id}"), None).0, 204);
     }
 }
+
+/// SIGTERM drains the server: `/health` says so and new sandboxes get a 503 with the reason
+/// (the listener stays open, so clients hear why), a command already running finishes and its
+/// stream ends whole, and the server exits as soon as that is done, well within
+/// `--drain-timeout`. Its sandboxes keep running for the next server.
+#[test]
+fn a_sigtermed_server_refuses_new_sandboxes_lets_running_commands_finish_and_exits() {
+    let dir = data_dir();
+    let mut s = Server::start(dir.path(), &["--drain-timeout", "30s"]);
+    let id = s.create();
+    // New connections for each request after the signal: a kept-alive one is closed by the drain.
+    let fresh = || -> ureq::Agent { ureq::Agent::config_builder().http_status_as_error(false).build().into() };
+    let (lines, code, signalled) = std::thread::scope(|scope| {
+        let command = scope.spawn(|| s.run(&id, "sleep 2; echo finished", false));
+        std::thread::sleep(Duration::from_millis(700));
+        let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let signalled = Instant::now();
+        let until = signalled + Duration::from_secs(10);
+        loop {
+            let resp = fresh().get(s.url("/health")).call().expect("the draining server still answers");
+            if resp.status().as_u16() == 503 {
+                let body: Value = serde_json::from_str(&resp.into_body().read_to_string().unwrap()).unwrap();
+                assert_eq!(body["status"], "draining", "{body}");
+                break;
+            }
+            assert!(Instant::now() < until, "/health never said draining");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let resp = fresh()
+            .post(s.url("/v1/sandboxes"))
+            .header("OPEN-SANDBOX-API-KEY", KEY)
+            .header("content-type", "application/json")
+            .send(json!({"image": {"uri": "host"}, "timeout": 600}).to_string())
+            .expect("a create while draining is answered");
+        let status = resp.status().as_u16();
+        let body: Value = serde_json::from_str(&resp.into_body().read_to_string().unwrap()).unwrap();
+        assert_api_error(status, &body, 503, "shutting down");
+        let (lines, code) = command.join().unwrap();
+        (lines, code, signalled)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit within its drain timeout");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let exited_after = signalled.elapsed();
+    assert!(exited.success(), "the drained server exited with {exited}");
+    assert_eq!((lines, code), (vec!["finished".to_owned()], 0), "the running command finished, its stream whole");
+    assert!(
+        exited_after < Duration::from_secs(15),
+        "it exited {exited_after:?} after the signal, not once its work was done"
+    );
+    // The sandbox outlived its server; the next one sees it (and removes it on drop).
+    let next = Server::start(dir.path(), &[]);
+    let (status, _) = next.api("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "the sandbox did not outlive the drained server");
+}
