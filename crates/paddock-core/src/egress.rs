@@ -24,12 +24,126 @@ impl std::fmt::Display for Action {
 }
 
 /// One rule: `target` is a domain (`pypi.org`), a wildcard domain (`*.example.com`: any name
-/// below it, not the name itself), an IP address or a CIDR.
+/// below it, not the name itself), an IP address or a CIDR. `ports` (OpenSandbox 1.2) scopes
+/// a rule to TCP destination ports: on an IP or CIDR it holds for that network on those ports
+/// only, and without a target for every address on them. A domain is judged by its name, which
+/// has no port, so a domain with ports is refused, as OpenSandbox refuses it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressRule {
     pub action: Action,
+    /// Empty when the rule names ports only (OpenSandbox's read-back writes `""`).
+    #[serde(default, deserialize_with = "null_is_blank", skip_serializing_if = "String::is_empty")]
     pub target: String,
+    /// Wider than `u16` so that 0 or 70000 get a message naming the range, not serde's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<u32>>,
+}
+
+impl EgressRule {
+    /// A rule for a target on every port.
+    pub fn new(action: Action, target: impl Into<String>) -> Self {
+        Self { action, target: target.into(), ports: None }
+    }
+
+    /// Whether the rule holds for a connection to this port: a rule without ports holds for
+    /// every port; one with ports never holds where the port is unknown (a DNS answer).
+    fn covers_port(&self, port: Option<u16>) -> bool {
+        match (&self.ports, port) {
+            (None, _) => true,
+            (Some(ports), Some(p)) => ports.contains(&u32::from(p)),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// The target as a rule is written: `10.0.0.0/8`, `10.0.0.0/8 ports 22,80`, `ports 443`.
+    pub fn describe(&self) -> String {
+        let ports = self.ports.as_ref().map(|p| {
+            let list: Vec<String> = p.iter().map(u32::to_string).collect();
+            format!("ports {}", list.join(","))
+        });
+        match (self.target.trim(), ports) {
+            (t, None) => t.to_string(),
+            ("", Some(p)) => p,
+            (t, Some(p)) => format!("{t} {p}"),
+        }
+    }
+
+    /// The inverse of [`describe`](Self::describe), for the command line: `TARGET`,
+    /// `TARGET ports 22,443` or `ports 22`. The rule is checked when its policy is.
+    pub fn from_words(action: Action, words: &str) -> Result<Self, String> {
+        let words = words.trim();
+        let (target, ports) = match words.strip_prefix("ports ") {
+            Some(p) => ("", Some(p)),
+            None => match words.split_once(" ports ") {
+                Some((t, p)) => (t.trim(), Some(p)),
+                None => (words, None),
+            },
+        };
+        let ports = ports
+            .map(|p| {
+                p.split(',')
+                    .map(|n| {
+                        n.trim().parse::<u32>().map_err(|_| {
+                            format!("{n:?} in {words:?} is not a port: write TARGET ports 22,443 or ports 22")
+                        })
+                    })
+                    .collect::<Result<Vec<u32>, String>>()
+            })
+            .transpose()?;
+        Ok(Self { action, target: target.to_string(), ports })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let target = self.target.trim();
+        let Some(ports) = &self.ports else {
+            return Target::parse(target).map(drop);
+        };
+        if ports.is_empty() {
+            return Err("its ports are empty: give at least one TCP port, or leave ports out".into());
+        }
+        if ports.len() > MAX_RULE_PORTS {
+            return Err(format!("{} ports are too many for one rule: give at most {MAX_RULE_PORTS}", ports.len()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for &p in ports {
+            if !(1..=65535).contains(&p) {
+                return Err(format!("port {p} is out of range: give TCP ports from 1 to 65535"));
+            }
+            if !seen.insert(p) {
+                return Err(format!("port {p} is given twice"));
+            }
+        }
+        if target.is_empty() {
+            return Ok(());
+        }
+        match Target::parse(target)? {
+            Target::Net(_) => Ok(()),
+            _ => Err(format!(
+                "{target:?} is a domain, and a domain rule cannot have ports (it is judged by name, which has no port): give an IP or CIDR target, or leave the target out to scope every address"
+            )),
+        }
+    }
+
+    /// The network a rule names (every address for a rule of ports only), or `None` for a
+    /// domain rule.
+    fn net(&self) -> Option<Vec<ipnet::IpNet>> {
+        let target = self.target.trim();
+        if target.is_empty() {
+            return self
+                .ports
+                .is_some()
+                .then(|| vec!["0.0.0.0/0".parse().expect("valid"), "::/0".parse().expect("valid")]);
+        }
+        match Target::parse(target) {
+            Ok(Target::Net(n)) => Some(vec![n]),
+            _ => None,
+        }
+    }
+}
+
+fn null_is_blank<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A policy in OpenSandbox's shape. Domain rules apply in order, the first that matches a
@@ -59,6 +173,9 @@ fn null_is_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<EgressRul
 
 /// The most rules one policy may hold (OpenSandbox's sidecar has the same cap).
 pub const MAX_RULES: usize = 4096;
+
+/// The most ports one rule may name (OpenSandbox's cap).
+pub const MAX_RULE_PORTS: usize = 256;
 
 /// What a rule's target names, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +289,7 @@ impl EgressPolicy {
             return Err(format!("{} egress rules are too many: give at most {MAX_RULES}", self.egress.len()));
         }
         for (i, rule) in self.egress.iter().enumerate() {
-            Target::parse(&rule.target).map_err(|e| format!("egress rule {i}: {e}"))?;
+            rule.check().map_err(|e| format!("egress rule {i}: {e}"))?;
         }
         Ok(())
     }
@@ -193,8 +310,13 @@ impl EgressPolicy {
 
     fn targets(&self) -> impl Iterator<Item = (usize, &EgressRule, Target)> {
         // A policy is validated before it is stored, so an unparsable target (never expected)
-        // is skipped rather than matched.
+        // is skipped rather than matched; so is a rule of ports only, which names no target.
         self.egress.iter().enumerate().filter_map(|(i, r)| Target::parse(&r.target).ok().map(|t| (i, r, t)))
+    }
+
+    /// Whether any rule is scoped to ports.
+    pub fn has_port_rules(&self) -> bool {
+        self.egress.iter().any(|r| r.ports.is_some())
     }
 
     /// The verdict for a name: the first domain rule that matches it, else the default.
@@ -213,28 +335,32 @@ impl EgressPolicy {
             && !self.targets().any(|(_, r, t)| r.action == Action::Deny && !matches!(t, Target::Net(_)))
     }
 
-    /// The verdict of the IP and CIDR rules for an address (denials first), or `None` when
-    /// none of them matches.
-    pub fn decide_ip_rules(&self, ip: IpAddr) -> Option<Decision> {
+    /// The verdict of the IP and CIDR rules (and rules of ports only) for an address and, for
+    /// a TCP connection, its port (denials first), or `None` when none of them matches. Where
+    /// the port is unknown (a DNS answer), rules scoped to ports do not apply.
+    pub fn decide_ip_rules(&self, ip: IpAddr, port: Option<u16>) -> Option<Decision> {
         let ip = canonical(ip);
         let hit = |action: Action| {
-            self.targets()
-                .find(|(_, r, t)| r.action == action && matches!(t, Target::Net(n) if n.contains(&ip)))
-                .map(|(i, _, _)| Decision { action, because: Because::Rule(i) })
+            self.egress
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.action == action && r.covers_port(port))
+                .find(|(_, r)| r.net().is_some_and(|nets| nets.iter().any(|n| n.contains(&ip))))
+                .map(|(i, _)| Decision { action, because: Because::Rule(i) })
         };
         hit(Action::Deny).or_else(|| hit(Action::Allow))
     }
 
     /// The verdict for an address reached without a name: its IP rules, else the default.
-    pub fn decide_ip(&self, ip: IpAddr) -> Decision {
-        self.decide_ip_rules(ip).unwrap_or(Decision { action: self.default_action, because: Because::Default })
+    pub fn decide_ip(&self, ip: IpAddr, port: Option<u16>) -> Decision {
+        self.decide_ip_rules(ip, port).unwrap_or(Decision { action: self.default_action, because: Because::Default })
     }
 
     /// Says in words what gave a decision, e.g. `egress rule 2 (deny *.example.com)`.
     pub fn explain(&self, decision: Decision) -> String {
         match decision.because {
             Because::Rule(i) => match self.egress.get(i) {
-                Some(r) => format!("egress rule {i} ({} {})", r.action, r.target),
+                Some(r) => format!("egress rule {i} ({} {})", r.action, r.describe()),
                 None => format!("egress rule {i}"),
             },
             Because::Default => format!("the policy's defaultAction ({})", self.default_action),
@@ -242,13 +368,19 @@ impl EgressPolicy {
     }
 
     /// OpenSandbox's PATCH: the given rules go before the existing ones, and for each target
-    /// (case-insensitive) only its first rule is kept.
+    /// (case-insensitive) and set of ports only its first rule is kept.
     pub fn patched(&self, rules: &[EgressRule]) -> EgressPolicy {
         let mut seen = std::collections::HashSet::new();
         let egress = rules
             .iter()
             .chain(self.egress.iter())
-            .filter(|r| seen.insert(r.target.trim().to_ascii_lowercase()))
+            .filter(|r| {
+                let mut ports = r.ports.clone();
+                if let Some(p) = ports.as_mut() {
+                    p.sort_unstable();
+                }
+                seen.insert((r.target.trim().to_ascii_lowercase(), ports))
+            })
             .cloned()
             .collect();
         EgressPolicy { default_action: self.default_action, egress }
@@ -347,14 +479,18 @@ mod tests {
     use super::*;
 
     fn rule(action: Action, target: &str) -> EgressRule {
-        EgressRule { action, target: target.into() }
+        EgressRule::new(action, target)
+    }
+
+    fn ported(action: Action, target: &str, ports: &[u32]) -> EgressRule {
+        EgressRule { action, target: target.into(), ports: Some(ports.to_vec()) }
     }
 
     #[test]
     fn every_name_is_allowed_only_by_default_allow_without_a_domain_denial() {
         let p = |default, rules: &[(Action, &str)]| EgressPolicy {
             default_action: default,
-            egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
+            egress: rules.iter().map(|(a, t)| EgressRule::new(*a, *t)).collect(),
         };
         assert!(EgressPolicy::allow_all().allows_every_name());
         assert!(p(Action::Allow, &[(Action::Deny, "192.0.2.0/24"), (Action::Allow, "a.test")]).allows_every_name());
@@ -397,11 +533,83 @@ mod tests {
             default_action: Action::Deny,
             egress: vec![rule(Action::Allow, "10.0.0.0/8"), rule(Action::Deny, "10.9.0.0/16")],
         };
-        assert!(p.decide_ip("10.1.1.1".parse().unwrap()).allowed());
-        assert!(!p.decide_ip("10.9.1.1".parse().unwrap()).allowed());
-        assert!(p.decide_ip("::ffff:10.1.1.1".parse().unwrap()).allowed());
-        assert!(!p.decide_ip("192.0.2.1".parse().unwrap()).allowed());
-        assert_eq!(p.decide_ip_rules("192.0.2.1".parse().unwrap()), None);
+        assert!(p.decide_ip("10.1.1.1".parse().unwrap(), None).allowed());
+        assert!(!p.decide_ip("10.9.1.1".parse().unwrap(), Some(80)).allowed());
+        assert!(p.decide_ip("::ffff:10.1.1.1".parse().unwrap(), None).allowed());
+        assert!(!p.decide_ip("192.0.2.1".parse().unwrap(), None).allowed());
+        assert_eq!(p.decide_ip_rules("192.0.2.1".parse().unwrap(), None), None);
+    }
+
+    #[test]
+    fn port_rules_hold_on_their_ports_only_and_deny_before_allow() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = EgressPolicy {
+            default_action: Action::Deny,
+            egress: vec![
+                ported(Action::Allow, "192.0.2.0/24", &[80, 443]),
+                ported(Action::Deny, "192.0.2.9", &[443]),
+                ported(Action::Allow, "", &[22]),
+            ],
+        };
+        assert!(p.decide_ip(ip("192.0.2.1"), Some(443)).allowed());
+        assert!(!p.decide_ip(ip("192.0.2.1"), Some(8080)).allowed(), "a port the rule does not name");
+        assert!(!p.decide_ip(ip("192.0.2.9"), Some(443)).allowed(), "the port-scoped denial wins");
+        assert!(p.decide_ip(ip("192.0.2.9"), Some(80)).allowed(), "and holds on its port only");
+        assert!(p.decide_ip(ip("198.51.100.4"), Some(22)).allowed(), "a rule of ports only holds for every address");
+        assert!(p.decide_ip(ip("2001:db8::1"), Some(22)).allowed());
+        assert!(!p.decide_ip(ip("198.51.100.4"), Some(23)).allowed());
+        assert_eq!(p.decide_ip_rules(ip("192.0.2.1"), None), None, "no port, no port-scoped rule");
+        assert_eq!(p.explain(p.decide_ip(ip("192.0.2.9"), Some(443))), "egress rule 1 (deny 192.0.2.9 ports 443)");
+        assert_eq!(p.explain(p.decide_ip(ip("192.0.2.7"), Some(22))), "egress rule 2 (allow ports 22)");
+        // A blanket port denial holds for names' addresses too, whatever allowed them.
+        let q = EgressPolicy {
+            default_action: Action::Allow,
+            egress: vec![ported(Action::Deny, "", &[25]), rule(Action::Allow, "mail.test")],
+        };
+        assert!(!q.decide_ip(ip("203.0.113.5"), Some(25)).allowed());
+        assert!(q.decide_ip(ip("203.0.113.5"), Some(587)).allowed());
+        assert!(q.allows_every_name(), "a rule of ports only is not a domain denial");
+        assert!(q.decide_name("mail.test").allowed());
+    }
+
+    #[test]
+    fn port_rules_are_checked_as_opensandbox_checks_them() {
+        let check = |r: EgressRule| EgressPolicy { default_action: Action::Deny, egress: vec![r] }.validate();
+        assert!(check(ported(Action::Allow, "10.0.0.0/8", &[22])).is_ok());
+        assert!(check(ported(Action::Allow, "", &[1, 65535])).is_ok());
+        assert!(check(ported(Action::Allow, "pypi.org", &[443])).unwrap_err().contains("domain"));
+        assert!(check(ported(Action::Allow, "*.pypi.org", &[443])).unwrap_err().contains("domain"));
+        assert!(check(ported(Action::Allow, "", &[])).unwrap_err().contains("empty"));
+        assert!(check(ported(Action::Allow, "", &[0])).unwrap_err().contains("out of range"));
+        assert!(check(ported(Action::Allow, "", &[65536])).unwrap_err().contains("out of range"));
+        assert!(check(ported(Action::Allow, "", &[80, 80])).unwrap_err().contains("twice"));
+        let many: Vec<u32> = (1..=257).collect();
+        assert!(check(ported(Action::Allow, "", &many)).unwrap_err().contains("at most 256"));
+        assert!(check(rule(Action::Allow, "")).unwrap_err().contains("empty"), "no target and no ports");
+        // OpenSandbox's JSON: target omitted, null or blank with ports.
+        for json in [
+            r#"{"action":"allow","ports":[22]}"#,
+            r#"{"action":"allow","target":null,"ports":[22]}"#,
+            r#"{"action":"allow","target":"","ports":[22]}"#,
+        ] {
+            let r: EgressRule = serde_json::from_str(json).unwrap();
+            assert_eq!(r, ported(Action::Allow, "", &[22]), "{json}");
+            assert_eq!(serde_json::to_value(&r).unwrap(), serde_json::json!({"action": "allow", "ports": [22]}));
+        }
+        for words in ["10.0.0.0/8 ports 22,443", "ports 22", "a.test", "2001:db8::/32 ports 80"] {
+            assert_eq!(EgressRule::from_words(Action::Allow, words).unwrap().describe(), words);
+        }
+        assert!(EgressRule::from_words(Action::Allow, "ports x").unwrap_err().contains("not a port"));
+        let plain = serde_json::to_value(rule(Action::Deny, "a.test")).unwrap();
+        assert_eq!(
+            plain,
+            serde_json::json!({"action": "deny", "target": "a.test"}),
+            "no ports key when there are none"
+        );
+        // PATCH keeps one rule per target and set of ports.
+        let p = EgressPolicy { default_action: Action::Deny, egress: vec![ported(Action::Allow, "", &[22, 80])] };
+        let q = p.patched(&[ported(Action::Deny, "", &[80, 22]), ported(Action::Allow, "", &[443])]);
+        assert_eq!(q.egress, vec![ported(Action::Deny, "", &[80, 22]), ported(Action::Allow, "", &[443])]);
     }
 
     #[test]

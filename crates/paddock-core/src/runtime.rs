@@ -451,6 +451,9 @@ pub enum NetworkFeature {
     IpRules,
     /// Rules naming hosts and `*.`-wildcards.
     DomainRules,
+    /// Rules scoped to TCP destination ports (`ports`); a runtime that can only allow (a
+    /// NetworkPolicy) refuses a deny rule with ports at create.
+    PortRules,
     /// A running sandbox's policy can be changed.
     Change,
 }

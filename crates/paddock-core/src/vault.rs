@@ -771,7 +771,7 @@ mod tests {
     fn policy(hosts: &[&str]) -> EgressPolicy {
         EgressPolicy {
             default_action: Action::Deny,
-            egress: hosts.iter().map(|h| EgressRule { action: Action::Allow, target: (*h).into() }).collect(),
+            egress: hosts.iter().map(|h| EgressRule::new(Action::Allow, *h)).collect(),
         }
     }
 

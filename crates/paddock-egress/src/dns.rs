@@ -125,7 +125,7 @@ fn static_answer(enf: &Enforcer, name: &str) -> Option<(Vec<IpAddr>, Vec<String>
     let ips = enf.config.hosts.get(name)?;
     let mut refused = Vec::new();
     let kept: Vec<IpAddr> =
-        ips.iter().copied().filter(|ip| enf.reachable(*ip).map_err(|e| refused.push(e)).is_ok()).collect();
+        ips.iter().copied().filter(|ip| enf.reachable(*ip, None).map_err(|e| refused.push(e)).is_ok()).collect();
     enf.bind(name, &kept, STATIC_TTL);
     Some((kept, refused))
 }
@@ -137,7 +137,7 @@ fn filter_answers(enf: &Enforcer, name: &str, reply: &mut Message) -> (Vec<IpAdd
     let mut refused = Vec::new();
     let mut ttl = u32::MAX;
     let mut keep = |r: &hickory_proto::rr::Record| match &r.data {
-        RData::A(a) => match enf.reachable(IpAddr::V4(a.0)) {
+        RData::A(a) => match enf.reachable(IpAddr::V4(a.0), None) {
             Ok(()) => {
                 kept.push(IpAddr::V4(a.0));
                 ttl = ttl.min(r.ttl);
@@ -296,10 +296,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_denied_name_gets_nxdomain_with_the_rule_and_is_never_forwarded() {
-        let policy = EgressPolicy {
-            default_action: Action::Deny,
-            egress: vec![EgressRule { action: Action::Allow, target: "ok.test".into() }],
-        };
+        let policy =
+            EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, "ok.test")] };
         // No upstream at all: a forwarded query would get SERVFAIL, not NXDOMAIN.
         let enf = Enforcer::new(policy, Config::default());
         let reply = Message::from_vec(&answer(&enf, &query("evil.test.", RecordType::A)).await.unwrap()).unwrap();
@@ -325,7 +323,7 @@ mod tests {
     async fn an_answer_pointing_at_an_address_the_policy_denies_is_dropped_with_the_rule() {
         let policy = EgressPolicy {
             default_action: Action::Allow,
-            egress: vec![EgressRule { action: Action::Deny, target: "198.51.100.0/24".into() }],
+            egress: vec![EgressRule::new(Action::Deny, "198.51.100.0/24")],
         };
         let hosts = [
             ("pinned.test".to_string(), vec!["198.51.100.7".parse().unwrap(), "203.0.113.3".parse().unwrap()]),

@@ -580,10 +580,8 @@ mod tests {
             ]
         }))
         .unwrap();
-        let policy = EgressPolicy {
-            default_action: Action::Deny,
-            egress: vec![EgressRule { action: Action::Allow, target: "api.test".into() }],
-        };
+        let policy =
+            EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, "api.test")] };
         Vault::create(req, &policy).unwrap()
     }
 

@@ -91,7 +91,7 @@ async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
         let (mut ips, mut refused) = crate::dns::resolve(enf, name).await;
         // Addresses bound before a policy change are judged again: a deny rule added since
         // holds for them too.
-        ips.retain(|ip| enf.reachable(*ip).map_err(|e| refused.push(e)).is_ok());
+        ips.retain(|ip| enf.reachable(*ip, Some(orig.port())).map_err(|e| refused.push(e)).is_ok());
         if ips.is_empty() {
             return Verdict::Deny(match refused.first() {
                 Some(why) => format!("{name} resolves only to addresses the sandbox may not reach ({why})"),
@@ -110,7 +110,7 @@ async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
     if let Err(why) = enf.config.guard.check(ip) {
         return Verdict::Deny(why);
     }
-    let decision = match policy.decide_ip_rules(ip) {
+    let decision = match policy.decide_ip_rules(ip, Some(orig.port())) {
         Some(d) => d,
         None => {
             // An address Paddock resolved for an allowed name (a protocol without SNI to a
@@ -118,7 +118,7 @@ async fn judge(enf: &Enforcer, orig: SocketAddr, hello: &Hello) -> Verdict {
             let names = enf.names_of(ip);
             match names.iter().map(|n| policy.decide_name(n)).find(|d| d.allowed()) {
                 Some(d) => d,
-                None => policy.decide_ip(ip),
+                None => policy.decide_ip(ip, Some(orig.port())),
             }
         }
     };
@@ -262,7 +262,7 @@ mod tests {
     fn allow_all_but(denied: &[&str]) -> EgressPolicy {
         EgressPolicy {
             default_action: Action::Allow,
-            egress: denied.iter().map(|t| EgressRule { action: Action::Deny, target: (*t).into() }).collect(),
+            egress: denied.iter().map(|t| EgressRule::new(Action::Deny, *t)).collect(),
         }
     }
 

@@ -91,11 +91,12 @@ impl Enforcer {
 
     /// Whether the sandbox may dial `ip` at all, whatever name led there: the operator's guard
     /// (checked live for the host's own addresses), then the policy's IP and CIDR denials, which
-    /// hold for an address reached by a name, a false `Host` or an SNI as for a raw one.
-    pub(crate) fn reachable(&self, ip: IpAddr) -> Result<(), String> {
+    /// hold for an address reached by a name, a false `Host` or an SNI as for a raw one. `port`
+    /// is the connection's (rules scoped to ports hold on it), `None` for a DNS answer.
+    pub(crate) fn reachable(&self, ip: IpAddr, port: Option<u16>) -> Result<(), String> {
         self.config.guard.check(ip)?;
         let policy = self.policy();
-        match policy.decide_ip_rules(ip) {
+        match policy.decide_ip_rules(ip, port) {
             Some(d) if !d.allowed() => {
                 Err(format!("{ip} is denied by the sandbox's egress policy: {}", policy.explain(d)))
             }

@@ -1230,6 +1230,7 @@ impl Runtime for KubeRuntime {
                 NetworkFeature::Deny,
                 NetworkFeature::AllowAll,
                 NetworkFeature::IpRules,
+                NetworkFeature::PortRules,
                 NetworkFeature::Change,
             ],
             metrics: true,

@@ -427,8 +427,10 @@ fn overlaps(a: &ipnet::IpNet, b: &ipnet::IpNet) -> bool {
 /// A policy as NetworkPolicy egress rules, or why it cannot be one. A NetworkPolicy sees
 /// addresses only: IP and CIDR rules map onto `ipBlock`s (deny rules become `except`s, which
 /// is OpenSandbox's deny-before-allow for addresses), `allow` by default onto everything but
-/// the cluster-internal ranges plus the cluster's DNS; a domain rule cannot be enforced, so
-/// it is refused rather than left open.
+/// the cluster-internal ranges plus the cluster's DNS; an allow rule scoped to ports is a rule
+/// of its own with those TCP ports (without a target: every address but the cluster's). A
+/// domain rule cannot be enforced, nor can a deny rule scoped to ports (a NetworkPolicy only
+/// allows), so they are refused rather than left open.
 pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<serde_json::Value>, String> {
     use paddock_core::egress::{Action, Target};
     if policy.denies_everything() {
@@ -436,7 +438,27 @@ pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<s
     }
     let mut allow = Vec::new();
     let mut deny = Vec::new();
+    // (rule index, networks, ports) of allow rules scoped to ports; no networks: every address
+    // outside the cluster.
+    let mut ported: Vec<(usize, Vec<ipnet::IpNet>, Vec<u32>)> = Vec::new();
     for (i, rule) in policy.egress.iter().enumerate() {
+        let what = format!("egress rule {i} ({} {})", rule.action, rule.describe());
+        if let Some(ports) = &rule.ports {
+            if rule.action == Action::Deny {
+                return Err(format!(
+                    "{what}: a deny rule scoped to ports is not enforced on the Kubernetes runtime (a NetworkPolicy can only allow ports); deny the whole address, allow only the ports it may use, or use the local runtime"
+                ));
+            }
+            let nets = match rule.target.trim() {
+                "" => Vec::new(),
+                t => match Target::parse(t).map_err(|e| format!("egress rule {i}: {e}"))? {
+                    Target::Net(net) => vec![net],
+                    _ => return Err(format!("{what}: a domain rule cannot have ports")),
+                },
+            };
+            ported.push((i, nets, ports.clone()));
+            continue;
+        }
         match Target::parse(&rule.target).map_err(|e| format!("egress rule {i}: {e}"))? {
             Target::Net(net) => match rule.action {
                 Action::Allow => allow.push((i, net)),
@@ -444,15 +466,18 @@ pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<s
             },
             _ => {
                 return Err(format!(
-                    "egress rule {i} ({} {}): domain rules are not enforced on the Kubernetes runtime (a NetworkPolicy sees addresses only); give IPs or CIDRs, or use the local runtime",
-                    rule.action, rule.target
+                    "{what}: domain rules are not enforced on the Kubernetes runtime (a NetworkPolicy sees addresses only); give IPs or CIDRs, or use the local runtime"
                 ));
             }
         }
     }
     let internal: Vec<ipnet::IpNet> =
         INTERNAL_V4.iter().chain(INTERNAL_V6.iter()).map(|c| c.parse().expect("valid")).collect();
-    for (i, net) in &allow {
+    let opened = allow
+        .iter()
+        .map(|(i, net)| (*i, net))
+        .chain(ported.iter().flat_map(|(i, nets, _)| nets.iter().map(move |n| (*i, n))));
+    for (i, net) in opened {
         if let Some(inner) = internal.iter().find(|n| overlaps(n, net)) {
             return Err(format!(
                 "egress rule {i} (allow {net}) overlaps {inner}, a cluster-internal, link-local or loopback range, which the Kubernetes runtime never opens to a sandbox"
@@ -472,27 +497,45 @@ pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<s
             .map(|d| d.to_string())
             .collect()
     };
+    let open =
+        |net: &ipnet::IpNet| !deny.iter().any(|d| d.contains(&net.network()) && d.prefix_len() <= net.prefix_len());
+    // Every address outside the cluster, but what deny rules name.
+    let outside = || -> Vec<serde_json::Value> {
+        [("0.0.0.0/0", &INTERNAL_V4[..]), ("::/0", &INTERNAL_V6[..])]
+            .into_iter()
+            .map(|(all, ranges)| {
+                let all: ipnet::IpNet = all.parse().expect("valid");
+                let mut except: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
+                for d in inside(&all) {
+                    if !except.contains(&d) {
+                        except.push(d);
+                    }
+                }
+                block(&all, except)
+            })
+            .collect()
+    };
     if policy.default_action == Action::Deny {
-        let peers: Vec<serde_json::Value> = allow
-            .iter()
-            .filter(|(_, net)| !deny.iter().any(|d| d.contains(&net.network()) && d.prefix_len() <= net.prefix_len()))
-            .map(|(_, net)| block(net, inside(net)))
-            .collect();
-        return Ok(if peers.is_empty() { Vec::new() } else { vec![json!({"to": peers})] });
-    }
-    let mut peers = Vec::new();
-    for (all, ranges) in [("0.0.0.0/0", &INTERNAL_V4[..]), ("::/0", &INTERNAL_V6[..])] {
-        let all: ipnet::IpNet = all.parse().expect("valid");
-        let mut except: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
-        for d in inside(&all) {
-            if !except.contains(&d) {
-                except.push(d);
+        let peers: Vec<serde_json::Value> =
+            allow.iter().filter(|(_, net)| open(net)).map(|(_, net)| block(net, inside(net))).collect();
+        let mut rules = if peers.is_empty() { Vec::new() } else { vec![json!({"to": peers})] };
+        for (_, nets, ports) in &ported {
+            let to: Vec<serde_json::Value> = if nets.is_empty() {
+                outside()
+            } else {
+                nets.iter().filter(|n| open(n)).map(|n| block(n, inside(n))).collect()
+            };
+            if !to.is_empty() {
+                let ports: Vec<serde_json::Value> =
+                    ports.iter().map(|p| json!({"protocol": "TCP", "port": p})).collect();
+                rules.push(json!({"to": to, "ports": ports}));
             }
         }
-        peers.push(block(&all, except));
+        return Ok(rules);
     }
+    // Allowed by default: an allow rule scoped to ports adds nothing (denials come first).
     Ok(vec![
-        json!({"to": peers}),
+        json!({"to": outside()}),
         // Names resolve through the cluster's DNS, and nothing else of the cluster is reachable.
         json!({
             "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
@@ -902,7 +945,7 @@ mod tests {
         use paddock_core::egress::{Action, EgressPolicy, EgressRule};
         let p = |default, rules: &[(Action, &str)]| EgressPolicy {
             default_action: default,
-            egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
+            egress: rules.iter().map(|(a, t)| EgressRule::new(*a, *t)).collect(),
         };
         assert_eq!(egress_rules(&EgressPolicy::deny_all()).unwrap(), Vec::<serde_json::Value>::new());
         let allow =
@@ -927,5 +970,43 @@ mod tests {
         ] {
             assert!(egress_rules(&policy).unwrap_err().contains(why), "{policy:?}");
         }
+    }
+
+    #[test]
+    fn allow_rules_scoped_to_ports_become_rules_with_tcp_ports_and_port_denials_are_refused() {
+        use paddock_core::egress::{Action, EgressPolicy, EgressRule};
+        let ported = |action, target: &str, ports: &[u32]| EgressRule {
+            action,
+            target: target.into(),
+            ports: Some(ports.to_vec()),
+        };
+        let policy = EgressPolicy {
+            default_action: Action::Deny,
+            egress: vec![
+                EgressRule::new(Action::Deny, "203.0.113.9"),
+                ported(Action::Allow, "203.0.113.0/24", &[443, 8443]),
+                ported(Action::Allow, "", &[22]),
+            ],
+        };
+        let rules = egress_rules(&policy).unwrap();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(
+            rules[0],
+            json!({"to": [{"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.9/32"]}}],
+                   "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 8443}]})
+        );
+        let every = &rules[1];
+        assert_eq!(every["ports"], json!([{"protocol": "TCP", "port": 22}]));
+        let v4 = &every["to"][0]["ipBlock"];
+        assert_eq!(v4["cidr"], "0.0.0.0/0");
+        for must in ["10.0.0.0/8", "169.254.0.0/16", "203.0.113.9/32"] {
+            assert!(v4["except"].as_array().unwrap().contains(&json!(must)), "{must} not excepted: {v4}");
+        }
+        assert_eq!(every["to"][1]["ipBlock"]["cidr"], "::/0");
+        let refused = EgressPolicy { default_action: Action::Allow, egress: vec![ported(Action::Deny, "", &[25])] };
+        assert!(egress_rules(&refused).unwrap_err().contains("deny rule scoped to ports"));
+        let inside =
+            EgressPolicy { default_action: Action::Deny, egress: vec![ported(Action::Allow, "10.96.0.0/12", &[443])] };
+        assert!(egress_rules(&inside).unwrap_err().contains("cluster-internal"));
     }
 }

@@ -1015,8 +1015,8 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
         let one = EgressPolicy {
             default_action: Action::Deny,
             egress: vec![
-                EgressRule { action: Action::Allow, target: "203.0.113.0/24".into() },
-                EgressRule { action: Action::Deny, target: "203.0.113.128/25".into() },
+                EgressRule::new(Action::Allow, "203.0.113.0/24"),
+                EgressRule::new(Action::Deny, "203.0.113.128/25"),
             ],
         };
         let status = rt.set_egress(&sbx.id, one.clone()).await.unwrap();
@@ -1032,10 +1032,8 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
         // What a NetworkPolicy cannot enforce is refused, and changes nothing.
         let refused = ["pypi.org", "10.96.0.1", "169.254.169.254"]; // not-a-probe: refused rules, nothing is sent
         for target in refused {
-            let bad = EgressPolicy {
-                default_action: Action::Deny,
-                egress: vec![EgressRule { action: Action::Allow, target: target.into() }],
-            };
+            let bad =
+                EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, target)] };
             assert!(matches!(rt.set_egress(&sbx.id, bad).await, Err(RuntimeError::Unsupported(_))), "{target}");
         }
         assert_eq!(rt.egress(&sbx.id).await.unwrap().policy, EgressPolicy::deny_all());

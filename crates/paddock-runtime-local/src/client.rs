@@ -615,6 +615,7 @@ impl Runtime for LocalRuntime {
                 NetworkFeature::AllowAll,
                 NetworkFeature::IpRules,
                 NetworkFeature::DomainRules,
+                NetworkFeature::PortRules,
                 NetworkFeature::Change,
             ],
             metrics: true,

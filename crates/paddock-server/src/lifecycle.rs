@@ -1541,9 +1541,14 @@ fn lifecycle_schemas() -> Value {
                 "scope": {"type": "string"}, "delivery": {"type": "string", "enum": ["inline"]},
                 "contentType": {"type": "string"}, "truncated": {"type": "boolean"}, "content": {"type": "string"},
                 "contentLength": {"type": "integer"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
-        "NetworkRule": {"type": "object", "required": ["action", "target"], "additionalProperties": false, "properties": {
+        "NetworkRule": {"type": "object", "required": ["action"], "additionalProperties": false,
+            "description": "target, ports or both; a domain target takes no ports",
+            "properties": {
             "action": {"type": "string", "enum": ["allow", "deny"]},
-            "target": {"type": "string", "description": "a domain, *.domain, an IP or a CIDR"}}},
+            "target": {"type": ["string", "null"], "description": "a domain, *.domain, an IP or a CIDR; omitted with ports: every address"},
+            "ports": {"type": ["array", "null"], "minItems": 1, "maxItems": 256, "uniqueItems": true,
+                "items": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "description": "TCP destination ports the rule is scoped to"}}},
         "NetworkPolicy": {"type": "object", "additionalProperties": false, "properties": {
             "defaultAction": {"type": ["string", "null"], "enum": ["allow", "deny", null]},
             "egress": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/NetworkRule"}, "maxItems": 4096}}},

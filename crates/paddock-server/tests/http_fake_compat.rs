@@ -150,6 +150,26 @@ async fn fake_runtime_egress_policy_api_follows_opensandbox_semantics() {
     }
     let (_, got) = s.call("GET", &sidecar, None).await;
     assert_eq!(got["mode"], "allow_all");
+
+    // Rules scoped to ports (OpenSandbox 1.2): on an address, or with no target for every
+    // address; read back as given. A domain with ports and bad ports are 400s naming why.
+    let ported = json!([{"action": "allow", "target": "192.0.2.0/24", "ports": [22, 443]}, {"action": "deny", "ports": [25]}]);
+    let (status, got) = s.call("PATCH", &sidecar, Some(ported.clone())).await;
+    assert_eq!((status, rules(&got)), (StatusCode::OK, ported), "{got}");
+    for (bad, why) in [
+        (json!([{"action": "allow", "target": "pypi.org", "ports": [443]}]), "domain"),
+        (json!([{"action": "allow", "ports": [0]}]), "out of range"),
+        (json!([{"action": "allow", "ports": [80, 80]}]), "twice"),
+        (json!([{"action": "allow", "ports": []}]), "empty"),
+        (json!([{"action": "allow", "ports": (1..=257).collect::<Vec<u32>>()}]), "at most 256"),
+        (json!([{"action": "allow"}]), "empty"),
+    ] {
+        let (status, got) = s.call("PATCH", &sidecar, Some(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {got}");
+        assert!(message(&got).contains(why), "{bad}: {got}");
+    }
+    let (_, got) = s.call("DELETE", &lifecycle, Some(json!(["192.0.2.0/24"]))).await;
+    assert_eq!(rules(&got), json!([{"action": "deny", "ports": [25]}]), "{got}");
     let mut bad_create = body.clone();
     bad_create["networkPolicy"]["egress"][0]["target"] = json!("10.0.0.0/99"); // not-a-probe: an invalid rule, refused
     let (status, got) = s.call("POST", "/v1/sandboxes", Some(bad_create)).await;

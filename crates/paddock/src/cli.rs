@@ -191,10 +191,12 @@ pub enum Command {
     /// change the policy of the running sandbox (new connections follow it at once).
     Egress {
         id: String,
-        /// Allow TARGET (a domain, *.domain, IP or CIDR); goes before the existing rules.
+        /// Allow TARGET (a domain, *.domain, IP or CIDR; an IP or CIDR may add `ports 22,443`,
+        /// and `ports 22` alone means every address on those TCP ports); goes before the
+        /// existing rules.
         #[arg(long, value_name = "TARGET")]
         allow: Vec<String>,
-        /// Deny TARGET; goes before the existing rules.
+        /// Deny TARGET (as --allow takes it); goes before the existing rules.
         #[arg(long, value_name = "TARGET")]
         deny: Vec<String>,
         /// Remove the rules for TARGET.
@@ -309,8 +311,9 @@ pub struct SandboxOpts {
     #[arg(long, value_parser = parse_user)]
     user: Option<User>,
     /// Let the sandbox reach TARGET: a domain (`pypi.org`), `*.domain`, an IP, a CIDR, or `*`
-    /// for everything (the operator's blocked addresses excepted). Repeatable; without it the
-    /// sandbox has no network but its own loopback.
+    /// for everything (the operator's blocked addresses excepted); an IP or CIDR may add
+    /// `ports 22,443` (TCP), and `ports 443` alone means every address on those ports.
+    /// Repeatable; without it the sandbox has no network but its own loopback.
     #[arg(long = "allow-net", value_name = "TARGET")]
     allow_net: Vec<String>,
     /// Keep the sandbox from TARGET even where --allow-net would let it (checked first for
@@ -444,7 +447,7 @@ impl SandboxOpts {
             spec.image = Some(image.clone());
         }
         spec.timeout_secs = timeout.map(|t| t.as_secs().max(1));
-        spec.network = self.network();
+        spec.network = self.network()?;
         spec.volumes = self.volumes.iter().enumerate().map(|(i, v)| v.mount(i)).collect();
         spec.credential_proxy = self.credential_proxy;
         spec.validate().map_err(|e| anyhow!("--{e}"))?;
@@ -457,20 +460,21 @@ impl SandboxOpts {
 impl SandboxOpts {
     /// `--allow-net` / `--deny-net` as a policy: deny rules first, then allow rules, and
     /// `--allow-net '*'` as the default action.
-    fn network(&self) -> NetworkPolicy {
+    fn network(&self) -> Result<NetworkPolicy> {
         use paddock_core::egress::{Action, EgressPolicy, EgressRule};
         if self.allow_net.is_empty() {
-            return NetworkPolicy::LoopbackOnly;
+            return Ok(NetworkPolicy::LoopbackOnly);
         }
         let everything = self.allow_net.iter().any(|t| t == "*");
-        let rule = |action, target: &String| EgressRule { action, target: target.clone() };
-        let egress = (self.deny_net.iter().map(|t| rule(Action::Deny, t)))
-            .chain(self.allow_net.iter().filter(|t| *t != "*").map(|t| rule(Action::Allow, t)))
-            .collect();
-        NetworkPolicy::Egress(EgressPolicy {
+        let rule =
+            |action, flag, words: &String| EgressRule::from_words(action, words).map_err(|e| anyhow!("--{flag}: {e}"));
+        let egress = (self.deny_net.iter().map(|t| rule(Action::Deny, "deny-net", t)))
+            .chain(self.allow_net.iter().filter(|t| *t != "*").map(|t| rule(Action::Allow, "allow-net", t)))
+            .collect::<Result<_>>()?;
+        Ok(NetworkPolicy::Egress(EgressPolicy {
             default_action: if everything { Action::Allow } else { Action::Deny },
             egress,
-        })
+        }))
     }
 }
 
@@ -732,12 +736,14 @@ pub async fn run(cli: Cli) -> Result<u8> {
             let id = sandbox_id(&id)?;
             let mut status = rt.egress(&id).await?;
             if !(allow.is_empty() && deny.is_empty() && remove.is_empty() && default_action.is_none()) {
-                let rule = |action, target: &String| EgressRule { action, target: target.clone() };
+                let rule = |action, flag, words: &String| {
+                    EgressRule::from_words(action, words).map_err(|e| anyhow!("--{flag}: {e}"))
+                };
                 let rules: Vec<EgressRule> = deny
                     .iter()
-                    .map(|t| rule(Action::Deny, t))
-                    .chain(allow.iter().map(|t| rule(Action::Allow, t)))
-                    .collect();
+                    .map(|t| rule(Action::Deny, "deny", t))
+                    .chain(allow.iter().map(|t| rule(Action::Allow, "allow", t)))
+                    .collect::<Result<_>>()?;
                 let (mut policy, _) = status.policy.patched(&rules).without(&remove);
                 if let Some(a) = default_action {
                     policy.default_action = a;

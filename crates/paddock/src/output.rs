@@ -43,7 +43,7 @@ pub fn egress(s: &paddock_core::egress::EgressStatus, json: bool) {
     println!("mode:        {} (enforced by {})", s.policy.mode(), s.enforcement);
     println!("default:     {}", s.policy.default_action);
     for (i, r) in s.policy.egress.iter().enumerate() {
-        println!("rule {i:<6} {} {}", r.action, r.target);
+        println!("rule {i:<6} {} {}", r.action, r.describe());
     }
     let c = &s.counters;
     println!(

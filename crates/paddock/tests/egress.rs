@@ -88,10 +88,7 @@ impl Drop for World {
 }
 
 fn rules(default: Action, rules: &[(Action, &str)]) -> EgressPolicy {
-    EgressPolicy {
-        default_action: default,
-        egress: rules.iter().map(|(a, t)| EgressRule { action: *a, target: (*t).into() }).collect(),
-    }
+    EgressPolicy { default_action: default, egress: rules.iter().map(|(a, t)| EgressRule::new(*a, *t)).collect() }
 }
 
 fn spec(policy: EgressPolicy) -> SandboxSpec {
@@ -445,4 +442,54 @@ async fn an_address_the_host_gains_later_is_refused_like_its_others() {
     // The world stays reachable: only the host's address is refused.
     let ok = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
     assert_eq!(ok.stdout, "hello from outside host=allowed.test sni=-\n", "{}", ok.stderr);
+}
+
+/// Rules scoped to TCP ports (OpenSandbox 1.2's `ports`): an address allowed on one port only,
+/// and a denial of a port for every address, which holds for an allowed name's address too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_scoped_to_ports_hold_on_those_ports_only() {
+    let world = World::up("p", "10.77.48");
+    let env = world.env();
+    let ported =
+        |action, target: &str, ports: &[u32]| EgressRule { action, target: target.into(), ports: Some(ports.to_vec()) };
+    let policy = EgressPolicy {
+        default_action: Action::Deny,
+        egress: vec![
+            ported(Action::Allow, &world.raw_ip, &[80]),
+            EgressRule::new(Action::Allow, "allowed.test"),
+            ported(Action::Deny, "", &[443]),
+        ],
+    };
+    let id = env.confined(spec(policy)).await;
+    world.put_ca(&env, &id).await;
+    let http = sh(&env.rt, &id, &format!("curl -sS -m 10 http://{}/", world.raw_ip)).await;
+    assert_eq!(http.stdout, format!("hello from outside host={} sni=-\n", world.raw_ip), "{}", http.stderr);
+    // The same address on a port its rule does not name.
+    let https = sh(&env.rt, &id, &format!("curl -sS -m 5 -k https://{}/", world.raw_ip)).await;
+    assert!(https.code() != 0 && !https.stdout.contains("hello"), "{https:?}");
+    // An allowed name: its port 80 is open, its 443 is denied by the rule of ports only.
+    let name = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
+    assert_eq!(name.stdout, "hello from outside host=allowed.test sni=-\n", "{}", name.stderr);
+    let tls = sh(&env.rt, &id, "curl -sS -m 5 --cacert /tmp/ca.pem https://allowed.test/").await;
+    assert!(tls.code() != 0 && !tls.stdout.contains("hello"), "{tls:?}");
+    let status = env.rt.egress(&id).await.unwrap();
+    assert!(status.denials.iter().any(|d| d.reason.contains("egress rule 2 (deny ports 443)")), "{:?}", status.denials);
+    assert!(status.denials.iter().any(|d| d.target.contains(&format!("{}:443", world.raw_ip))), "{:?}", status.denials);
+    // A change moves the port: 443 opens for the address, 80 closes.
+    env.rt
+        .set_egress(
+            &id,
+            EgressPolicy { default_action: Action::Deny, egress: vec![ported(Action::Allow, &world.raw_ip, &[443])] },
+        )
+        .await
+        .unwrap();
+    let moved = sh(
+        &env.rt,
+        &id,
+        &format!("curl -sS -m 10 -k https://{0}/; curl -sS -m 5 -w ' %{{http_code}}' http://{0}/", world.raw_ip),
+    )
+    .await;
+    assert!(moved.stdout.starts_with(&format!("hello from outside host={} sni=-\n", world.raw_ip)), "{moved:?}");
+    assert!(moved.stdout.ends_with(" 403") && moved.stdout.contains("defaultAction"), "{moved:?}");
+    env.rt.destroy(&id).await.unwrap();
 }
