@@ -287,6 +287,14 @@ async fn fake_runtime_sessions_keep_cwd_and_exports() {
     assert_eq!(ev.last().unwrap()["type"], "error", "{ev:?}");
     let ev = run_in("echo $SESSION_VAR", json!({})).await;
     assert_eq!(text(&ev, "stdout"), "kept", "{ev:?}");
+    // A timeout that fires before the shell even started the command (1 ms): the interrupt is
+    // sent again until the run ends, so the session is not killed with its state.
+    let t0 = Instant::now();
+    let ev = run_in("sleep 20", json!({"timeout": 1})).await;
+    assert_eq!(ev.last().unwrap()["type"], "error", "{ev:?}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    let ev = run_in("echo $SESSION_VAR; pwd", json!({})).await;
+    assert_eq!(text(&ev, "stdout"), "kept/tmp/pdk-s", "the shell lived on: {ev:?}");
 
     let (status, _) = s.call("DELETE", &Server::execd(&id, &format!("/session/{session}")), None).await;
     assert_eq!(status, StatusCode::OK);
@@ -440,6 +448,20 @@ async fn fake_runtime_java_contexts_keep_state_in_a_jshell() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?} {ev:?}", t0.elapsed());
     let ev = run(&s, &id, json!({"code": "x + 2", "context": {"id": java}})).await;
     assert_eq!(of(&ev, "result")[0]["results"]["text"], "42", "the context lived on: {ev:?}");
+    // An interrupt that comes while JShell is still compiling the cell (nothing to stop yet) is
+    // sent again until the run ends, so the context is not killed with its state.
+    let t0 = Instant::now();
+    let looping =
+        run(&s, &id, json!({"code": "int spin() { while (true) { x = x + 0; } }\nspin()", "context": {"id": java}}));
+    let interrupt = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s.call("DELETE", &Server::execd(&id, &format!("/code?id={java}")), None).await
+    };
+    let (ev, (status, _)) = tokio::join!(looping, interrupt);
+    assert_eq!(status, StatusCode::OK);
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?} {ev:?}", t0.elapsed());
+    let ev = run(&s, &id, json!({"code": "x + 2", "context": {"id": java}})).await;
+    assert_eq!(of(&ev, "result")[0]["results"]["text"], "42", "the context lived on an early interrupt: {ev:?}");
 }
 
 /// Where this host's `go` is: on PATH, or where the official archive puts it.

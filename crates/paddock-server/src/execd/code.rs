@@ -56,6 +56,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// After an interrupt, how long a run may take to stop before its driver is killed (its
 /// context then starts afresh).
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// How often an interrupt is repeated while its run goes on.
+const INTERRUPT_AGAIN: Duration = Duration::from_millis(400);
 /// After stdout's done marker, how long stderr's may take (a driver writes them back to back).
 const STDERR_DRAIN: Duration = Duration::from_secs(2);
 const PING_EVERY: Duration = Duration::from_secs(3);
@@ -387,6 +389,12 @@ impl Context {
 
     /// SIGINT to the running cell; the driver is killed if the run has not ended after a grace
     /// period (the context then starts afresh on its next run).
+    ///
+    /// The SIGINT is sent again every [`INTERRUPT_AGAIN`] until the run ends: one that comes
+    /// before the cell's code started (JShell still compiling it, a timeout that fired while a
+    /// loaded machine was starting the command) finds nothing to stop, and the run would go on
+    /// until the kill took the context's state with it. Every driver ignores one that finds it
+    /// idle.
     pub(super) fn interrupt(self: &Arc<Self>) {
         if !self.running.load(Ordering::SeqCst) {
             return;
@@ -395,12 +403,19 @@ impl Context {
         self.signal(SIGINT);
         let ctx = Arc::downgrade(self);
         tokio::spawn(async move {
-            tokio::time::sleep(INTERRUPT_GRACE).await;
-            if let Some(ctx) = ctx.upgrade()
-                && ctx.running.load(Ordering::SeqCst)
-                && ctx.generation.load(Ordering::SeqCst) == generation
-            {
-                ctx.signal(SIGKILL);
+            let until = tokio::time::Instant::now() + INTERRUPT_GRACE;
+            loop {
+                tokio::time::sleep(INTERRUPT_AGAIN.min(until.saturating_duration_since(tokio::time::Instant::now())))
+                    .await;
+                let Some(ctx) = ctx.upgrade() else { return };
+                if !ctx.running.load(Ordering::SeqCst) || ctx.generation.load(Ordering::SeqCst) != generation {
+                    return;
+                }
+                if tokio::time::Instant::now() >= until {
+                    ctx.signal(SIGKILL);
+                    return;
+                }
+                ctx.signal(SIGINT);
             }
         });
     }
