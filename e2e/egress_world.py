@@ -15,13 +15,17 @@ namespace:
 - HTTP on port 80 and HTTPS (the test CA) on 443, on both addresses: `GET /` answers
   "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes, and
   `GET` or `POST /echo...` answers what it received as JSON (method, path, headers and their
-  sha256, body, sni), `GET /redirect?to=URL` answers 302 to URL.
+  sha256, body, sni; gzip when the request accepts it), `GET /redirect?to=URL` answers 302 to URL.
+- A forward proxy on NET.2:3128: `CONNECT ip:port` with `Proxy-Authorization` for
+  paddock:proxy-pass opens a tunnel (anything else: 407, or 502 for a name); each request is
+  logged as "authority credential" to connects.log beside the CA.
 
 Prints one JSON line ({"ns", "ca", "dns", "ip", "raw_ip", "host_ip", "link_local_ip"}) once everything answers,
 then runs until its stdin closes or it gets SIGTERM, and removes all of it.
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -97,6 +101,11 @@ class Handler(BaseHTTPRequestHandler):
         out = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        # Compressed when asked for, as real servers answer: what echoes a value back then
+        # carries it in gzip, where a byte search cannot see it.
+        if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+            out = gzip.compress(out)
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
@@ -131,6 +140,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+# What the world's forward proxy (NET.2:3128) takes: user "paddock", password "proxy-pass".
+PROXY_AUTH = "Basic cGFkZG9jazpwcm94eS1wYXNz"
+
+
 def serve(args) -> None:
     net = args.net
     for bind in (f"{net}.2", f"{net}.3"):
@@ -161,6 +174,57 @@ def serve(args) -> None:
                 reply = dns_answer(self.rfile.read(struct.unpack("!H", hdr)[0]), net)
                 if reply:
                     self.wfile.write(struct.pack("!H", len(reply)) + reply)
+
+    class Connect(socketserver.StreamRequestHandler):
+        """A forward proxy: CONNECT to an address (never a name) with the right credential."""
+
+        def handle(self):
+            head = b""
+            while not head.endswith(b"\r\n\r\n") and len(head) < 16384:
+                b = self.rfile.read(1)
+                if not b:
+                    return
+                head += b
+            lines = head.decode(errors="replace").split("\r\n")
+            verb, authority = (lines[0].split() + ["", ""])[:2]
+            auth = [v.split(":", 1)[1].strip() for v in lines[1:] if v.lower().startswith("proxy-authorization:")]
+            with open(os.path.join(args.dir, "connects.log"), "a") as log:
+                log.write(f"{authority} {auth[0] if auth else '-'}\n")
+            host, _, port = authority.rpartition(":")
+            if auth != [PROXY_AUTH]:
+                self.wfile.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+                return
+            try:
+                socket.inet_aton(host)
+                up = socket.create_connection((host, int(port)), timeout=5)
+            except (OSError, ValueError):
+                self.wfile.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                return
+            self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            self.wfile.flush()
+
+            def pump(a, b):
+                try:
+                    while data := a.recv(65536):
+                        b.sendall(data)
+                except OSError:
+                    pass
+                finally:
+                    try:
+                        b.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+
+            t = threading.Thread(target=pump, args=(up, self.connection), daemon=True)
+            t.start()
+            pump(self.connection, up)
+            t.join()
+            up.close()
+
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    proxy = socketserver.ThreadingTCPServer((f"{net}.2", 3128), Connect)
+    proxy.daemon_threads = True
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
 
     socketserver.ThreadingUDPServer.allow_reuse_address = True
     udp = socketserver.ThreadingUDPServer((f"{net}.2", 53), Udp)

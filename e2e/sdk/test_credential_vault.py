@@ -116,6 +116,10 @@ def test_every_auth_type_is_injected_and_a_change_adds_replaces_and_deletes(make
     # The upstream got the vault's value, not the sandbox's; echoed back, it is overwritten.
     assert got["digests"]["authorization"] == sha("Bearer vault-bearer-token"), got
     assert got["headers"]["authorization"] == "Bearer " + "*" * len("vault-bearer-token"), got
+    # A client that takes compressed answers gets a plain one, searched like any other.
+    got = fetch(sb, f"--compressed http://{HOST}/echo/bearer")
+    assert got["headers"]["authorization"] == "Bearer " + "*" * len("vault-bearer-token"), got
+    assert got["headers"]["accept-encoding"] == "identity", got
     assert fetch(sb, f"http://{HOST}/echo/basic")["digests"]["authorization"] == sha("Basic dXNlcjpwYXNz")
     assert fetch(sb, f"http://{HOST}/echo/api-key")["digests"]["x-api-key"] == sha("vault-api-key-token")
     d = fetch(sb, f"http://{HOST}/echo/custom-headers")["digests"]

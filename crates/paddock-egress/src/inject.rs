@@ -34,7 +34,8 @@ const HOLD: Duration = Duration::from_millis(20);
 /// length, so a value an upstream echoes back never reaches the sandbox and the response's
 /// framing (lengths, chunk sizes) stays right. Only a tail that could be the start of a value
 /// is held back for the next read (or [`HOLD`]), so a value split between reads is caught and
-/// nothing else waits. Compressed bodies are not looked into.
+/// nothing else waits. Requests ask for plain responses (`Accept-Encoding: identity`); a body an
+/// upstream compresses anyway is not looked into.
 async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[&[u8]]) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -421,8 +422,13 @@ fn rewrite<'v>(
         out.push_str(q);
     }
     out.push_str(if req.version == 0 { " HTTP/1.0\r\n" } else { " HTTP/1.1\r\n" });
+    // Responses are searched for the vault's values, which a compressed body would hide: ask
+    // for it plain.
+    let plain = !vault.credentials.is_empty();
     for (name, value) in &req.headers {
-        if set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        if set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+            || (plain && name.eq_ignore_ascii_case("accept-encoding"))
+        {
             continue;
         }
         let mut value = apply(Place::Header, value, false);
@@ -442,6 +448,9 @@ fn rewrite<'v>(
         out.push_str(": ");
         out.push_str(value);
         out.push_str("\r\n");
+    }
+    if plain {
+        out.push_str("Accept-Encoding: identity\r\n");
     }
     out.push_str("\r\n");
     if out.contains(PLACEHOLDER_PREFIX) || (binding.is_none() && contains_encoded_placeholder(&out)) {
@@ -598,6 +607,15 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains("\r\nAuthorization: Bearer T0K\r\n"), "{out}");
         assert!(!out.contains("fake"), "{out}");
+        // Asked for plain, so that an echoed value is found in the response.
+        let r =
+            head("GET /b/x HTTP/1.1\r\nHost: api.test\r\nAccept-Encoding: gzip, br\r\naccept-encoding: zstd\r\n\r\n");
+        let (out, _) = rewrite(&r, v.binding_for(Scheme::Http, &r.host, 80, &r.method, &r.path).unwrap(), &v).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.ends_with("\r\nAccept-Encoding: identity\r\n\r\n") && !out.contains("gzip") && !out.contains("zstd"),
+            "{out}"
+        );
         assert!(out.starts_with("GET /b/x HTTP/1.1\r\n"), "{out}");
     }
 

@@ -12,9 +12,12 @@
 //!   by the IP rules, or allowed when Paddock resolved its address for an allowed name.
 //! - The operator's [`guard::Guard`] (loopback, link-local and metadata, the host's own
 //!   addresses, private ranges unless allowed) comes before every policy.
+//! - In forward mode ([`forward`]) allowed connections are dialed through the operator's HTTP
+//!   proxy (`CONNECT` to the judged address) instead of directly.
 
 pub mod control;
 pub mod dns;
+pub mod forward;
 pub mod guard;
 pub mod inject;
 pub mod intercept;

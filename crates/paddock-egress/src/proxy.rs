@@ -152,18 +152,30 @@ async fn handle(enf: &Enforcer, mut conn: TcpStream) {
     let mut upstream = None;
     let mut last_err = String::new();
     for t in &targets {
-        match tokio::time::timeout(DIAL, TcpStream::connect(t)).await {
-            Ok(Ok(s)) => {
+        let dialed = match &enf.config.forward {
+            Some(proxy) => proxy.connect(*t, DIAL).await,
+            None => match tokio::time::timeout(DIAL, TcpStream::connect(t)).await {
+                Ok(r) => r.map_err(|e| format!("{t}: {e}")),
+                Err(_) => Err(format!("{t}: no answer within {}s", DIAL.as_secs())),
+            },
+        };
+        match dialed {
+            Ok(s) => {
                 upstream = Some(s);
                 break;
             }
-            Ok(Err(e)) => last_err = format!("{t}: {e}"),
-            Err(_) => last_err = format!("{t}: no answer within {}s", DIAL.as_secs()),
+            Err(e) => last_err = e,
         }
     }
     let Some(mut upstream) = upstream else {
-        // Allowed but unreachable: not a policy denial, so it is not logged as one.
-        tracing::debug!(%target, %last_err, "egress dial failed");
+        if enf.config.forward.is_some() {
+            // The operator's proxy refused or failed: logged where the sandbox's owner looks,
+            // since the sandbox sees only a reset.
+            enf.denied(Kind::Tcp, target, last_err);
+        } else {
+            // Allowed but unreachable: not a policy denial, so it is not logged as one.
+            tracing::debug!(%target, %last_err, "egress dial failed");
+        }
         return reset(conn);
     };
     enf.allowed(Kind::Tcp);

@@ -31,6 +31,8 @@ pub struct Config {
     pub hosts: HashMap<String, Vec<IpAddr>>,
     /// The sandbox's CA and upstream trust, when its vault may bind `https` hosts.
     pub interception: Option<Arc<crate::intercept::Interception>>,
+    /// The operator's proxy every allowed connection is dialed through (`--egress-proxy`).
+    pub forward: Option<crate::forward::ForwardProxy>,
 }
 
 pub struct Enforcer {

@@ -49,6 +49,10 @@ pub struct EgressOptions {
     /// the host's trust store (`--egress-ca`).
     #[serde(default)]
     pub upstream_cas: Vec<PathBuf>,
+    /// Dial every allowed connection through this HTTP proxy (`--egress-proxy`): a network
+    /// where nothing leaves but through one. DNS still goes to the resolvers.
+    #[serde(default)]
+    pub forward: Option<paddock_egress::forward::ForwardProxy>,
 }
 
 /// What the runtime hands a starting enforcer on its stdin.
@@ -545,7 +549,7 @@ async fn serve(start: Start, served: Served, init: OwnedFd, id: SandboxId) {
     let hosts = start.options.hosts.iter().map(|(n, ips)| (n.to_ascii_lowercase(), ips.clone())).collect();
     let enf = paddock_egress::Enforcer::new(
         start.policy,
-        paddock_egress::state::Config { guard, upstream, hosts, interception },
+        paddock_egress::state::Config { guard, upstream, hosts, interception, forward: start.options.forward },
     );
     enf.set_vault(start.vault);
     // The runtime saves each policy it sets before sending it; nothing to persist here.

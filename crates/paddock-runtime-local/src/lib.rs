@@ -25,4 +25,6 @@ mod wsimage;
 pub use client::LocalRuntime;
 pub use egress::EgressOptions;
 pub use image::ImageOptions;
+/// The operator's HTTP proxy of forward mode (`EgressOptions::forward`).
+pub use paddock_egress::forward::ForwardProxy;
 pub use volumes::VolumeOptions;

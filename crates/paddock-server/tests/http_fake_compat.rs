@@ -153,7 +153,8 @@ async fn fake_runtime_egress_policy_api_follows_opensandbox_semantics() {
 
     // Rules scoped to ports (OpenSandbox 1.2): on an address, or with no target for every
     // address; read back as given. A domain with ports and bad ports are 400s naming why.
-    let ported = json!([{"action": "allow", "target": "192.0.2.0/24", "ports": [22, 443]}, {"action": "deny", "ports": [25]}]);
+    let ported =
+        json!([{"action": "allow", "target": "192.0.2.0/24", "ports": [22, 443]}, {"action": "deny", "ports": [25]}]);
     let (status, got) = s.call("PATCH", &sidecar, Some(ported.clone())).await;
     assert_eq!((status, rules(&got)), (StatusCode::OK, ported), "{got}");
     for (bad, why) in [

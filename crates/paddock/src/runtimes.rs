@@ -73,6 +73,21 @@ pub struct EgressOpts {
     /// besides the host's trust store. Repeatable.
     #[arg(long = "egress-ca", global = true, value_name = "FILE")]
     pub upstream_cas: Vec<std::path::PathBuf>,
+    /// Dial every connection a policy allows through this HTTP proxy, `http://[user:password@]
+    /// host:port` (`CONNECT` to the address Paddock resolved and judged), for networks where
+    /// nothing leaves but through one. DNS still goes to the resolvers; UDP and IPv6 stay
+    /// refused. Give it in the environment to keep a password out of the process list.
+    #[arg(long = "egress-proxy", global = true, value_name = "URL", env = "PADDOCK_EGRESS_PROXY", value_parser = parse_proxy, hide_env_values = true)]
+    pub proxy: Option<paddock_runtime_local::ForwardProxy>,
+}
+
+fn parse_proxy(s: &str) -> Result<paddock_runtime_local::ForwardProxy, String> {
+    paddock_runtime_local::ForwardProxy::parse(s, |host, port| {
+        use std::net::ToSocketAddrs as _;
+        let mut addrs =
+            (host, port).to_socket_addrs().map_err(|e| format!("the proxy {host:?} does not resolve: {e}"))?;
+        addrs.next().ok_or_else(|| format!("the proxy {host:?} resolves to no address"))
+    })
 }
 
 fn parse_host(s: &str) -> Result<(String, std::net::IpAddr), String> {
@@ -105,6 +120,7 @@ impl EgressOpts {
                 },
             ),
             upstream_cas: self.upstream_cas.clone(),
+            forward: self.proxy.clone(),
         }
     }
 }

@@ -18,6 +18,7 @@ use paddock_core::spec::{NetworkPolicy, SandboxSpec};
 struct World {
     child: Child,
     ca: String,
+    ca_path: String,
     dns: String,
     ip: String,
     raw_ip: String,
@@ -44,6 +45,7 @@ impl World {
         let s = |k: &str| v[k].as_str().unwrap().to_owned();
         World {
             ca: std::fs::read_to_string(s("ca")).unwrap(),
+            ca_path: s("ca"),
             dns: s("dns"),
             ip: s("ip"),
             raw_ip: s("raw_ip"),
@@ -57,7 +59,12 @@ impl World {
     /// (they are in a private range, which is refused unless the operator allows it).
     fn env(&self) -> Env {
         let mut env = Env::new();
-        env.rt = env.rt.clone().with_egress(paddock_runtime_local::EgressOptions {
+        env.rt = env.rt.clone().with_egress(self.options());
+        env
+    }
+
+    fn options(&self) -> paddock_runtime_local::EgressOptions {
+        paddock_runtime_local::EgressOptions {
             blocked: vec![],
             allowed_private: vec![
                 format!("{}/32", self.ip).parse().unwrap(),
@@ -65,8 +72,7 @@ impl World {
             ],
             dns: vec![format!("{}:53", self.dns).parse().unwrap()],
             ..Default::default()
-        });
-        env
+        }
     }
 }
 
@@ -492,4 +498,67 @@ async fn rules_scoped_to_ports_hold_on_those_ports_only() {
     assert!(moved.stdout.starts_with(&format!("hello from outside host={} sni=-\n", world.raw_ip)), "{moved:?}");
     assert!(moved.stdout.ends_with(" 403") && moved.stdout.contains("defaultAction"), "{moved:?}");
     env.rt.destroy(&id).await.unwrap();
+}
+
+/// Forward mode (`--egress-proxy`): what a policy allows is dialed through the operator's
+/// CONNECT proxy (the world's, which logs each request), by the address Paddock judged and
+/// with the proxy's credential; a wrong credential reaches nothing and says why in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_mode_dials_through_the_operators_proxy_with_its_credential() {
+    let world = World::up("f", "10.77.49");
+    let connects = std::path::Path::new(&world.ca_path).with_file_name("connects.log");
+    let through = |password: &str| {
+        let mut env = world.env();
+        let url = format!("http://paddock:{password}@{}:3128", world.ip);
+        let forward = paddock_runtime_local::ForwardProxy::parse(&url, |h, _| Err(h.to_string())).unwrap();
+        let mut options = world.options();
+        options.forward = Some(forward);
+        env.rt = env.rt.clone().with_egress(options);
+        env
+    };
+    let env = through("proxy-pass");
+    let policy = EgressPolicy {
+        default_action: Action::Deny,
+        egress: vec![EgressRule::new(Action::Allow, "allowed.test"), EgressRule::new(Action::Allow, &world.raw_ip)],
+    };
+    let id = env.confined(spec(policy.clone())).await;
+    world.put_ca(&env, &id).await;
+    let out = sh(
+        &env.rt,
+        &id,
+        &format!("curl -sS -m 10 --cacert /tmp/ca.pem https://allowed.test/ http://{}/", world.raw_ip),
+    )
+    .await;
+    assert_eq!(
+        out.stdout,
+        format!(
+            "hello from outside host=allowed.test sni=allowed.test\nhello from outside host={} sni=-\n",
+            world.raw_ip
+        ),
+        "{}",
+        out.stderr
+    );
+    let log = std::fs::read_to_string(&connects).unwrap_or_default();
+    let auth = "Basic cGFkZG9jazpwcm94eS1wYXNz";
+    assert!(log.contains(&format!("{}:443 {auth}\n", world.ip)), "the name went as its address: {log}");
+    assert!(log.contains(&format!("{}:80 {auth}\n", world.raw_ip)), "{log}");
+    assert!(!log.contains(".test"), "no name is sent to the proxy: {log}");
+    // What the policy denies never reaches the proxy.
+    let before = log.lines().count();
+    let denied = sh(&env.rt, &id, "curl -sS -m 5 http://denied.test/; echo $?").await;
+    assert!(denied.stdout.ends_with("6\n"), "{denied:?}");
+    assert_eq!(std::fs::read_to_string(&connects).unwrap().lines().count(), before);
+    env.rt.destroy(&id).await.unwrap();
+
+    let wrong = through("not-the-password");
+    let id = wrong.confined(spec(policy)).await;
+    let out = sh(&wrong.rt, &id, &format!("curl -sS -m 10 http://{}/", world.raw_ip)).await;
+    assert!(out.code() != 0 && !out.stdout.contains("hello"), "{out:?}");
+    let status = wrong.rt.egress(&id).await.unwrap();
+    assert!(
+        status.denials.iter().any(|d| d.reason.contains("forward proxy") && d.reason.contains("407")),
+        "{:?}",
+        status.denials
+    );
+    wrong.rt.destroy(&id).await.unwrap();
 }
