@@ -336,7 +336,23 @@ pub enum TargetKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IsolationTargets {
     pub targets: Vec<IsolationTarget>,
-    pub skipped: Vec<String>,
+    pub skipped: Vec<NotChecked>,
+}
+
+/// Something the gate should have probed but whose address could not be found. The gate
+/// fails on it unless the user skips it by `name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotChecked {
+    /// Stable, for `paddock gate --skip NAME`: "cluster DNS", "Kubernetes API Service".
+    pub name: String,
+    /// What went wrong looking it up.
+    pub reason: String,
+}
+
+impl NotChecked {
+    pub fn new(name: &str, reason: impl Into<String>) -> Self {
+        Self { name: name.into(), reason: reason.into() }
+    }
 }
 
 /// Why a runtime call failed. `code()` is stable and becomes the API error code.

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use paddock_core::runtime::{IsolationTarget, IsolationTargets, TargetKind};
+use paddock_core::runtime::{IsolationTarget, IsolationTargets, NotChecked, TargetKind};
 
 /// The kubelet's API port.
 const KUBELET_PORT: u16 = 10250;
@@ -25,10 +25,12 @@ pub async fn targets(client: Client) -> IsolationTargets {
             let ip = s.spec.and_then(|s| s.cluster_ip).filter(|ip| ip != "None");
             match ip {
                 Some(ip) => out.targets.push(target("Kubernetes API (Service IP)".into(), &ip, 443, TargetKind::Tcp)),
-                None => out.skipped.push("Kubernetes API Service: it has no cluster IP".into()),
+                None => out.skipped.push(NotChecked::new("Kubernetes API Service", "it has no cluster IP")),
             }
         }
-        Err(e) => out.skipped.push(format!("Kubernetes API Service (reading default/kubernetes: {e})")),
+        Err(e) => {
+            out.skipped.push(NotChecked::new("Kubernetes API Service", format!("reading default/kubernetes: {e}")))
+        }
     }
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
     match slices.list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes")).await {
@@ -40,7 +42,9 @@ pub async fn targets(client: Client) -> IsolationTargets {
                 }
             }
         }
-        Err(e) => out.skipped.push(format!("Kubernetes API endpoints (listing EndpointSlices in default: {e})")),
+        Err(e) => out
+            .skipped
+            .push(NotChecked::new("Kubernetes API endpoints", format!("listing EndpointSlices in default: {e}"))),
     }
     // The cluster DNS: the Service kube-system/kube-dns, else the Services labelled as it is
     // (RKE2 names its own rke2-coredns-rke2-coredns), else what each kubelet is told to give
@@ -108,10 +112,10 @@ pub async fn targets(client: Client) -> IsolationTargets {
                 }
             }
         }
-        Err(e) => out.skipped.push(format!("nodes (listing Nodes: {e})")),
+        Err(e) => out.skipped.push(NotChecked::new("nodes", format!("listing Nodes: {e}"))),
     }
     if !out.targets.iter().any(|t| t.kind == TargetKind::Dns) {
-        out.skipped.push(format!("cluster DNS ({})", dns_errors.join("; ")));
+        out.skipped.push(NotChecked::new("cluster DNS", dns_errors.join("; ")));
     }
     out
 }

@@ -581,7 +581,10 @@ impl Runtime for LocalRuntime {
                     }
                 }
             }
-            Err(e) => out.skipped.push(format!("the host's addresses (reading /proc/net/fib_trie: {e})")),
+            Err(e) => out.skipped.push(paddock_core::runtime::NotChecked::new(
+                "the host's addresses",
+                format!("reading /proc/net/fib_trie: {e}"),
+            )),
         }
         Ok(out)
     }

@@ -104,6 +104,9 @@ struct Check {
     passed: bool,
     /// What happened, in words.
     detail: String,
+    /// Left out by the user (`--skip NAME`): shown, not counted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    skipped: bool,
 }
 
 async fn sh(rt: &dyn Runtime, id: &SandboxId, script: &str) -> Result<(i32, String)> {
@@ -164,6 +167,18 @@ pub struct TargetOptions {
     /// TEST-NET addresses (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24).
     #[arg(long)]
     pub no_outside_probes: bool,
+    /// Leave out the check or the target named NAME (as the report names it, e.g. "cluster
+    /// DNS" or "own user namespace or gVisor kernel"), where it does not apply: it is shown
+    /// as SKIP and does not fail the gate. A target the runtime could not find ("not
+    /// checked") fails the gate unless it is skipped. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub skip: Vec<String>,
+}
+
+impl TargetOptions {
+    fn skips(&self, name: &str) -> bool {
+        self.skip.iter().any(|s| s.trim().eq_ignore_ascii_case(name))
+    }
 }
 
 /// `NAME=HOST:PORT` or `HOST:PORT` (an IPv6 host in brackets: `[2001:db8::1]:443`).
@@ -268,7 +283,8 @@ async fn gate(
     made.push(b.id.clone());
     let mut checks = Vec::new();
     let mut push = |name: &str, target: String, passed: bool, detail: String| {
-        checks.push(Check { name: name.into(), target, passed, detail });
+        let skipped = options.skips(name);
+        checks.push(Check { name: name.into(), target, passed: passed || skipped, detail, skipped });
     };
 
     // The positive control: a probe that cannot see an open port proves nothing.
@@ -293,6 +309,8 @@ async fn gate(
         &a,
         "id -u; grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status | awk '{print $2}' | tr '\\n' ' '; echo; \
          echo \"nnp $(awk '/^NoNewPrivs:/ {print $2}' /proc/self/status)\"; \
+         echo \"userns $(awk '{print $1\",\"$2\",\"$3}' /proc/self/uid_map 2>/dev/null | tr '\\n' ' ')\"; \
+         if dmesg 2>/dev/null | grep -q gVisor || grep -q 'Sun Jan 10 15:06:54 PST 2016' /proc/version 2>/dev/null; then echo kernel gvisor; else echo kernel host; fi; \
          ls /var/run/secrets/kubernetes.io/serviceaccount/token /run/secrets/kubernetes.io/serviceaccount/token 2>/dev/null | head -n1; echo end; \
          awk '/^nameserver/ {print $2}' /etc/resolv.conf 2>/dev/null",
     )
@@ -307,6 +325,12 @@ async fn gate(
     // command cannot win back what the sandbox dropped.
     let nnp = lines.next().unwrap_or_default().trim_start_matches("nnp").trim().to_owned();
     push("no_new_privs", "NoNewPrivs in /proc/self/status".into(), nnp == "1", format!("NoNewPrivs {nnp}"));
+    // Root in the sandbox must not be root of the node: a user namespace of its own (uid 0
+    // inside is not uid 0 outside), or the gVisor kernel between it and the node's.
+    let map = lines.next().unwrap_or_default().trim_start_matches("userns").trim().to_owned();
+    let kernel = lines.next().unwrap_or_default().trim_start_matches("kernel").trim().to_owned();
+    let (contained, why) = containment(&map, &kernel);
+    push(USERNS_CHECK, "/proc/self/uid_map, the kernel".into(), contained, why);
     let token = lines.next().unwrap_or_default().trim().to_owned();
     let no_token = token == "end";
     if !no_token {
@@ -394,7 +418,16 @@ async fn gate(
     }
     stop(listeners).await;
     for s in &found.skipped {
-        eprintln!("gate: not checked: {s}");
+        eprintln!("gate: not checked: {}: {}", s.name, s.reason);
+        push(
+            &s.name,
+            "not found".into(),
+            false,
+            format!(
+                "not checked: {}; find why it could not be looked up, or pass --skip '{}' where it does not apply",
+                s.reason, s.name
+            ),
+        );
     }
     let failed = checks.iter().filter(|c| !c.passed).count();
     print(&checks, json, None);
@@ -405,6 +438,29 @@ async fn gate(
         return Ok(1);
     }
     Ok(0)
+}
+
+const USERNS_CHECK: &str = "own user namespace or gVisor kernel";
+
+/// Whether the sandbox's root is not the node's: `map` is its uid_map as `inside,outside,count`
+/// lines, `kernel` is `gvisor` or `host`.
+fn containment(map: &str, kernel: &str) -> (bool, String) {
+    if kernel == "gvisor" {
+        return (true, "the gVisor kernel".into());
+    }
+    let lines: Vec<&str> = map.split_whitespace().collect();
+    // The initial user namespace maps every id to itself.
+    let initial = lines.is_empty() || lines == ["0,0,4294967295"];
+    if initial {
+        (
+            false,
+            format!(
+                "the node's own user namespace (uid_map {map:?}) and the node's kernel: root in the sandbox would be root of the node; use user namespaces (--user-namespaces) or gVisor (--isolation gvisor)"
+            ),
+        )
+    } else {
+        (true, format!("a user namespace of its own (uid_map {})", lines.join(" ")))
+    }
 }
 
 /// Whether what the probe saw of `t` keeps the boundary, and why, in words.
@@ -431,7 +487,12 @@ fn print(checks: &[Check], json: bool, inconclusive: Option<&str>) {
         return;
     }
     for c in checks {
-        println!("{}  {:<45} {:<32} {}", if c.passed { "PASS" } else { "FAIL" }, c.name, c.target, c.detail);
+        let verdict = match (c.skipped, c.passed) {
+            (true, _) => "SKIP",
+            (false, true) => "PASS",
+            (false, false) => "FAIL",
+        };
+        println!("{verdict}  {:<45} {:<32} {}", c.name, c.target, c.detail);
     }
     if let Some(why) = inconclusive {
         println!("INCONCLUSIVE  {why}");
@@ -461,6 +522,18 @@ mod tests {
         assert!(!verdict("", &api).0);
         assert!(!verdict("open", &t("127.0.0.1", TargetKind::Tcp)).0);
         assert!(!verdict("open", &t("10.96.0.10", TargetKind::Dns)).0);
+    }
+
+    #[test]
+    fn root_in_the_sandbox_must_not_be_the_nodes() {
+        assert!(!containment("0,0,4294967295", "host").0, "the initial user namespace");
+        assert!(!containment("", "host").0, "an unreadable map proves nothing");
+        let (ok, why) = containment("0,1000000,65536", "host");
+        assert!(ok && why.contains("user namespace of its own"), "{why}");
+        assert!(containment("1000,101000,1", "host").0, "the local runtime's map");
+        assert!(containment("0,0,4294967295", "gvisor").0, "gVisor keeps host users");
+        let skip = TargetOptions { skip: vec![" Cluster DNS ".into()], ..Default::default() };
+        assert!(skip.skips("cluster DNS") && !skip.skips("nodes"));
     }
 
     #[test]

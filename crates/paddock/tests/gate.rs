@@ -35,11 +35,18 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
     assert_eq!(code, 0, "{report:#}\n{stderr}");
     assert_eq!(report["passed"], true);
     let names = names(&report);
-    for want in
-        ["positive control", "not root", "no capabilities", "no_new_privs", "TEST-NET-1", "DNS server 198.51.100.53"]
-    {
+    for want in [
+        "positive control",
+        "not root",
+        "no capabilities",
+        "no_new_privs",
+        "own user namespace or gVisor kernel",
+        "TEST-NET-1",
+        "DNS server 198.51.100.53",
+    ] {
         assert!(names.iter().any(|n| n == want), "no {want:?} check in {names:?}");
     }
+    assert!(report["checks"].as_array().unwrap().iter().all(|c| c.get("skipped").is_none()), "{report:#}");
     for never in ["cloud metadata", "the outside world (HTTPS)", "the outside world (DNS)"] {
         assert!(!names.iter().any(|n| n == never), "{never:?} was probed despite --no-outside-probes: {names:?}");
     }
@@ -78,4 +85,19 @@ fn an_address_the_sandbox_must_reach_and_cannot_fails_the_gate() {
     let (code, _, stderr) = gate(dir.path(), &["--forbid", "nowhere"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("HOST:PORT"), "{stderr}");
+}
+
+#[test]
+fn a_check_skipped_by_name_is_shown_as_skipped_not_passed() {
+    let dir = tempfile::Builder::new().prefix("pgate").tempdir_in("/tmp").unwrap();
+    let (code, report, stderr) = gate(dir.path(), &["--skip", "No_New_Privs"]);
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    let skipped: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["skipped"] == true)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["no_new_privs"], "{report:#}");
 }
