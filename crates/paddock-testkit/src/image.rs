@@ -64,6 +64,14 @@ impl Layer {
         self.push(h, &[])
     }
 
+    /// A directory owned by `uid`:`gid` (an image user's home, say).
+    pub fn dir_owned(self, path: &str, mode: u32, uid: u64, gid: u64) -> Layer {
+        let mut h = Self::header(path.as_bytes(), tar::EntryType::Directory, mode, 0);
+        h.set_uid(uid);
+        h.set_gid(gid);
+        self.push(h, &[])
+    }
+
     pub fn file(self, path: &str, data: &[u8]) -> Layer {
         self.file_with(path, data, 0o644, 0, 0, 1_600_000_000)
     }

@@ -183,3 +183,50 @@ fn the_cli_runs_the_images_command_when_given_none() {
     let out = Command::new(exe).args(["--data-dir", data, "ls", "--json"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]", "the run's sandbox is gone");
 }
+
+/// An image as `node:*` is made: `User` unset (root), an app user's home owned by uid 1000.
+/// The mapping README describes: the sandbox user owns what the image's root owns (and can
+/// change it), another image user's files read as someone else's and are not writable (Docker's
+/// root could write them), and the root's top level is fixed while its directories are writable.
+#[tokio::test]
+async fn an_image_whose_files_belong_to_another_user_shows_them_as_not_the_sandbox_users() {
+    use paddock_testkit::image::{Layer, docker_save};
+    let env = Env::new();
+    let mut layer = Layer::new();
+    for f in ["/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"] {
+        layer = layer.file_with(f.trim_start_matches('/'), &std::fs::read(f).unwrap(), 0o755, 0, 0, 1_600_000_000);
+    }
+    let layer = layer
+        .dir("etc", 0o755)
+        .file("etc/app.conf", b"root's\n")
+        .dir("opt", 0o755)
+        .dir("work", 0o755)
+        .dir("home", 0o755)
+        .dir_owned("home/node", 0o755, 1000, 1000)
+        .file_with("home/node/app.js", b"node's\n", 0o644, 1000, 1000, 1_600_000_000)
+        .tar();
+    let dir = tempfile::Builder::new().prefix("pdnode").tempdir_in("/tmp").unwrap();
+    let archive = dir.path().join("node-like.tar");
+    docker_save(&archive, &[layer], &["node-like:1"], None);
+    let store = paddock_image::Store::open(&env.data().join("images")).expect("store");
+    store.import(&archive, Some("node-like:1")).expect("importing the node-like image");
+    let id = env.create(SandboxSpec { image: Some("node-like:1".into()), ..Default::default() }).await.id;
+    let script = "for f in /etc/app.conf /home/node /home/node/app.js; do [ -O $f ] && echo \"$f mine\" || echo \"$f not mine\"; done; \
+                  echo more >> /etc/app.conf && echo etc-writable; \
+                  (echo more >> /home/node/app.js) 2>/dev/null || echo app-refused; \
+                  (echo new > /home/node/new) 2>/dev/null || echo home-refused; \
+                  echo x > /opt/x && echo opt-writable; \
+                  (echo x > /top-level) 2>/dev/null || echo top-refused";
+    let req = paddock_core::runtime::ExecRequest {
+        argv: vec!["/usr/bin/dash".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
+    let out = common::exec(&env.rt, &id, req, None).await;
+    assert_eq!(
+        out.stdout,
+        "/etc/app.conf mine\n/home/node not mine\n/home/node/app.js not mine\netc-writable\napp-refused\nhome-refused\nopt-writable\ntop-refused\n",
+        "{}",
+        out.stderr
+    );
+    env.rt.destroy(&id).await.unwrap();
+}
