@@ -209,6 +209,25 @@ where
                     return None;
                 }
             }
+            Framing::Chunked if !body_subs.is_empty() => {
+                // Read whole (bounded) so placeholders split across chunks resolve too, then
+                // sent with a length: the chunk sizes would no longer fit the new body.
+                let body = match read_chunked(reader, MAX_SUBSTITUTED_BODY).await {
+                    Ok(Some(b)) => b,
+                    Ok(None) => {
+                        return Some(format!(
+                            "a chunked request body over {} MiB to a host whose credential binding substitutes into bodies: send it with a Content-Length, or in smaller requests",
+                            MAX_SUBSTITUTED_BODY >> 20
+                        ));
+                    }
+                    Err(_) => return None,
+                };
+                let body = substitute_body(&body, &body_subs, req.header("content-type").unwrap_or(""));
+                out = set_length(&out, body.len());
+                if up.write_all(&out).await.is_err() || up.write_all(&body).await.is_err() {
+                    return None;
+                }
+            }
             framing => {
                 if up.write_all(&out).await.is_err() {
                     return None;
@@ -517,17 +536,58 @@ fn substitute_body(body: &[u8], subs: &[(String, &str)], content_type: &str) -> 
     out.into_bytes()
 }
 
+/// The head with `Content-Length: len` as its only framing (a `Transfer-Encoding` goes).
 fn set_length(head: &[u8], len: usize) -> Vec<u8> {
     let text = String::from_utf8_lossy(head);
-    let mut out = String::with_capacity(text.len() + 8);
+    let mut out = String::with_capacity(text.len() + 24);
     for line in text.split_inclusive("\r\n") {
-        if line.to_ascii_lowercase().starts_with("content-length:") {
-            out.push_str(&format!("Content-Length: {len}\r\n"));
-        } else {
-            out.push_str(line);
+        let lower = line.to_ascii_lowercase();
+        if lower.starts_with("content-length:") || lower.starts_with("transfer-encoding:") {
+            continue;
         }
+        if line == "\r\n" {
+            out.push_str(&format!("Content-Length: {len}\r\n"));
+        }
+        out.push_str(line);
     }
     out.into_bytes()
+}
+
+/// A chunked body, its chunks joined (extensions and trailers dropped), or `None` once it
+/// grows past `max`.
+async fn read_chunked<R: AsyncRead + Unpin>(r: &mut BufReader<R>, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut body = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let size_text = String::from_utf8_lossy(&line);
+        let size_hex = size_text.split(';').next().unwrap_or("").trim();
+        let size = u64::from_str_radix(size_hex, 16).map_err(|_| std::io::Error::other("a bad chunk size"))?;
+        if size == 0 {
+            loop {
+                let mut t = Vec::new();
+                if r.take(MAX_HEAD as u64).read_until(b'\n', &mut t).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                if t == b"\r\n" || t == b"\n" {
+                    return Ok(Some(body));
+                }
+            }
+        }
+        if body.len() as u64 + size > max as u64 {
+            return Ok(None);
+        }
+        let start = body.len();
+        body.resize(start + size as usize, 0);
+        r.read_exact(&mut body[start..]).await?;
+        let mut crlf = [0u8; 2];
+        r.read_exact(&mut crlf).await?;
+        if &crlf != b"\r\n" {
+            return Err(std::io::Error::other("a chunk not ended by CRLF"));
+        }
+    }
 }
 
 async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
@@ -688,6 +748,39 @@ mod tests {
         assert_eq!(partial_tail(b"ends with T0K-S", &secrets), 5);
         assert_eq!(partial_tail(b"ends with T0K-X", &secrets), 0);
         assert_eq!(partial_tail(b"ends plainly\n", &secrets), 0);
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_is_substituted_whole_and_sent_with_its_length() {
+        let v = Arc::new(vault());
+        let enf = Enforcer::new(EgressPolicy::allow_all(), crate::state::Config::default());
+        enf.set_vault(Some((*v).clone()));
+        // The placeholder split between two chunks, an extension and a trailer; then the next
+        // request on the connection.
+        let input =
+            b"POST /p/1 HTTP/1.1\r\nHost: api.test\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n\
+4;ext=1\r\nv=__\r\n7\r\nQ__ end\r\n0\r\nX-Trailer: t\r\n\r\n\
+GET /b/2 HTTP/1.1\r\nHost: api.test\r\n\r\n";
+        let mut reader = BufReader::new(&input[..]);
+        let mut up = Vec::new();
+        let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
+        assert_eq!(requests(&enf, &v, &mut reader, &mut up, &target).await, None);
+        let up = String::from_utf8(up).unwrap();
+        let (first, next) = up.split_once("GET /b/2").unwrap();
+        assert!(first.ends_with("\r\nContent-Length: 11\r\n\r\nv=a b&c end"), "{first}");
+        assert!(!first.to_ascii_lowercase().contains("transfer-encoding"), "{first}");
+        assert!(next.contains("Authorization: Bearer T0K"), "{next}");
+        // Over the bound: refused, not sent with the placeholder in it.
+        let big = format!(
+            "POST /p/2 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+            MAX_SUBSTITUTED_BODY + 1,
+            "x".repeat(MAX_SUBSTITUTED_BODY + 1)
+        );
+        let mut reader = BufReader::new(big.as_bytes());
+        let mut up = Vec::new();
+        let why = requests(&enf, &v, &mut reader, &mut up, &target).await.unwrap();
+        assert!(why.contains("chunked request body over 4 MiB"), "{why}");
+        assert!(up.is_empty(), "nothing of it was sent");
     }
 
     #[tokio::test]
