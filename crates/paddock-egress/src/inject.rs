@@ -558,23 +558,10 @@ fn set_length(head: &[u8], len: usize) -> Vec<u8> {
 async fn read_chunked<R: AsyncRead + Unpin>(r: &mut BufReader<R>, max: usize) -> std::io::Result<Option<Vec<u8>>> {
     let mut body = Vec::new();
     loop {
-        let mut line = Vec::new();
-        if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let size_text = String::from_utf8_lossy(&line);
-        let size_hex = size_text.split(';').next().unwrap_or("").trim();
-        let size = u64::from_str_radix(size_hex, 16).map_err(|_| std::io::Error::other("a bad chunk size"))?;
+        let (_, size) = chunk_size(r).await?;
         if size == 0 {
-            loop {
-                let mut t = Vec::new();
-                if r.take(MAX_HEAD as u64).read_until(b'\n', &mut t).await? == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                if t == b"\r\n" || t == b"\n" {
-                    return Ok(Some(body));
-                }
-            }
+            trailers(r, &mut tokio::io::sink()).await?;
+            return Ok(Some(body));
         }
         if body.len() as u64 + size > max as u64 {
             return Ok(None);
@@ -602,32 +589,42 @@ async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// A chunk's size line as sent, and the size it gives.
+async fn chunk_size<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut line = Vec::new();
+    if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let size_text = String::from_utf8_lossy(&line);
+    let size_hex = size_text.split(';').next().unwrap_or("").trim();
+    let size = u64::from_str_radix(size_hex, 16).map_err(|_| std::io::Error::other("a bad chunk size"))?;
+    Ok((line, size))
+}
+
+/// The trailers after the last chunk, through the blank line, written to `w` as sent.
+async fn trailers<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(r: &mut BufReader<R>, w: &mut W) -> std::io::Result<()> {
+    loop {
+        let mut t = Vec::new();
+        if r.take(MAX_HEAD as u64).read_until(b'\n', &mut t).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        w.write_all(&t).await?;
+        if t == b"\r\n" || t == b"\n" {
+            return Ok(());
+        }
+    }
+}
+
 /// Forwards a chunked body through its last chunk and trailers, exactly as sent.
 async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     r: &mut BufReader<R>,
     w: &mut W,
 ) -> std::io::Result<()> {
     loop {
-        let mut line = Vec::new();
-        if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
+        let (line, size) = chunk_size(r).await?;
         w.write_all(&line).await?;
-        let size_text = String::from_utf8_lossy(&line);
-        let size_hex = size_text.split(';').next().unwrap_or("").trim();
-        let size = u64::from_str_radix(size_hex, 16).map_err(|_| std::io::Error::other("a bad chunk size"))?;
         if size == 0 {
-            // Trailers, then the blank line.
-            loop {
-                let mut t = Vec::new();
-                if r.take(MAX_HEAD as u64).read_until(b'\n', &mut t).await? == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                w.write_all(&t).await?;
-                if t == b"\r\n" || t == b"\n" {
-                    return Ok(());
-                }
-            }
+            return trailers(r, w).await;
         }
         copy_exact(r, w, size + 2).await?;
     }
