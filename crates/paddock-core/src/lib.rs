@@ -3,6 +3,7 @@
 
 pub mod egress;
 pub mod naming;
+pub mod preflight;
 pub mod runtime;
 pub mod spec;
 pub mod units;

@@ -548,6 +548,15 @@ pub trait Runtime: Send + Sync {
     async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
         Ok(IsolationTargets::default())
     }
+    /// `paddock check`: whether sandboxes can run here, item by item (permissions, the
+    /// runtime's prerequisites, a sandbox started and proven confined). `probe` allows the
+    /// slower proofs that start throwaway workloads (NetworkPolicy enforcement on Kubernetes).
+    async fn check(&self, probe: bool) -> Result<crate::preflight::Report, RuntimeError> {
+        let _ = probe;
+        let mut report = crate::preflight::Report { namespace: "-".into(), ..Default::default() };
+        report.push("preflight", crate::preflight::CheckStatus::Warn, "this runtime has no checks of its own");
+        Ok(report)
+    }
     /// A cheap check that the runtime can create and reach sandboxes now (its disk has room,
     /// its API server answers), for `/health`. The caller bounds how long it may take.
     async fn health(&self) -> Result<(), RuntimeError> {

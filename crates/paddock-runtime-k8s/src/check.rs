@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use serde::Serialize;
 use serde_json::json;
 
 use crate::KubeConfig;
@@ -100,44 +99,18 @@ impl Need {
     }
 }
 
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Item {
-    pub check: String,
-    /// `pass`, `fail`, or `warn` (could not tell; not required).
-    pub status: &'static str,
-    pub detail: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Report {
-    pub namespace: String,
-    pub items: Vec<Item>,
-    /// The verbs this identity lacks, by name (`create pods/exec`).
-    pub missing: Vec<String>,
-    /// `enforced`, `not enforced`, `inconclusive` or `skipped`.
-    pub network_policy: String,
-}
-
-impl Report {
-    pub fn ok(&self) -> bool {
-        self.items.iter().all(|i| i.status != "fail")
-    }
-    fn push(&mut self, check: &str, status: &'static str, detail: impl Into<String>) {
-        self.items.push(Item { check: check.to_owned(), status, detail: detail.into() });
-    }
-}
+pub use paddock_core::preflight::{CheckStatus, Item, Report};
 
 /// Runs every check; `probe` also proves NetworkPolicy enforcement with short-lived Pods.
 pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
     let ns = config.namespace.clone();
     let mut report = Report { namespace: ns.clone(), ..Default::default() };
     match client.apiserver_version().await {
-        Ok(v) => report.push("api", "pass", format!("Kubernetes {}.{} answers", v.major, v.minor)),
+        Ok(v) => report.push("api", CheckStatus::Pass, format!("Kubernetes {}.{} answers", v.major, v.minor)),
         Err(e) => {
             report.push(
                 "api",
-                "fail",
+                CheckStatus::Fail,
                 format!("the Kubernetes API does not answer: {e}; check KUBECONFIG or the in-cluster service account"),
             );
             report.network_policy = "skipped".into();
@@ -145,15 +118,15 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
         }
     }
     match Api::<Namespace>::all(client.clone()).get_opt(&ns).await {
-        Ok(Some(_)) => report.push("namespace", "pass", format!("namespace {ns} exists")),
+        Ok(Some(_)) => report.push("namespace", CheckStatus::Pass, format!("namespace {ns} exists")),
         Ok(None) => report.push(
             "namespace",
-            "fail",
+            CheckStatus::Fail,
             format!("namespace {ns} does not exist: create it (kubectl create namespace {ns}) or pass --namespace"),
         ),
         Err(e) => report.push(
             "namespace",
-            "warn",
+            CheckStatus::Warn,
             format!("cannot tell whether namespace {ns} exists ({e}); the checks below still apply to it"),
         ),
     }
@@ -166,36 +139,38 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
     }
     for need in &needs {
         match allowed(client, &ns, need).await {
-            Ok(true) => report.push(&need.name(), "pass", "allowed"),
+            Ok(true) => report.push(&need.name(), CheckStatus::Pass, "allowed"),
             Ok(false) => {
                 report.missing.push(need.name());
-                report.push(&need.name(), "fail", format!("not allowed: grant it with a {}", need.rule()));
+                report.push(&need.name(), CheckStatus::Fail, format!("not allowed: grant it with a {}", need.rule()));
             }
             Err(e) => report.push(
                 &need.name(),
-                "fail",
+                CheckStatus::Fail,
                 format!("could not ask ({e}): the identity needs `create selfsubjectaccessreviews`"),
             ),
         }
     }
     if let Some(class) = &config.runtime_class {
         match crate::runtime_class::check_exists(client, class).await {
-            Ok(handler) => {
-                report.push("runtimeclass", "pass", format!("RuntimeClass {class} exists (handler {handler})"))
-            }
-            Err(e) => report.push("runtimeclass", "fail", e.to_string()),
+            Ok(handler) => report.push(
+                "runtimeclass",
+                CheckStatus::Pass,
+                format!("RuntimeClass {class} exists (handler {handler})"),
+            ),
+            Err(e) => report.push("runtimeclass", CheckStatus::Fail, e.to_string()),
         }
     }
     if !probe {
         report.network_policy = "skipped".into();
         report.push(
             "networkpolicy",
-            "warn",
+            CheckStatus::Warn,
             "enforcement not probed (--no-probe): a CNI that ignores NetworkPolicy leaves sandboxes open",
         );
     } else if !report.missing.is_empty() {
         report.network_policy = "skipped".into();
-        report.push("networkpolicy", "warn", "enforcement not probed: grant the missing verbs first");
+        report.push("networkpolicy", CheckStatus::Warn, "enforcement not probed: grant the missing verbs first");
     } else {
         let verdict = probe_enforcement(client, config).await;
         report.network_policy = verdict.0.to_owned();
@@ -204,7 +179,7 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
     if !config.host_users_false {
         report.push(
             "user-namespaces",
-            "warn",
+            CheckStatus::Warn,
             "off: sandbox Pods share the node's user ids (uid 1000 inside is uid 1000 on the node); where the nodes support it (Kubernetes >= 1.33 with containerd >= 2.0 or CRI-O >= 1.25, and idmap-capable volumes), --user-namespaces gives each Pod its own",
         );
     } else if probe && report.missing.is_empty() {
@@ -213,7 +188,7 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
     } else {
         report.push(
             "user-namespaces",
-            "warn",
+            CheckStatus::Warn,
             "--user-namespaces is on but not probed: grant the missing verbs, or drop --no-probe",
         );
     }
@@ -223,7 +198,7 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
 /// Whether a Pod with `hostUsers: false` starts on this cluster and really runs in a user
 /// namespace of its own: some runtimes refuse such Pods, and one that ignored the field would
 /// leave sandboxes sharing the node's ids while the operator believes otherwise.
-async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (&'static str, String) {
+async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (CheckStatus, String) {
     let ns = config.namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut b = [0u8; 4];
@@ -249,12 +224,12 @@ async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (&'stati
     match outcome {
         // The initial namespace maps every id to itself.
         Ok(map) if map == "0 0 4294967295" => (
-            "fail",
+            CheckStatus::Fail,
             "a Pod with hostUsers: false runs in the node's own user namespace: the container runtime ignores the field; run without --user-namespaces or upgrade the runtime".into(),
         ),
-        Ok(map) => ("pass", format!("Pods run in a user namespace of their own (uid_map {map})")),
+        Ok(map) => (CheckStatus::Pass, format!("Pods run in a user namespace of their own (uid_map {map})")),
         Err(why) => (
-            "fail",
+            CheckStatus::Fail,
             format!("a Pod with hostUsers: false cannot run here ({why}); run without --user-namespaces, or use nodes whose runtime supports user namespaces (containerd >= 2.0, CRI-O >= 1.25)"),
         ),
     }
@@ -356,7 +331,7 @@ fn probe_pod(
 }
 
 /// (verdict, status, detail).
-async fn probe_enforcement(client: &Client, config: &KubeConfig) -> (&'static str, &'static str, String) {
+async fn probe_enforcement(client: &Client, config: &KubeConfig) -> (&'static str, CheckStatus, String) {
     let ns = config.namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
@@ -375,13 +350,13 @@ async fn probe_enforcement(client: &Client, config: &KubeConfig) -> (&'static st
     let _ = pods.delete(&server, &now).await;
     let _ = pods.delete(&prober, &now).await;
     match outcome {
-        Ok(true) => ("enforced", "pass", "a deny-all NetworkPolicy stopped a connection that worked without it".into()),
+        Ok(true) => ("enforced", CheckStatus::Pass, "a deny-all NetworkPolicy stopped a connection that worked without it".into()),
         Ok(false) => (
             "not enforced",
-            "fail",
+            CheckStatus::Fail,
             "a deny-all NetworkPolicy did NOT stop a connection: this cluster's CNI does not enforce NetworkPolicy, so sandboxes would not be isolated on the network; install one that does (Calico, Cilium, kube-router)".into(),
         ),
-        Err(why) => ("inconclusive", "fail", format!("the enforcement probe could not run: {why}")),
+        Err(why) => ("inconclusive", CheckStatus::Fail, format!("the enforcement probe could not run: {why}")),
     }
 }
 
@@ -473,7 +448,7 @@ async fn wait_running(pods: &Api<Pod>, name: &str, ns: &str, image: &str) -> Res
 
 impl crate::KubeRuntime {
     /// Runs `paddock check` with this runtime's identity and configuration.
-    pub async fn check(&self, probe: bool) -> Report {
+    pub(crate) async fn preflight_report(&self, probe: bool) -> Report {
         run(&self.pods.clone().into_client(), &self.config, probe).await
     }
 }
@@ -500,10 +475,10 @@ mod tests {
     #[test]
     fn a_report_fails_on_any_failed_item_only() {
         let mut r = Report::default();
-        r.push("a", "pass", "");
-        r.push("b", "warn", "");
+        r.push("a", CheckStatus::Pass, "");
+        r.push("b", CheckStatus::Warn, "");
         assert!(r.ok());
-        r.push("c", "fail", "");
+        r.push("c", CheckStatus::Fail, "");
         assert!(!r.ok());
     }
 

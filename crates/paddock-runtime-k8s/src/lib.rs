@@ -1149,6 +1149,10 @@ impl Runtime for KubeRuntime {
         Ok(gate::targets(self.pods.clone().into_client()).await)
     }
 
+    async fn check(&self, probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
+        Ok(self.preflight_report(probe).await)
+    }
+
     async fn health(&self) -> Result<(), RuntimeError> {
         // One small list proves the API server answers and the namespace's Pods are readable.
         self.pods.list(&ListParams::default().limit(1)).await.map(drop).map_err(|e| api_error("listing Pods", e))

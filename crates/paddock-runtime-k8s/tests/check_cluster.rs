@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, Config};
 use paddock_runtime_k8s::KubeConfig;
-use paddock_runtime_k8s::check::{self, NEEDED};
+use paddock_runtime_k8s::check::{self, CheckStatus, NEEDED};
 use serde_json::json;
 
 const GATE: &str = "PADDOCK_K8S_TESTS";
@@ -66,7 +66,7 @@ async fn check_passes_for_the_admin_and_names_exactly_the_missing_verbs_of_a_res
         assert!(report.missing.is_empty());
         assert_eq!(report.network_policy, "enforced", "{report:#?}");
         let userns = report.items.iter().find(|i| i.check == "user-namespaces").unwrap();
-        assert_eq!(userns.status, "warn", "off by default, and said so: {userns:?}");
+        assert_eq!(userns.status, CheckStatus::Warn, "off by default, and said so: {userns:?}");
 
         // With --user-namespaces the probe answers for this cluster: the dev cluster's
         // containerd 1.6 cannot run `hostUsers: false` Pods, and check must say so (a cluster
@@ -76,8 +76,10 @@ async fn check_passes_for_the_admin_and_names_exactly_the_missing_verbs_of_a_res
         let report = check::run(&admin, &with_userns, true).await;
         let userns = report.items.iter().find(|i| i.check == "user-namespaces").unwrap();
         match userns.status {
-            "pass" => assert!(userns.detail.contains("uid_map") && !userns.detail.contains("0 0 4294967295")),
-            "fail" => {
+            CheckStatus::Pass => {
+                assert!(userns.detail.contains("uid_map") && !userns.detail.contains("0 0 4294967295"))
+            }
+            CheckStatus::Fail => {
                 assert!(!report.ok());
                 assert!(userns.detail.contains("--user-namespaces"), "the fix is named: {}", userns.detail);
             }
@@ -117,7 +119,7 @@ async fn check_passes_for_the_admin_and_names_exactly_the_missing_verbs_of_a_res
         assert_eq!(report.missing, withheld, "{report:#?}");
         for name in withheld {
             let item = report.items.iter().find(|i| i.check == name).unwrap();
-            assert_eq!(item.status, "fail");
+            assert_eq!(item.status, CheckStatus::Fail);
             assert!(item.detail.contains("Role rule"), "the fix is named: {}", item.detail);
         }
         assert_eq!(report.network_policy, "skipped");

@@ -554,6 +554,48 @@ impl LocalRuntime {
 
 #[async_trait::async_trait]
 impl Runtime for LocalRuntime {
+    /// Starts a sandbox and proves it is confined: uid 1000, no capabilities, no_new_privs
+    /// and a seccomp filter.
+    async fn check(&self, _probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
+        use paddock_core::preflight::{CheckStatus, Report};
+        let mut report = Report {
+            namespace: "-".into(),
+            network_policy: "loopback only (by construction)".into(),
+            ..Default::default()
+        };
+        let result: Result<String, RuntimeError> = async {
+            let info = self.create(SandboxSpec::default()).await?;
+            let request = ExecRequest::shell("id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status");
+            let out = match self.exec(&info.id, request).await {
+                Ok(p) => {
+                    let mut stdout = p.stdout;
+                    let mut text = String::new();
+                    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut text)
+                        .await
+                        .map_err(|e| RuntimeError::from_io("reading the check's output", &e))?;
+                    text
+                }
+                Err(e) => e.to_string(),
+            };
+            self.destroy(&info.id).await?;
+            Ok(out)
+        }
+        .await;
+        let confined = "1000\nCapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+        match result {
+            Ok(out) if out == confined => report.push(
+                "sandbox",
+                CheckStatus::Pass,
+                "a sandbox starts as uid 1000 with no capabilities, no_new_privs and seccomp",
+            ),
+            Ok(out) => {
+                report.push("sandbox", CheckStatus::Fail, format!("a sandbox is not confined as expected: {out:?}"))
+            }
+            Err(e) => report.push("sandbox", CheckStatus::Fail, format!("cannot start a sandbox: {e}")),
+        }
+        Ok(report)
+    }
+
     async fn isolation_targets(&self) -> Result<paddock_core::runtime::IsolationTargets, RuntimeError> {
         // A sandbox's network namespace has only its own loopback: every address of the host
         // is out of reach. Port 0: the gate's own listener on this host.

@@ -151,6 +151,9 @@ impl Runtime for Deadlined {
     async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
         within(self.d.call, || "finding what sandboxes must not reach".to_owned(), self.inner.isolation_targets()).await
     }
+    async fn check(&self, probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
+        within(self.d.lifecycle, || "checking the runtime".to_owned(), self.inner.check(probe)).await
+    }
     async fn create_and_exec(
         &self,
         spec: SandboxSpec,
@@ -303,6 +306,9 @@ mod tests {
         async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
             self.saw("isolation_targets")
         }
+        async fn check(&self, _probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
+            self.saw("check")
+        }
         async fn health(&self) -> Result<(), RuntimeError> {
             self.saw("health")
         }
@@ -404,6 +410,7 @@ mod tests {
         let read = || -> ByteReader { Box::new(tokio::io::empty()) };
         let _ = rt.capabilities();
         let _ = rt.isolation_targets().await;
+        let _ = rt.check(false).await;
         let _ = rt.health().await;
         let _ = rt.create(SandboxSpec::default()).await;
         let _ = rt.get(&id).await;

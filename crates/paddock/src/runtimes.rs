@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use paddock_core::naming::NamingMode;
+use paddock_core::preflight::CheckStatus;
 use paddock_core::runtime::Runtime;
 use paddock_core::units::{parse_bytes, parse_cpus, parse_duration};
 
@@ -389,22 +390,24 @@ fn default_agent() -> Option<PathBuf> {
 /// `paddock check`: whether this runtime can run sandboxes here, item by item. Exit status 0
 /// only when everything needed passes.
 pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, probe: bool, json: bool) -> Result<u8> {
-    let report = match opts.kind {
+    let rt: Arc<dyn Runtime> = match opts.kind {
         RuntimeKind::Kubernetes => {
-            let rt = paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?;
-            rt.check(probe).await
+            Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?)
         }
-        RuntimeKind::Local => local_check(data_dir, naming).await,
+        RuntimeKind::Local => {
+            Arc::new(paddock_runtime_local::LocalRuntime::new(data_dir, std::env::current_exe()?, naming)?)
+        }
     };
+    let report = rt.check(probe).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("paddock check: {} runtime, namespace {}", runtime_name(opts.kind), report.namespace);
+        println!("paddock check: {} runtime, namespace {}", rt.capabilities().runtime, report.namespace);
         for item in &report.items {
             let mark = match item.status {
-                "pass" => "ok  ",
-                "warn" => "warn",
-                _ => "FAIL",
+                CheckStatus::Pass => "ok  ",
+                CheckStatus::Warn => "warn",
+                CheckStatus::Fail => "FAIL",
             };
             println!("  {mark} {:<44} {}", item.check, item.detail);
         }
@@ -415,64 +418,6 @@ pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, prob
         println!("{}", if report.ok() { "ready" } else { "NOT ready: fix the items marked FAIL" });
     }
     Ok(if report.ok() { 0 } else { 1 })
-}
-
-fn runtime_name(kind: RuntimeKind) -> &'static str {
-    match kind {
-        RuntimeKind::Local => "local",
-        RuntimeKind::Kubernetes => "kubernetes",
-    }
-}
-
-/// The local runtime's check: it starts a sandbox and proves it is confined.
-async fn local_check(data_dir: &Path, naming: NamingMode) -> paddock_runtime_k8s::check::Report {
-    use paddock_runtime_k8s::check::{Item, Report};
-    let mut report = Report {
-        namespace: "-".into(),
-        network_policy: "loopback only (by construction)".into(),
-        ..Default::default()
-    };
-    let result: Result<String> = async {
-        let exe = std::env::current_exe()?;
-        let rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?;
-        let info = rt.create(Default::default()).await?;
-        let request = paddock_core::runtime::ExecRequest::shell(
-            "id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
-        );
-        let process = rt.exec(&info.id, request).await;
-        let out = match process {
-            Ok(p) => {
-                let mut stdout = p.stdout;
-                let mut text = String::new();
-                tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut text).await?;
-                text
-            }
-            Err(e) => e.to_string(),
-        };
-        rt.destroy(&info.id).await?;
-        Ok(out)
-    }
-    .await;
-    let confined = "1000
-CapEff:	0000000000000000
-NoNewPrivs:	1
-Seccomp:	2
-";
-    let item = match result {
-        Ok(out) if out == confined => Item {
-            check: "sandbox".into(),
-            status: "pass",
-            detail: "a sandbox starts as uid 1000 with no capabilities, no_new_privs and seccomp".into(),
-        },
-        Ok(out) => Item {
-            check: "sandbox".into(),
-            status: "fail",
-            detail: format!("a sandbox is not confined as expected: {out:?}"),
-        },
-        Err(e) => Item { check: "sandbox".into(), status: "fail", detail: format!("cannot start a sandbox: {e:#}") },
-    };
-    report.items.push(item);
-    report
 }
 
 // `paddock bench`'s arguments for either runtime.

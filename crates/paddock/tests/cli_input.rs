@@ -773,3 +773,21 @@ async fn commands_start_with_no_signal_blocked_or_ignored_however_the_cli_was_st
     assert_eq!(field("SigIgn:") & 0b110, 0, "the command started ignoring SIGINT or SIGQUIT: {out:?}");
     assert!(out.stdout.ends_with("waited\n"), "{out:?}");
 }
+
+/// `paddock check` on the local runtime, through the runtime-neutral report: a sandbox starts
+/// confined, the report says so (human and JSON), and nothing is left behind.
+#[tokio::test]
+async fn check_proves_a_sandbox_starts_confined_and_leaves_nothing() {
+    let cli = Cli::new();
+    let before = paddock_cgroups();
+    let human = cli.run(&["check"]).await;
+    assert_eq!(human.code, 0, "{human:?}");
+    assert!(human.stdout.contains("local runtime") && human.stdout.contains("ok   sandbox"), "{human:?}");
+    assert!(human.stdout.trim_end().ends_with("ready"), "{human:?}");
+    let json = cli.run(&["check", "--json"]).await;
+    assert_eq!(json.code, 0, "{json:?}");
+    let report: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(report["items"][0]["check"], "sandbox");
+    assert_eq!(report["items"][0]["status"], "pass");
+    cli.assert_nothing_left(&before, "paddock check");
+}
