@@ -52,6 +52,11 @@ impl Default for FakeRuntime {
 
 impl FakeRuntime {
     pub fn new() -> Self {
+        // Commands here are children of this process, and ignored signals stay ignored
+        // through fork and exec: a test run started as a shell's background job ignores
+        // SIGINT, and then no interrupt would reach a command (the real runtimes reset them in
+        // the sandbox). Default actions back for this whole process, as its commands need.
+        paddock_sys::process::default_ignored_signals().expect("restoring ignored signals' default actions");
         Self {
             root: tempfile::tempdir().unwrap(),
             sandboxes: Mutex::new(HashMap::new()),
