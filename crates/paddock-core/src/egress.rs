@@ -125,19 +125,12 @@ impl EgressRule {
         }
     }
 
-    /// The network a rule names (every address for a rule of ports only), or `None` for a
-    /// domain rule.
-    fn net(&self) -> Option<Vec<ipnet::IpNet>> {
-        let target = self.target.trim();
-        if target.is_empty() {
-            return self
-                .ports
-                .is_some()
-                .then(|| vec!["0.0.0.0/0".parse().expect("valid"), "::/0".parse().expect("valid")]);
-        }
-        match Target::parse(target) {
-            Ok(Target::Net(n)) => Some(vec![n]),
-            _ => None,
+    /// Whether the rule's network holds `ip`: a rule of ports only holds every address, a
+    /// domain rule none (it is judged by name).
+    fn covers_ip(&self, ip: &IpAddr) -> bool {
+        match self.target.trim() {
+            "" => self.ports.is_some(),
+            t => matches!(Target::parse(t), Ok(Target::Net(n)) if n.contains(ip)),
         }
     }
 }
@@ -345,7 +338,7 @@ impl EgressPolicy {
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| r.action == action && r.covers_port(port))
-                .find(|(_, r)| r.net().is_some_and(|nets| nets.iter().any(|n| n.contains(&ip))))
+                .find(|(_, r)| r.covers_ip(&ip))
                 .map(|(i, _)| Decision { action, because: Because::Rule(i) })
         };
         hit(Action::Deny).or_else(|| hit(Action::Allow))

@@ -73,9 +73,12 @@ impl ForwardProxy {
     /// A tunnel to `target` through the proxy, ready for the client's bytes.
     pub async fn connect(&self, target: SocketAddr, within: Duration) -> Result<TcpStream, String> {
         let attempt = async {
-            let mut s = TcpStream::connect(self.addr)
-                .await
-                .map_err(|e| format!("the forward proxy {} cannot be reached: {e}", self.addr))?;
+            let mut s = TcpStream::connect(self.addr).await.map_err(|e| {
+                format!(
+                    "the forward proxy {} cannot be reached: {e}; check --egress-proxy and that the proxy runs",
+                    self.addr
+                )
+            })?;
             let auth = self.authorization.as_ref().map(|a| format!("Proxy-Authorization: {}\r\n", a.expose()));
             let head =
                 Secret::new(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\n", auth.unwrap_or_default()));
@@ -89,7 +92,10 @@ impl ForwardProxy {
                     "the forward proxy {} wants credentials it was not given or refused them (407): give user:password in --egress-proxy",
                     self.addr
                 )),
-                code => Err(format!("the forward proxy {} refused CONNECT {target} with status {code}", self.addr)),
+                code => Err(format!(
+                    "the forward proxy {} refused CONNECT {target} with status {code}: its own rules refuse this address; allow it there",
+                    self.addr
+                )),
             }
         };
         tokio::time::timeout(within, attempt).await.unwrap_or_else(|_| {
