@@ -355,6 +355,24 @@ impl NotChecked {
     }
 }
 
+/// A setting of one sandbox that the runtime reads from outside it and the sandbox cannot see
+/// from inside (on Kubernetes its Pod's spec: no Secret as a variable or a volume, no
+/// privilege escalation), judged for `paddock gate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingCheck {
+    /// Stable, for `paddock gate --skip NAME`.
+    pub name: String,
+    pub passed: bool,
+    /// What was found, in words; on a failure, what to change.
+    pub detail: String,
+}
+
+impl SettingCheck {
+    pub fn new(name: &str, passed: bool, detail: impl Into<String>) -> Self {
+        Self { name: name.into(), passed, detail: detail.into() }
+    }
+}
+
 /// Why a runtime call failed. `code()` is stable and becomes the API error code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
@@ -509,6 +527,11 @@ pub struct Capabilities {
     /// which runs need.
     #[serde(default)]
     pub gateway: bool,
+    /// The gateway can tell which sandbox a connection comes from (the local runtime's
+    /// forwarder names it). Without it only a run's token names the caller, so sandboxes
+    /// that are not a run's get no model route.
+    #[serde(default)]
+    pub gateway_names_sandbox: bool,
     /// The size a sandbox's workspace gets when neither its request nor the server names one
     /// (the Kubernetes runtime's `--workspace-pvc-size`).
     #[serde(default)]
@@ -547,6 +570,13 @@ pub trait Runtime: Send + Sync {
     /// discover is left out and named in `skipped`.
     async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
         Ok(IsolationTargets::default())
+    }
+    /// The settings of sandbox `id` that only the runtime can see (its Pod's spec on
+    /// Kubernetes), each judged, for `paddock gate`; none where the gate's probes from
+    /// inside the sandbox see everything there is.
+    async fn sandbox_settings(&self, id: &SandboxId) -> Result<Vec<SettingCheck>, RuntimeError> {
+        let _ = id;
+        Ok(Vec::new())
     }
     /// `paddock check`: whether sandboxes can run here, item by item (permissions, the
     /// runtime's prerequisites, a sandbox started and proven confined). `probe` allows the

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod files;
 pub mod gate;
 pub mod objects;
+mod pod_settings;
 pub mod reap_pvcs;
 pub mod runtime_class;
 
@@ -95,6 +96,10 @@ pub struct KubeConfig {
     /// A claim profile (template and warm pool) other than the default one that no server
     /// has claimed from for this long, and that no claim uses, is deleted by the reaper.
     pub profile_idle: Duration,
+    /// The address sandbox Pods reach the server's gateway at (a node address the server
+    /// listens on, or a Service's): with it, runs run on Kubernetes; without, a gateway is
+    /// refused.
+    pub gateway_address: Option<std::net::SocketAddr>,
 }
 
 /// Where a created sandbox's Pod comes from.
@@ -127,6 +132,7 @@ impl Default for KubeConfig {
             warm_pool: 0,
             agent: None,
             profile_idle: Duration::from_secs(3600),
+            gateway_address: None,
         }
     }
 }
@@ -435,10 +441,24 @@ impl KubeRuntime {
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
         if spec.gateway.is_some() {
-            return Err(RuntimeError::Unsupported(
-                "a gateway (the way home runs need) is not yet given to Kubernetes sandboxes: run runs on the local runtime"
-                    .into(),
-            ));
+            // No forwarder in the Pod: it dials the gateway at the address Pods reach it by,
+            // which its NetworkPolicy opens (that address, that port) and its environment
+            // names; the token alone says which attempt a call is from.
+            let Some(at) = self.config.gateway_address else {
+                return Err(RuntimeError::Unsupported(
+                    "a gateway (the way home runs need) needs the address sandbox Pods reach it at: start the server with --gateway-address IP:PORT and a --gateway-listen they can reach"
+                        .into(),
+                ));
+            };
+            if self.config.model == SandboxModel::Claim && spec.workspace.is_none() {
+                return Err(RuntimeError::Unsupported(
+                    "a gateway is given to keeper Pods only: a claimed Pod's NetworkPolicy is its template's; run runs with the keeper model (--model keeper)"
+                        .into(),
+                ));
+            }
+            spec.gateway = Some(at);
+            spec.gateway_secret = None;
+            paddock_core::spec::expand_gateway(&mut spec.env, &format!("http://{at}"));
         }
         for v in &spec.volumes {
             match &v.source {
@@ -634,7 +654,7 @@ impl KubeRuntime {
 
     /// Replaces the egress rules of an existing NetworkPolicy with those of `spec`'s policy.
     async fn set_policy_rules(&self, name: &str, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        let rules = objects::egress_rules(&spec.network.policy()).map_err(RuntimeError::Unsupported)?;
+        let rules = objects::policy_rules(spec).map_err(RuntimeError::Unsupported)?;
         // A merge patch replaces a list whole.
         let patch = serde_json::json!({"spec": {"egress": rules}});
         self.policies
@@ -1149,6 +1169,11 @@ impl Runtime for KubeRuntime {
         Ok(gate::targets(self.pods.clone().into_client()).await)
     }
 
+    async fn sandbox_settings(&self, id: &SandboxId) -> Result<Vec<paddock_core::runtime::SettingCheck>, RuntimeError> {
+        let pod = self.find(id).await?;
+        Ok(pod_settings::judge(&pod, objects::CONTAINER))
+    }
+
     async fn check(&self, probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
         Ok(self.preflight_report(probe).await)
     }
@@ -1239,7 +1264,10 @@ impl Runtime for KubeRuntime {
             ],
             metrics: true,
             volumes: vec![VolumeKind::Named],
-            gateway: false,
+            // A claimed Pod's NetworkPolicy is its template's: no gateway rule can be added.
+            gateway: self.config.gateway_address.is_some() && self.config.model == SandboxModel::Keeper,
+            // Pods dial the gateway themselves: only a run's token says who calls.
+            gateway_names_sandbox: false,
             default_workspace_bytes: Some(self.config.workspace_default_bytes),
             credential_vault: false,
         }

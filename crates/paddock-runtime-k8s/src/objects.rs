@@ -545,6 +545,20 @@ pub fn egress_rules(policy: &paddock_core::egress::EgressPolicy) -> Result<Vec<s
     ])
 }
 
+/// The egress rules of a sandbox's NetworkPolicy: its egress policy's, and the way to the
+/// server's gateway when it has one (its address alone, on its port alone).
+pub fn policy_rules(spec: &SandboxSpec) -> Result<Vec<serde_json::Value>, String> {
+    let mut rules = egress_rules(&spec.network.policy())?;
+    if let Some(g) = spec.gateway {
+        let cidr = match g.ip() {
+            std::net::IpAddr::V4(ip) => format!("{ip}/32"),
+            std::net::IpAddr::V6(ip) => format!("{ip}/128"),
+        };
+        rules.push(json!({"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": g.port()}]}));
+    }
+    Ok(rules)
+}
+
 /// Denies all ingress of the sandbox's Pod and all egress its policy does not allow (deny-all:
 /// no rules, DNS included): with both policy types listed, only the rules given are allowed.
 pub fn network_policy(
@@ -567,7 +581,7 @@ pub fn network_policy(
         },
     });
     // Deny-all lists no rules at all, as before policies had any.
-    let rules = egress_rules(&spec.network.policy()).unwrap_or_default();
+    let rules = policy_rules(spec).unwrap_or_default();
     if !rules.is_empty() {
         np["spec"]["egress"] = serde_json::Value::Array(rules);
     }
@@ -696,6 +710,42 @@ mod tests {
 
     fn to_json<T: serde::Serialize>(v: &T) -> Value {
         serde_json::to_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_gate_finds_no_secret_and_a_hardened_pod_in_the_keeper_pod_and_its_chown_step() {
+        let mut spec = SandboxSpec::default();
+        spec.workspace =
+            Some(paddock_core::spec::WorkspaceRef { thread: ThreadId::new("t").unwrap(), naming: NamingMode::Hashed });
+        for shape in [shape(), Shape { chown_image: Some("trusted:1".into()), ..shape() }] {
+            let names = thread_names(&ThreadId::new("t").unwrap(), NamingMode::Hashed);
+            let p = pod(&shape, &id(), &names, &spec, 1000, None).unwrap();
+            let checks = crate::pod_settings::judge(&p, CONTAINER);
+            assert_eq!(checks.len(), 2);
+            assert!(checks.iter().all(|c| c.passed), "{checks:?}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_with_a_gateway_may_reach_that_address_on_that_port_only() {
+        let mut spec = SandboxSpec { gateway: Some("10.244.0.1:18781".parse().unwrap()), ..Default::default() };
+        let names = sandbox_names(&id(), &spec);
+        let np = to_json(&network_policy("ns", &id(), &names, &spec).unwrap());
+        assert_eq!(np["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+        assert_eq!(
+            np["spec"]["egress"],
+            json!([{"to": [{"ipBlock": {"cidr": "10.244.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 18781}]}])
+        );
+        assert!(np["spec"].get("ingress").is_none());
+        // Beside the egress policy's own rules, and in IPv6 too.
+        spec.gateway = Some("[fd00::1]:8081".parse().unwrap());
+        spec.network = paddock_core::spec::NetworkPolicy::Egress(paddock_core::egress::EgressPolicy::allow_all());
+        let rules = policy_rules(&spec).unwrap();
+        assert_eq!(rules.len(), egress_rules(&spec.network.policy()).unwrap().len() + 1);
+        assert_eq!(rules.last().unwrap()["to"][0]["ipBlock"]["cidr"], "fd00::1/128");
+        // Without a gateway, deny-all has no rule at all.
+        let plain = to_json(&network_policy("ns", &id(), &names, &SandboxSpec::default()).unwrap());
+        assert!(plain["spec"].get("egress").is_none(), "{plain}");
     }
 
     #[test]

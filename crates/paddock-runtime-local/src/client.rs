@@ -670,6 +670,7 @@ impl Runtime for LocalRuntime {
                 vec![VolumeKind::Host, VolumeKind::Named]
             },
             gateway: true,
+            gateway_names_sandbox: true,
             default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
             credential_vault: true,
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{
     ByteReader, Capabilities, Duplex, ExecRequest, Execution, FileOp, FileReply, IsolationTargets, Process, Runtime,
-    RuntimeError, SandboxId, SandboxInfo, SandboxMetrics,
+    RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SettingCheck,
 };
 use paddock_core::spec::SandboxSpec;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -150,6 +150,9 @@ impl Runtime for Deadlined {
     }
     async fn isolation_targets(&self) -> Result<IsolationTargets, RuntimeError> {
         within(self.d.call, || "finding what sandboxes must not reach".to_owned(), self.inner.isolation_targets()).await
+    }
+    async fn sandbox_settings(&self, id: &SandboxId) -> Result<Vec<SettingCheck>, RuntimeError> {
+        within(self.d.call, || format!("reading the settings of sandbox {id}"), self.inner.sandbox_settings(id)).await
     }
     async fn check(&self, probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
         within(self.d.lifecycle, || "checking the runtime".to_owned(), self.inner.check(probe)).await
@@ -309,6 +312,9 @@ mod tests {
         async fn check(&self, _probe: bool) -> Result<paddock_core::preflight::Report, RuntimeError> {
             self.saw("check")
         }
+        async fn sandbox_settings(&self, _: &SandboxId) -> Result<Vec<SettingCheck>, RuntimeError> {
+            self.saw("sandbox_settings")
+        }
         async fn health(&self) -> Result<(), RuntimeError> {
             self.saw("health")
         }
@@ -411,6 +417,7 @@ mod tests {
         let _ = rt.capabilities();
         let _ = rt.isolation_targets().await;
         let _ = rt.check(false).await;
+        let _ = rt.sandbox_settings(&id).await;
         let _ = rt.health().await;
         let _ = rt.create(SandboxSpec::default()).await;
         let _ = rt.get(&id).await;

@@ -434,9 +434,12 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
     crate::resources::apply(&mut spec, req.resource_limits.iter().chain(pids))?;
     spec.env = req.env.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     // The model route: every sandbox reaches it through the gateway, and the caller's own
-    // variables of the same names win.
+    // variables of the same names win. Where the gateway cannot tell sandboxes apart (Pods
+    // dial it directly), only runs' sandboxes, whose token names them, get it.
+    let caps = state.rt.capabilities();
     if let Some(llm) = &state.config.llm
-        && state.rt.capabilities().gateway
+        && caps.gateway
+        && caps.gateway_names_sandbox
     {
         let vars = crate::llm::sandbox_env(llm, tenant);
         if !vars.is_empty() {

@@ -85,6 +85,17 @@ while True:
     echo noprobe
   fi
 }
+# Seconds since the sandbox's first process started (/proc/1/stat's starttime, in the
+# 100 Hz clock ticks Linux and gVisor report to programs).
+age() {
+  awk -v s="$(sed 's/.*) //' /proc/1/stat | cut -d' ' -f20)" '{printf "%.1f", $1 - s/100}' /proc/uptime
+}
+startup_probe() {
+  a1=$(age); r1=$(tcp "$1" "$2")
+  while awk -v a="$(age)" 'BEGIN { exit !(a < 10) }'; do sleep 0.5; done
+  a2=$(age); r2=$(tcp "$1" "$2")
+  echo "$a1 $r1 $a2 $r2"
+}
 wait_open() {
   i=0
   while [ $i -lt 50 ]; do
@@ -278,6 +289,15 @@ async fn gate(
             info.id
         }
     };
+    let found = rt.isolation_targets().await.context("looking up what the sandbox must not reach")?;
+    // Port 0 stands for a listener on this machine: the gate's own, so something is there.
+    let canary = std::net::TcpListener::bind(("0.0.0.0", 0)).context("listening on this machine for the gate")?;
+    let canary_port = canary.local_addr()?.port();
+    let named: Vec<IsolationTarget> = found
+        .targets
+        .iter()
+        .map(|t| if t.port == 0 { IsolationTarget { port: canary_port, ..t.clone() } } else { t.clone() })
+        .collect();
     eprintln!("gate: creating a second sandbox to be the neighbour");
     let b = rt.create(spec()).await.context("creating the gate's neighbour sandbox")?;
     made.push(b.id.clone());
@@ -286,6 +306,18 @@ async fn gate(
         let skipped = options.skips(name);
         checks.push(Check { name: name.into(), target, passed: passed || skipped, detail, skipped });
     };
+    // A network plugin can start a container a moment before its Pod's policies hold: the
+    // fresh sandbox must have lost the way to what it must not reach 10 s after its start.
+    let first = named.iter().find(|t| t.name.starts_with("Kubernetes API")).or(named.first());
+    let mut startup = None;
+    if let Some(t) = first.filter(|t| t.kind == TargetKind::Tcp) {
+        eprintln!("gate: probing {} from the new sandbox {} until 10 s after its start", t.name, b.id);
+        let (_, out) = sh(rt, &b.id, &format!("startup_probe '{}' {}", t.host.replace('\'', ""), t.port)).await?;
+        startup = Some((
+            format!("{}:{} (tcp)", t.host, t.port),
+            startup_verdict(out.trim().lines().last().unwrap_or_default()),
+        ));
+    }
 
     // The positive control: a probe that cannot see an open port proves nothing.
     eprintln!("gate: positive control in {a}");
@@ -303,6 +335,9 @@ async fn gate(
         return Ok(2);
     }
     push("positive control", format!("127.0.0.1:{LISTEN_PORT} in the sandbox"), true, "answered".into());
+    if let Some((target, (passed, detail))) = startup {
+        push(STARTUP_CHECK, target, passed, detail);
+    }
 
     let (_, ident) = sh(
         rt,
@@ -347,15 +382,17 @@ async fn gate(
         if no_token { "absent".into() } else { format!("found {token}") },
     );
 
-    let found = rt.isolation_targets().await.context("looking up what the sandbox must not reach")?;
-    // Port 0 stands for a listener on this machine: the gate's own, so something is there.
-    let canary = std::net::TcpListener::bind(("0.0.0.0", 0)).context("listening on this machine for the gate")?;
-    let canary_port = canary.local_addr()?.port();
-    let mut targets: Vec<IsolationTarget> = found
-        .targets
-        .into_iter()
-        .map(|t| if t.port == 0 { IsolationTarget { port: canary_port, ..t } } else { t })
-        .collect();
+    // What only the runtime sees of the sandbox (its Pod's spec): Secrets handed in, the
+    // settings that keep it from gaining anything.
+    match rt.sandbox_settings(&a).await {
+        Ok(settings) => {
+            for c in settings {
+                push(&c.name, "the sandbox's settings".into(), c.passed, c.detail);
+            }
+        }
+        Err(e) => push("sandbox settings", "the sandbox's settings".into(), false, format!("could not be read: {e}")),
+    }
+    let mut targets = named;
     if !options.no_outside_probes {
         targets.extend(common_targets());
     }
@@ -429,6 +466,13 @@ async fn gate(
             ),
         );
     }
+    for s in &options.skip {
+        if !checks.iter().any(|c| c.name.eq_ignore_ascii_case(s.trim())) {
+            eprintln!(
+                "gate: warning: --skip {s:?} names no check of this gate (names are the report's first column; a typo skips nothing)"
+            );
+        }
+    }
     let failed = checks.iter().filter(|c| !c.passed).count();
     print(&checks, json, None);
     if failed > 0 {
@@ -441,6 +485,30 @@ async fn gate(
 }
 
 const USERNS_CHECK: &str = "own user namespace or gVisor kernel";
+const STARTUP_CHECK: &str = "unreachable 10 s after the start";
+
+/// What `startup_probe` printed: `FIRST_AGE FIRST_RESULT FINAL_AGE FINAL_RESULT`.
+fn startup_verdict(seen: &str) -> (bool, String) {
+    let f: Vec<&str> = seen.split_whitespace().collect();
+    let [first_age, first, final_age, last] = f[..] else {
+        return (false, format!("the probe failed ({seen:?}): counted as a failure"));
+    };
+    let early = if first == "open" && first_age != final_age {
+        format!("; it still answered {first_age} s after the start (the policy came late, but in time)")
+    } else {
+        String::new()
+    };
+    match last {
+        "silent" | "refused" => (true, format!("{last} {final_age} s after the sandbox's start{early}")),
+        "open" => (
+            false,
+            format!(
+                "still reached {final_age} s after the sandbox's start: the network plugin applies a Pod's policies late; use one that applies them before or soon after the container starts"
+            ),
+        ),
+        other => (false, format!("the probe failed ({other:?}): counted as a failure, not as silence")),
+    }
+}
 
 /// Whether the sandbox's root is not the node's: `map` is its uid_map as `inside,outside,count`
 /// lines, `kernel` is `gvisor` or `host`.
@@ -510,6 +578,18 @@ pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, options: &Ta
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_startup_check_fails_only_on_a_connection_10_s_after_the_start() {
+        assert!(startup_verdict("0.8 silent 10.1 silent").0);
+        let (passed, detail) = startup_verdict("0.8 open 10.1 refused");
+        assert!(passed && detail.contains("still answered 0.8 s after the start"), "{detail}");
+        let (passed, detail) = startup_verdict("2.0 open 10.2 open");
+        assert!(!passed && detail.contains("still reached 10.2 s") && detail.contains("network plugin"), "{detail}");
+        for broken in ["", "0.8 open", "0.8 noprobe 10.1 noprobe", "a b c d e"] {
+            assert!(!startup_verdict(broken).0, "{broken:?} passed");
+        }
+    }
 
     #[test]
     fn only_a_connection_or_a_dns_answer_fails_and_a_broken_probe_never_passes() {

@@ -319,6 +319,12 @@ pub struct KubeOpts {
     /// directory's static build; else `none`.
     #[arg(long = "k8s-agent", global = true, env = "PADDOCK_K8S_AGENT", value_name = "PATH|none")]
     pub agent: Option<String>,
+    /// The address sandbox Pods reach the runs' gateway at: an address of the node the server
+    /// runs on that `serve --gateway-listen` listens on (e.g. both 10.0.0.5:8081), or, for a
+    /// server in the cluster, its Pod's. Each run's Pod may reach this address on this port and
+    /// gets PADDOCK_GATEWAY=http://IP:PORT. Without it, runs are refused on Kubernetes.
+    #[arg(long, global = true, value_name = "IP:PORT")]
+    pub gateway_address: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -355,6 +361,7 @@ impl KubeOpts {
             },
             warm_pool: self.warm_pool,
             profile_idle: self.profile_idle,
+            gateway_address: self.gateway_address,
             agent: match self.agent.as_deref() {
                 Some("none") => None,
                 Some(path) => Some(PathBuf::from(path)),

@@ -116,8 +116,10 @@ pub struct ServeArgs {
     /// (four per CPU at most, and its memory less 1 GiB).
     #[arg(long, value_name = "N[:MEMORY]", value_parser = parse_capacity)]
     capacity: Option<paddock_server::runs::tiers::Capacity>,
-    /// Where the runs' gateway listens on this host (sandboxes reach it through their own
-    /// 127.0.0.1:8081). Default 127.0.0.1:8081, or a free port when that one is taken.
+    /// Where the runs' gateway listens on this host (local sandboxes reach it through their
+    /// own 127.0.0.1:8081). Default 127.0.0.1:8081, or a free port when that one is taken; on
+    /// Kubernetes with --gateway-address, that address (or every address at its port when
+    /// it is not one of this machine's).
     #[arg(long, value_name = "ADDR:PORT")]
     gateway_listen: Option<SocketAddr>,
     /// Gateway connections held open at once; one sandbox (or one address connecting
@@ -222,6 +224,19 @@ fn parse_capacity(s: &str) -> Result<paddock_server::runs::tiers::Capacity, Stri
 }
 
 /// The runs' settings from the command line, with this machine's capacity by default.
+impl ServeArgs {
+    /// Where the gateway listens when `--gateway-listen` is not given but sandboxes reach it
+    /// at `at` (`--gateway-address`): there, when it is an address of this machine (a node's,
+    /// a Pod's), else on every address at its port.
+    pub fn default_gateway_listen(&mut self, at: SocketAddr) {
+        if self.gateway_listen.is_none() {
+            let here = std::net::TcpListener::bind(SocketAddr::new(at.ip(), 0)).is_ok();
+            let ip = if here { at.ip() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
+            self.gateway_listen = Some(SocketAddr::new(ip, at.port()));
+        }
+    }
+}
+
 fn run_options(args: &ServeArgs) -> paddock_server::runs::RunOptions {
     use paddock_server::runs::tiers::{self, Capacity, Tiers};
     let capacity = args.capacity.unwrap_or_else(|| {

@@ -41,6 +41,7 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
         "no capabilities",
         "no_new_privs",
         "own user namespace or gVisor kernel",
+        "unreachable 10 s after the start",
         "TEST-NET-1",
         "DNS server 198.51.100.53",
     ] {
@@ -100,4 +101,10 @@ fn a_check_skipped_by_name_is_shown_as_skipped_not_passed() {
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(skipped, ["no_new_privs"], "{report:#}");
+    assert!(!stderr.contains("names no check"), "{stderr}");
+    // A name that matches nothing skips nothing, and the user is told.
+    let (code, report, stderr) = gate(dir.path(), &["--skip", "no new privs"]);
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    assert!(report["checks"].as_array().unwrap().iter().all(|c| c.get("skipped").is_none()), "{report:#}");
+    assert!(stderr.contains("--skip \"no new privs\" names no check"), "{stderr}");
 }

@@ -130,7 +130,7 @@ fn new_id() -> ApiResult<String> {
 fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
     if !runs.rt.capabilities().gateway {
         return Err(ApiError::bad_request(format!(
-            "runs need a sandbox with a way home to the gateway, which the {} runtime does not give yet: serve runs from a local runtime",
+            "runs need a sandbox with a way home to the gateway, which the {} runtime was not started to give (on Kubernetes: serve with --gateway-address and the keeper model)",
             runs.rt.capabilities().runtime
         )));
     }
