@@ -138,6 +138,16 @@ helm_charts() {
   local auth=(-H "OPEN-SANDBOX-API-KEY: $key")
   curl -sf "${auth[@]}" -XPOST "http://127.0.0.1:$port/v1/workspaces/helm-kept/acquire" >/dev/null || die "acquire failed"
   curl -sf "${auth[@]}" -XPOST "http://127.0.0.1:$port/v1/workspaces/helm-kept/release" >/dev/null || die "release failed"
+
+  step "helm: a run whose driver calls home to the server Pod's gateway (runs.gateway)"
+  # The driver's heartbeat goes to $PADDOCK_GATEWAY, the server Pod's address on 8081; busybox
+  # wget fails on anything but a 2xx, and so would the run.
+  out=$(PADDOCK_API_KEY=$key "$rel_bin" --json runs submit --server "http://127.0.0.1:$port" --timeout 300 --wait -- \
+    sh -c 'wget -q -O- --header "Authorization: Bearer $PADDOCK_TOKEN" --post-data "" "$PADDOCK_GATEWAY/v1/heartbeat" >/dev/null') \
+    || die "paddock runs submit through the chart's Service failed: $out"
+  python3 -c 'import json,sys; s=[json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]; assert [e for e in s if e["type"]=="state"][-1]["data"]["state"]=="succeeded"' "$out" \
+    || die "the run through the chart's server did not succeed: $out"
+  info "the run succeeded; its driver reached the gateway at the server Pod's address"
   kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   local kept
   kept=$(K -n "$helm_ns" get pvc -l paddock.dev/thread-hash -o name)

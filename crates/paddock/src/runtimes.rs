@@ -397,14 +397,9 @@ fn default_agent() -> Option<PathBuf> {
 /// `paddock check`: whether this runtime can run sandboxes here, item by item. Exit status 0
 /// only when everything needed passes.
 pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, probe: bool, json: bool) -> Result<u8> {
-    let rt: Arc<dyn Runtime> = match opts.kind {
-        RuntimeKind::Kubernetes => {
-            Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?)
-        }
-        RuntimeKind::Local => {
-            Arc::new(paddock_runtime_local::LocalRuntime::new(data_dir, std::env::current_exe()?, naming)?)
-        }
-    };
+    // The runtime as a CLI command opens it, with this command line's options: what is
+    // checked is what would serve.
+    let rt = open(opts, data_dir, naming, false).await?;
     let report = rt.check(probe).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
