@@ -532,6 +532,10 @@ pub struct Capabilities {
     /// that are not a run's get no model route.
     #[serde(default)]
     pub gateway_names_sandbox: bool,
+    /// Without `gateway`: why, and what would give one (the runtime's own words, for the
+    /// refusal of a run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_gateway_because: Option<String>,
     /// The size a sandbox's workspace gets when neither its request nor the server names one
     /// (the Kubernetes runtime's `--workspace-pvc-size`).
     #[serde(default)]

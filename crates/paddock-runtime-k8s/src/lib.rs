@@ -97,9 +97,23 @@ pub struct KubeConfig {
     /// has claimed from for this long, and that no claim uses, is deleted by the reaper.
     pub profile_idle: Duration,
     /// The address sandbox Pods reach the server's gateway at (a node address the server
-    /// listens on, or a Service's): with it, runs run on Kubernetes; without, a gateway is
-    /// refused.
+    /// listens on, or the server Pod's; not a Service IP, which a NetworkPolicy's `ipBlock`
+    /// never sees once kube-proxy rewrote it): with it, runs run on Kubernetes; without, a
+    /// gateway is refused.
     pub gateway_address: Option<std::net::SocketAddr>,
+}
+
+const NO_GATEWAY_IN_CLAIMS: &str = "a claimed Pod's NetworkPolicy is its template's, which cannot open the gateway to one run: serve runs with the keeper model (--model keeper)";
+
+/// Why a runtime of `config` gives sandboxes no gateway, if it gives none.
+fn no_gateway_because(config: &KubeConfig) -> Option<&'static str> {
+    match (config.gateway_address, config.model) {
+        (None, _) => Some(
+            "sandbox Pods need the address they reach it at: start the server with --gateway-address IP:PORT (an address of this node, or the server Pod's)",
+        ),
+        (Some(_), SandboxModel::Claim) => Some(NO_GATEWAY_IN_CLAIMS),
+        (Some(_), SandboxModel::Keeper) => None,
+    }
 }
 
 /// Where a created sandbox's Pod comes from.
@@ -437,6 +451,10 @@ impl KubeRuntime {
         }
     }
 
+    fn no_gateway_because(&self) -> Option<&'static str> {
+        no_gateway_because(&self.config)
+    }
+
     /// Validates a spec and fills in what the runtime decides: the image.
     fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
         spec.validate()?;
@@ -444,18 +462,15 @@ impl KubeRuntime {
             // No forwarder in the Pod: it dials the gateway at the address Pods reach it by,
             // which its NetworkPolicy opens (that address, that port) and its environment
             // names; the token alone says which attempt a call is from.
-            let Some(at) = self.config.gateway_address else {
-                return Err(RuntimeError::Unsupported(
-                    "a gateway (the way home runs need) needs the address sandbox Pods reach it at: start the server with --gateway-address IP:PORT and a --gateway-listen they can reach"
-                        .into(),
-                ));
+            // A thread's sandbox is a keeper Pod whatever the model.
+            let claimed = self.config.model == SandboxModel::Claim && spec.workspace.is_none();
+            let at = match (self.config.gateway_address, claimed) {
+                (Some(at), false) => at,
+                _ => {
+                    let why = self.no_gateway_because().unwrap_or(NO_GATEWAY_IN_CLAIMS);
+                    return Err(RuntimeError::Unsupported(format!("a gateway (the way home runs need): {why}")));
+                }
             };
-            if self.config.model == SandboxModel::Claim && spec.workspace.is_none() {
-                return Err(RuntimeError::Unsupported(
-                    "a gateway is given to keeper Pods only: a claimed Pod's NetworkPolicy is its template's; run runs with the keeper model (--model keeper)"
-                        .into(),
-                ));
-            }
             spec.gateway = Some(at);
             spec.gateway_secret = None;
             paddock_core::spec::expand_gateway(&mut spec.env, &format!("http://{at}"));
@@ -1264,10 +1279,10 @@ impl Runtime for KubeRuntime {
             ],
             metrics: true,
             volumes: vec![VolumeKind::Named],
-            // A claimed Pod's NetworkPolicy is its template's: no gateway rule can be added.
-            gateway: self.config.gateway_address.is_some() && self.config.model == SandboxModel::Keeper,
+            gateway: self.no_gateway_because().is_none(),
             // Pods dial the gateway themselves: only a run's token says who calls.
             gateway_names_sandbox: false,
+            no_gateway_because: self.no_gateway_because().map(str::to_owned),
             default_workspace_bytes: Some(self.config.workspace_default_bytes),
             credential_vault: false,
         }
@@ -1808,6 +1823,17 @@ fn with_request_env(base: &BTreeMap<String, String>, request: &BTreeMap<String, 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_gateway_needs_its_address_and_the_keeper_model_and_says_so() {
+        let config = |gateway_address, model| super::KubeConfig { gateway_address, model, ..Default::default() };
+        let at = Some("10.244.0.1:8081".parse().unwrap());
+        assert_eq!(super::no_gateway_because(&config(at, super::SandboxModel::Keeper)), None);
+        let why = super::no_gateway_because(&config(None, super::SandboxModel::Keeper)).unwrap();
+        assert!(why.contains("--gateway-address IP:PORT"), "{why}");
+        let why = super::no_gateway_because(&config(at, super::SandboxModel::Claim)).unwrap();
+        assert!(why.contains("keeper model"), "{why}");
+    }
+
     use super::*;
     #[test]
     fn the_image_environment_comes_between_the_defaults_and_the_spec() {

@@ -147,6 +147,17 @@ mod tests {
         }
     }
 
+    /// Judges the hardened Pod with the value at `at` changed, asserts that check `name` fails
+    /// and names `named`; returns every check.
+    fn weakened(at: &str, value: serde_json::Value, name: &str, named: &str) -> Vec<SettingCheck> {
+        let mut v = hardened();
+        set(&mut v, at, value);
+        let checks = judge(&pod(v), "sandbox");
+        let c = checks.iter().find(|c| c.name == name).unwrap();
+        assert!(!c.passed && c.detail.contains(named), "{at}: {c:?}");
+        checks
+    }
+
     fn hardened() -> serde_json::Value {
         json!({
             "metadata": {"name": "p"},
@@ -198,11 +209,7 @@ mod tests {
             ),
         ];
         for (at, value, named) in cases {
-            let mut v = hardened();
-            set(&mut v, at, value);
-            let checks = judge(&pod(v), "sandbox");
-            let c = checks.iter().find(|c| c.name == NO_SECRETS).unwrap();
-            assert!(!c.passed && c.detail.contains(named), "{at}: {c:?}");
+            let checks = weakened(at, value, NO_SECRETS, named);
             assert!(checks.iter().find(|c| c.name == POD_SETTINGS).unwrap().passed, "{at}");
         }
     }
@@ -225,11 +232,7 @@ mod tests {
             ("/spec/containers/0/name", json!("other"), "no container named sandbox"),
         ];
         for (at, value, named) in cases {
-            let mut v = hardened();
-            set(&mut v, at, value);
-            let checks = judge(&pod(v), "sandbox");
-            let c = checks.iter().find(|c| c.name == POD_SETTINGS).unwrap();
-            assert!(!c.passed && c.detail.contains(named), "{at}: {c:?}");
+            weakened(at, value, POD_SETTINGS, named);
         }
         // The privileged flag alone.
         let mut v = hardened();

@@ -671,6 +671,7 @@ impl Runtime for LocalRuntime {
             },
             gateway: true,
             gateway_names_sandbox: true,
+            no_gateway_because: None,
             default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
             credential_vault: true,
         }

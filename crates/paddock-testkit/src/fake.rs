@@ -301,6 +301,7 @@ impl Runtime for FakeRuntime {
             // A stand-in: the server's model-route tests on the fake treat it as the local
             // runtime, whose forwarder names the sandbox.
             gateway_names_sandbox: true,
+            no_gateway_because: None,
             // Not the server's own default, so a test can tell whose applied.
             default_workspace_bytes: Some(96 << 20),
             // No egress enforcer: the vault's routes answer that they are not supported.

@@ -621,7 +621,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let serving = matches!(cli.command, Command::Serve(_));
     let rt: Arc<dyn Runtime> = crate::runtimes::open(&cli.runtime, &cli.data_dir, cli.naming, serving).await?;
     if let Command::Serve(mut args) = cli.command {
-        if let Some(at) = cli.runtime.kube.gateway_address {
+        if let Some(at) = cli.runtime.gateway_address()? {
             args.default_gateway_listen(at);
         }
         return crate::serve::run(rt, &cli.data_dir, *args).await;

@@ -50,6 +50,19 @@ pub struct RuntimeOpts {
     pub volume_roots: Vec<std::path::PathBuf>,
 }
 
+impl RuntimeOpts {
+    /// Where the chosen runtime's sandboxes dial the runs' gateway, when they do not reach it
+    /// through a forwarder of their own (`--gateway-address`, Kubernetes only).
+    pub fn gateway_address(&self) -> Result<Option<std::net::SocketAddr>> {
+        match (self.kind, self.kube.gateway_address) {
+            (RuntimeKind::Local, Some(at)) => anyhow::bail!(
+                "--gateway-address {at} is for the Kubernetes runtime: local sandboxes reach the gateway through a forwarder of their own; drop it, or set where the gateway listens with serve --gateway-listen"
+            ),
+            (_, at) => Ok(at),
+        }
+    }
+}
+
 /// What no sandbox may reach, whatever its policy (local runtime).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Egress (local runtime)")]

@@ -223,7 +223,6 @@ fn parse_capacity(s: &str) -> Result<paddock_server::runs::tiers::Capacity, Stri
     paddock_server::runs::tiers::parse_capacity(s).map_err(|e| e.0)
 }
 
-/// The runs' settings from the command line, with this machine's capacity by default.
 impl ServeArgs {
     /// Where the gateway listens when `--gateway-listen` is not given but sandboxes reach it
     /// at `at` (`--gateway-address`): there, when it is an address of this machine (a node's,
@@ -237,6 +236,7 @@ impl ServeArgs {
     }
 }
 
+/// The runs' settings from the command line, with this machine's capacity by default.
 fn run_options(args: &ServeArgs) -> paddock_server::runs::RunOptions {
     use paddock_server::runs::tiers::{self, Capacity, Tiers};
     let capacity = args.capacity.unwrap_or_else(|| {

@@ -128,10 +128,12 @@ fn new_id() -> ApiResult<String> {
 /// Checks a request against what the server and its runtime can do: every refusal is a 400
 /// at submission, never a run that fails later for a reason known now.
 fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
-    if !runs.rt.capabilities().gateway {
+    let caps = runs.rt.capabilities();
+    if !caps.gateway {
+        let why = caps.no_gateway_because.as_deref().unwrap_or("it has no way to give one");
         return Err(ApiError::bad_request(format!(
-            "runs need a sandbox with a way home to the gateway, which the {} runtime was not started to give (on Kubernetes: serve with --gateway-address and the keeper model)",
-            runs.rt.capabilities().runtime
+            "runs need a sandbox with a way home to the gateway, which the {} runtime does not give: {why}",
+            caps.runtime
         )));
     }
     let tiers = &runs.opts.tiers;
