@@ -107,6 +107,13 @@ helm_charts() {
   K -n "$helm_ns" wait --for=condition=Ready pod -l app.kubernetes.io/component=server,app.kubernetes.io/name=paddock --timeout 60s >/dev/null \
     || die "the server Pod is not Ready"
   info "server Pod Ready: $(K -n "$helm_ns" get pods -l app.kubernetes.io/name=paddock -o jsonpath='{.items[0].metadata.name}')"
+  # paddock-infra's PriorityClasses exist and the server Pod has the platform one.
+  local prio
+  prio=$(K -n "$helm_ns" get pods -l app.kubernetes.io/name=paddock -o jsonpath='{.items[0].spec.priorityClassName} {.items[0].spec.priority}')
+  [ "$prio" = "paddock-$helm_ns-platform 100000" ] || die "the server Pod's priority is \"$prio\" (want paddock-$helm_ns-platform 100000)"
+  [ "$(K get priorityclass "paddock-$helm_ns-batch" -o jsonpath='{.value} {.preemptionPolicy}')" = "1000 Never" ] \
+    || die "paddock-infra's batch PriorityClass is missing or preempts"
+  info "priorities: the server Pod is $prio; the batch class never preempts"
   # the namespace enforces baseline here (for --chown-workspace); the server Pod meets restricted:
   # a server-side dry run of enforce=restricted warns about every Pod that does not
   out=$(K label --dry-run=server --overwrite namespace "$helm_ns" pod-security.kubernetes.io/enforce=restricted 2>&1)
@@ -274,7 +281,7 @@ EOF
       K -n "$ns" get "$kinds" -l app.kubernetes.io/part-of=paddock -o name 2>/dev/null
       K -n "$ns" get "$kinds" -l app.kubernetes.io/managed-by=paddock -o name 2>/dev/null | grep -vxF "$kept" || true
     done
-    K get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$infra_release" -o name 2>/dev/null
+    K get clusterroles,clusterrolebindings,priorityclasses -l "app.kubernetes.io/instance=$infra_release" -o name 2>/dev/null
   }
   local end=$(( $(date +%s) + 90 ))
   while left=$(leftovers) && [ -n "$left" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
@@ -332,7 +339,7 @@ helm_claim() {
   "$HELM" uninstall "$helm_infra" -n default --wait --timeout 60s >/dev/null || die "helm uninstall paddock-infra (claim) failed"
   helm_infra=""
   wait_for 120 "namespace $helm_ns to be deleted (keepOnUninstall false)" sh -c "! '$BIN/kubectl' get namespace '$helm_ns'"
-  [ -z "$(K get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$helm_ns-infra" -o name)" ] || die "cluster-scoped chart objects remain"
+  [ -z "$(K get clusterroles,clusterrolebindings,priorityclasses -l "app.kubernetes.io/instance=$helm_ns-infra" -o name)" ] || die "cluster-scoped chart objects remain"
   [ -z "$(K -n default get all -l "app.kubernetes.io/instance=$helm_ns-infra" -o name)" ] || die "chart objects remain in default"
   info "claim model: server Ready with a warm pool, SDK tests passed, uninstall removed the namespace"
   helm_ns=""

@@ -28,3 +28,14 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The PriorityClass of a role (platform, interactive, batch): the chart's own, or the one named. */}}
+{{- define "paddock-infra.priorityClass" -}}
+{{- $root := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- if $root.Values.priorityClasses.create -}}
+{{- printf "paddock-%s-%s" (include "paddock-infra.namespace" $root) $role -}}
+{{- else -}}
+{{- index $root.Values.priorityClasses $role -}}
+{{- end -}}
+{{- end -}}

@@ -24,3 +24,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "paddock.apiKeySecret" -}}
 {{- .Values.apiKey.existingSecret | default (printf "%s-api-key" (include "paddock.fullname" .)) -}}
 {{- end -}}
+
+{{/* The PriorityClass of a role (platform, interactive, batch): the one named, else the one
+paddock-infra makes for this namespace. */}}
+{{- define "paddock.priorityClass" -}}
+{{- $root := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- index $root.Values.priorityClasses $role | default (printf "paddock-%s-%s" $root.Release.Namespace $role) -}}
+{{- end -}}

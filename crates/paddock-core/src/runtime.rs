@@ -98,6 +98,12 @@ pub struct SandboxInfo {
     /// Why the sandbox failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The addresses the sandbox's connections come from, as the server sees them, when the
+    /// runtime gives it one of its own on a network the server is on (a Pod's IPs). The gateway
+    /// checks that a run's token comes from there. Empty: the runtime names the sandbox itself
+    /// (`Capabilities::gateway_names_sandbox`), or has no such address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 /// A command to run in a sandbox.

@@ -158,6 +158,12 @@ pub struct SandboxSpec {
     /// (`Capabilities::credential_vault`). Bindings over plain `http` do not need it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub credential_proxy: bool,
+    /// The run tier whose attempt this sandbox holds (`interactive`, `batch`, …), for a runtime
+    /// that schedules by priority: the Kubernetes runtime gives the Pod the PriorityClass its
+    /// operator mapped to the tier (`--priority-class TIER=CLASS`), so the cluster evicts and
+    /// preempts batch work before a turn someone waits for. `None` for plain sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// The proof of a gateway forwarder: kept with the sandbox's record (root's), never printed.

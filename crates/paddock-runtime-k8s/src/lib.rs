@@ -101,6 +101,9 @@ pub struct KubeConfig {
     /// never sees once kube-proxy rewrote it): with it, runs run on Kubernetes; without, a
     /// gateway is refused.
     pub gateway_address: Option<std::net::SocketAddr>,
+    /// The PriorityClass of each run tier's sandbox Pods (`--priority-class TIER=CLASS`);
+    /// empty: every Pod has the cluster's default priority.
+    pub priority_classes: std::collections::BTreeMap<String, String>,
 }
 
 const NO_GATEWAY_IN_CLAIMS: &str = "a claimed Pod's NetworkPolicy is its template's, which cannot open the gateway to one run: serve runs with the keeper model (--model keeper)";
@@ -147,6 +150,7 @@ impl Default for KubeConfig {
             agent: None,
             profile_idle: Duration::from_secs(3600),
             gateway_address: None,
+            priority_classes: Default::default(),
         }
     }
 }
@@ -448,6 +452,7 @@ impl KubeRuntime {
             host_users_false: self.config.host_users_false,
             cpu_request_millicpus: self.config.cpu_request_millicpus,
             chown_image: self.config.chown_workspace.then(|| self.config.default_image.clone()),
+            priority_classes: self.config.priority_classes.clone(),
         }
     }
 

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const SANDBOX_LABEL: &str = "paddock.dev/sandbox";
+/// The run tier of the attempt a Pod holds (`SandboxSpec::tier`).
+pub const TIER_LABEL: &str = "paddock.dev/tier";
 /// The name of a named volume on its PVC. Such PVCs are managed by `paddock-volume`, not
 /// `paddock`, so the workspace reaper never touches them: they live until deleted.
 pub const VOLUME_LABEL: &str = "paddock.dev/volume";
@@ -81,6 +83,9 @@ pub struct Shape {
     /// An operator-trusted image whose root init container hands a fresh workspace volume to
     /// the sandbox user, for provisioners that ignore `fsGroup` (hostPath).
     pub chown_image: Option<String>,
+    /// The PriorityClass of a sandbox that holds an attempt of each run tier
+    /// (`SandboxSpec::tier`); a tier not here gets the cluster's default priority.
+    pub priority_classes: BTreeMap<String, String>,
 }
 
 /// Labels shared by a thread's Pod, PVC and NetworkPolicy.
@@ -104,6 +109,10 @@ pub fn pod_labels(id: &SandboxId, spec: &SandboxSpec) -> BTreeMap<String, String
         None => BTreeMap::from([(MANAGED_BY.to_owned(), "paddock".to_owned())]),
     };
     labels.insert(SANDBOX_LABEL.into(), id.to_string());
+    // A tier name is a valid label value (the server checks it: lowercase, digits, `-`).
+    if let Some(tier) = &spec.tier {
+        labels.insert(TIER_LABEL.into(), tier.clone());
+    }
     labels
 }
 
@@ -337,6 +346,12 @@ pub fn pod_spec(shape: &Shape, spec: &SandboxSpec, pvc: Option<&str>, with_env: 
     }
     if let Some(rc) = &shape.runtime_class {
         pod_spec["runtimeClassName"] = json!(rc);
+    }
+    // The kubelet evicts a lower priority first under node pressure, and the scheduler
+    // preempts it to place a higher one: batch attempts go before a turn someone waits for,
+    // and come back as lost attempts that run again.
+    if let Some(class) = spec.tier.as_ref().and_then(|t| shape.priority_classes.get(t)) {
+        pod_spec["priorityClassName"] = json!(class);
     }
     pod_spec
 }
@@ -666,7 +681,13 @@ pub fn info(pod: &Pod) -> Option<SandboxInfo> {
         PodPhase::Ready | PodPhase::Starting(None) => (SandboxState::Running, None),
         PodPhase::Starting(Some(why)) | PodPhase::Gone(why) => (SandboxState::Failed, Some(why)),
     };
-    Some(SandboxInfo { id, state, spec, created_unix_ms, expires_unix_ms, workspace, failure })
+    let status = pod.status.as_ref();
+    let mut addresses: Vec<std::net::IpAddr> =
+        status.and_then(|s| s.pod_ips.as_ref()).into_iter().flatten().filter_map(|ip| ip.ip.parse().ok()).collect();
+    if addresses.is_empty() {
+        addresses.extend(status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse::<std::net::IpAddr>().ok()));
+    }
+    Some(SandboxInfo { id, state, spec, created_unix_ms, expires_unix_ms, workspace, failure, addresses })
 }
 
 /// Whether a Pod's sandbox has outlived its expiry at `now`.
@@ -694,6 +715,7 @@ mod tests {
             host_users_false: false,
             cpu_request_millicpus: None,
             chown_image: None,
+            priority_classes: BTreeMap::new(),
         }
     }
 
@@ -847,6 +869,26 @@ mod tests {
         assert_eq!(c["spec"]["resources"]["requests"]["storage"], "1073741824");
         assert_eq!(c["spec"]["storageClassName"], "fast");
         assert_ne!(VOLUME_MANAGER, "paddock", "the workspace reaper selects managed-by=paddock");
+    }
+
+    #[test]
+    fn a_run_tiers_pod_gets_its_priority_class_and_other_pods_the_default() {
+        let shape =
+            Shape { priority_classes: BTreeMap::from([("batch".to_owned(), "paddock-batch".to_owned())]), ..shape() };
+        let pod_of = |tier: Option<&str>| {
+            let spec = SandboxSpec { tier: tier.map(str::to_owned), ..Default::default() };
+            to_json(&pod(&shape, &id(), &sandbox_names(&id(), &spec), &spec, 1, None).unwrap())
+        };
+        let batch = pod_of(Some("batch"));
+        assert_eq!(batch["spec"]["priorityClassName"], "paddock-batch");
+        assert_eq!(batch["metadata"]["labels"][TIER_LABEL], "batch");
+        // A tier the operator mapped to no class, and a plain sandbox: the cluster's default.
+        let interactive = pod_of(Some("interactive"));
+        assert!(interactive["spec"].get("priorityClassName").is_none(), "{interactive}");
+        assert_eq!(interactive["metadata"]["labels"][TIER_LABEL], "interactive");
+        let plain = pod_of(None);
+        assert!(plain["spec"].get("priorityClassName").is_none());
+        assert!(plain["metadata"]["labels"].get(TIER_LABEL).is_none());
     }
 
     #[test]

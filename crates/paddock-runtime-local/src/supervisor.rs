@@ -468,6 +468,7 @@ impl Supervisor {
             spec,
             workspace,
             failure: None,
+            addresses: Vec::new(),
         };
         let record = Record { info, supervisor_pid: std::process::id(), init_pid, host_ids: Some(ids) };
         write_record(&dd, &record)?;

@@ -150,8 +150,8 @@ fn dropped(name: &HeaderName) -> bool {
 
 /// Who calls: the sandbox its forwarder named, else the run whose token is the bearer.
 fn claimed(llm: &Llm, req: &Request) -> Result<String, Option<(String, i64, String)>> {
-    if let Some(crate::runs::gateway::Origin(Some(sandbox))) = req.extensions().get::<crate::runs::gateway::Origin>() {
-        return Ok(sandbox.clone());
+    if let Some(sandbox) = req.extensions().get::<crate::runs::gateway::Origin>().and_then(|o| o.sandbox.clone()) {
+        return Ok(sandbox);
     }
     let bearer = req
         .headers()
@@ -256,6 +256,9 @@ impl UsageScan {
 async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Response> {
     let claim = claimed(&llm, &req);
     let sandbox = caller(&llm, claim).await?;
+    if let Some(origin) = req.extensions().get::<crate::runs::gateway::Origin>() {
+        origin.vouch(&sandbox).await?;
+    }
     let tenant = admit(&llm, &sandbox).await?;
     let upstream = llm.config.upstream(&tenant).ok_or_else(|| {
         ApiError::new(

@@ -350,6 +350,49 @@ async fn wrong_and_foreign_tokens_change_nothing() {
     wait_state(&s, &id, "succeeded", None).await;
 }
 
+/// A heartbeat over a direct connection (no forwarder line) from the local address `from`, as
+/// a Kubernetes Pod calls the gateway's address: answers the status and the error code.
+async fn heartbeat_from(gateway: SocketAddr, from: std::net::IpAddr, token: &str) -> (u16, String) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut tcp = socket.connect(gateway).await.unwrap();
+    let req = format!(
+        "POST /v1/heartbeat HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").map_or(out.len(), |p| p + 4);
+    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        unchunk(&out[at..])
+    } else {
+        out[at..].to_vec()
+    };
+    (status, if body.is_empty() { String::new() } else { code_of(&body) })
+}
+
+#[tokio::test]
+async fn fake_runtime_a_token_is_refused_from_any_address_but_its_sandboxs() {
+    // Sandboxes at 127.0.0.2 with no forwarder, as Pods that dial the gateway's address: a
+    // token that leaked out of its sandbox must be worth nothing from anywhere else.
+    let pod: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let s = Server::on(fake::FakeRuntime::new().with_addresses(vec![pod]), |_| {}).await;
+    let caps = s.call("GET", "/v1/capabilities", None).await.1;
+    assert_eq!(caps["gateway_names_sandbox"], false, "{caps}");
+    let dir = shared_dir();
+    let id = submit(&s, run_body(dir.path(), "batch")).await;
+    let t = token(dir.path(), 1).await;
+    let elsewhere: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    assert_eq!(heartbeat_from(s.gateway, elsewhere, &t).await, (403, "FOREIGN_TOKEN".to_owned()));
+    assert_eq!(run_of(&s, &id).await["state"], "starting", "the refused call did not count as the driver's");
+    assert_eq!(heartbeat_from(s.gateway, pod, &t).await, (200, String::new()), "its sandbox's address passes it");
+    wait_state(&s, &id, "running", Some(1)).await;
+    exit_with(dir.path(), 1, 0);
+    wait_state(&s, &id, "succeeded", None).await;
+}
+
 #[tokio::test]
 async fn a_requeued_attempt_gets_a_new_epoch_and_the_stale_one_writes_nothing() {
     let s = Server::new().await;

@@ -25,6 +25,8 @@ pub struct FakeRuntime {
     hung: Mutex<Vec<SandboxId>>,
     /// What `health` answers: `None` is healthy.
     sick: Mutex<Option<RuntimeError>>,
+    /// What every sandbox reports as its addresses (`SandboxInfo::addresses`).
+    addresses: Vec<std::net::IpAddr>,
 }
 
 fn now_ms() -> u64 {
@@ -63,7 +65,17 @@ impl FakeRuntime {
             threads: Mutex::new(HashMap::new()),
             hung: Mutex::new(Vec::new()),
             sick: Mutex::new(None),
+            addresses: Vec::new(),
         }
+    }
+
+    /// Sandboxes that report `addresses` as their own, as a Kubernetes Pod reports its IPs,
+    /// and no forwarder that names them: the gateway then checks that a run's token comes
+    /// from its sandbox's address (the fake's commands run on the host, so give it loopback to
+    /// pass and another address to be refused).
+    pub fn with_addresses(mut self, addresses: Vec<std::net::IpAddr>) -> Self {
+        self.addresses = addresses;
+        self
     }
 
     /// From now on `health` reports `why` (or health again, with `None`).
@@ -173,6 +185,7 @@ impl FakeRuntime {
             workspace: workspace.map(|(thread, _)| WorkspaceInfo { name: thread.as_str().to_owned(), thread }),
             spec,
             failure: None,
+            addresses: self.addresses.clone(),
         };
         self.sandboxes.lock().unwrap().insert(id, info.clone());
         Ok(info)
@@ -299,8 +312,9 @@ impl Runtime for FakeRuntime {
             // Its commands run on the host, so the gateway's own address is the way home.
             gateway: true,
             // A stand-in: the server's model-route tests on the fake treat it as the local
-            // runtime, whose forwarder names the sandbox.
-            gateway_names_sandbox: true,
+            // runtime, whose forwarder names the sandbox; given addresses, as a Kubernetes
+            // runtime whose Pods dial the gateway directly.
+            gateway_names_sandbox: self.addresses.is_empty(),
             no_gateway_because: None,
             // Not the server's own default, so a test can tell whose applied.
             default_workspace_bytes: Some(96 << 20),

@@ -624,6 +624,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         if let Some(at) = cli.runtime.gateway_address()? {
             args.default_gateway_listen(at);
         }
+        args.check_tiers_named(&cli.runtime.priority_tiers()?)?;
         return crate::serve::run(rt, &cli.data_dir, *args).await;
     }
     let json = cli.json;

@@ -61,6 +61,18 @@ impl RuntimeOpts {
             (_, at) => Ok(at),
         }
     }
+
+    /// The run tiers `--priority-class` names (Kubernetes only: a local sandbox has no
+    /// scheduler priority to give).
+    pub fn priority_tiers(&self) -> Result<Vec<String>> {
+        let tiers: Vec<String> = self.kube.priority_classes.iter().map(|(t, _)| t.clone()).collect();
+        if self.kind == RuntimeKind::Local && !tiers.is_empty() {
+            anyhow::bail!(
+                "--priority-class is for the Kubernetes runtime: its Pods get a PriorityClass; local sandboxes have none to give, so drop it"
+            );
+        }
+        Ok(tiers)
+    }
 }
 
 /// What no sandbox may reach, whatever its policy (local runtime).
@@ -338,6 +350,12 @@ pub struct KubeOpts {
     /// gets PADDOCK_GATEWAY=http://IP:PORT. Without it, runs are refused on Kubernetes.
     #[arg(long, global = true, value_name = "IP:PORT")]
     pub gateway_address: Option<std::net::SocketAddr>,
+    /// The PriorityClass of the sandbox Pods of a run tier, e.g. `batch=paddock-batch`
+    /// (repeatable; the class must exist). The cluster then evicts and preempts a lower tier's
+    /// Pods first, and such an attempt is lost and runs again. Give batch a class with
+    /// `preemptionPolicy: Never` so it never preempts. Tiers not given: the cluster's default.
+    #[arg(long = "priority-class", global = true, value_name = "TIER=CLASS", value_parser = parse_priority_class)]
+    pub priority_classes: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -375,6 +393,7 @@ impl KubeOpts {
             warm_pool: self.warm_pool,
             profile_idle: self.profile_idle,
             gateway_address: self.gateway_address,
+            priority_classes: self.priority_class_map()?,
             agent: match self.agent.as_deref() {
                 Some("none") => None,
                 Some(path) => Some(PathBuf::from(path)),
@@ -383,6 +402,38 @@ impl KubeOpts {
             ..Default::default()
         })
     }
+}
+
+impl KubeOpts {
+    fn priority_class_map(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        let mut map = std::collections::BTreeMap::new();
+        for (tier, class) in &self.priority_classes {
+            if let Some(other) = map.insert(tier.clone(), class.clone()) {
+                anyhow::bail!(
+                    "--priority-class gives tier {tier} twice ({other} and {class}): give each tier one class"
+                );
+            }
+        }
+        Ok(map)
+    }
+}
+
+fn parse_priority_class(s: &str) -> Result<(String, String), String> {
+    let (tier, class) = parse_pair(s).map_err(|_| format!("{s:?} is not TIER=CLASS, e.g. batch=paddock-batch"))?;
+    // A PriorityClass is named as a DNS subdomain.
+    let dns = class.len() <= 253
+        && class.split('.').all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if !dns {
+        return Err(format!(
+            "{class:?} is not a PriorityClass name: use lowercase letters, digits, '-' and '.', at most 253"
+        ));
+    }
+    Ok((tier, class))
 }
 
 fn parse_profile_idle(s: &str) -> Result<Duration, String> {

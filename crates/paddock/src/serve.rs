@@ -234,6 +234,20 @@ impl ServeArgs {
             self.gateway_listen = Some(SocketAddr::new(ip, at.port()));
         }
     }
+
+    /// Refuses a tier the runtime was given a setting for (`--priority-class`) that this
+    /// server does not have: a typo would leave that tier's Pods at the default priority.
+    pub fn check_tiers_named(&self, named: &[String]) -> anyhow::Result<()> {
+        let tiers = run_options(self).tiers;
+        for name in named {
+            anyhow::ensure!(
+                tiers.rank(name).is_some(),
+                "--priority-class names tier {name}, which this server does not have (its tiers: {}); name one of them, or add it with serve --tier",
+                tiers.names()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The runs' settings from the command line, with this machine's capacity by default.

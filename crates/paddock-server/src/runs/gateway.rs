@@ -6,8 +6,10 @@
 //! in the same statement that changes anything, so a stale attempt gets `409 STALE_ATTEMPT`
 //! and changes nothing. The local runtime's forwarder opens each connection with a line that
 //! names the sandbox it comes from; a token from another sandbox is refused there (`403`).
+//! A sandbox that dials the gateway directly (a Kubernetes Pod) must call from an address the
+//! runtime gives its sandbox (`SandboxInfo::addresses`); a token from elsewhere is refused too.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,10 +37,90 @@ use crate::store::now_ms;
 /// The largest event (or other JSON body) a driver may send; results are tars, bounded apart.
 const MAX_EVENT: usize = 64 << 10;
 
-/// The sandbox a connection comes from, as its forwarder named it; `None` for a direct
-/// connection (a runtime whose sandboxes reach the gateway by address).
-#[derive(Debug, Clone)]
-pub(crate) struct Origin(pub(crate) Option<String>);
+/// Where a gateway connection comes from: the sandbox its forwarder named, or (`sandbox`
+/// `None`) a direct connection from `peer`, as a Kubernetes Pod dials the gateway's address.
+#[derive(Clone)]
+pub(crate) struct Origin {
+    pub(crate) sandbox: Option<String>,
+    peer: IpAddr,
+    addresses: Arc<SandboxAddresses>,
+}
+
+impl Origin {
+    /// Refuses a call whose token names `sandbox` when its connection comes from elsewhere:
+    /// another sandbox's forwarder, or an address that is not the sandbox's. A token that
+    /// leaked out of its sandbox is then worth nothing anywhere else.
+    pub(crate) async fn vouch(&self, sandbox: &str) -> Result<(), ApiError> {
+        match &self.sandbox {
+            Some(from) if from != sandbox => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FOREIGN_TOKEN",
+                "this token belongs to another sandbox's attempt: a sandbox may use only its own",
+            )),
+            Some(_) => Ok(()),
+            None => self.addresses.check(sandbox, self.peer).await,
+        }
+    }
+}
+
+/// The addresses of sandboxes that called the gateway directly (`SandboxInfo::addresses`),
+/// asked of the runtime once each: a Pod keeps its IP for its life, and a sandbox id names one
+/// Pod.
+pub(crate) struct SandboxAddresses {
+    rt: Arc<dyn paddock_core::runtime::Runtime>,
+    known: std::sync::Mutex<std::collections::HashMap<String, Vec<IpAddr>>>,
+}
+
+/// Sandboxes whose addresses are remembered at once; past it the memory starts again.
+const REMEMBERED: usize = 4096;
+
+impl SandboxAddresses {
+    pub(crate) fn new(rt: Arc<dyn paddock_core::runtime::Runtime>) -> Arc<Self> {
+        Arc::new(Self { rt, known: Default::default() })
+    }
+
+    async fn check(&self, sandbox: &str, peer: IpAddr) -> Result<(), ApiError> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(sandbox).cloned();
+        let addresses = match known {
+            Some(a) => a,
+            None => {
+                // A token names a sandbox id the server made; one that does not parse is no
+                // sandbox's, and the run's row refuses it.
+                let Ok(id) = paddock_core::runtime::SandboxId::parse(sandbox) else { return Ok(()) };
+                let addresses = match self.rt.get(&id).await {
+                    Ok(info) => info.addresses,
+                    // A sandbox that is gone has an attempt that is over: the run's row
+                    // refuses the call, saying which epoch is current.
+                    Err(paddock_core::runtime::RuntimeError::NotFound(_)) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                };
+                // A runtime that names no address (its forwarder names the sandbox instead) is
+                // asked again next time: only what it knows is worth keeping.
+                if !addresses.is_empty() {
+                    let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+                    if known.len() >= REMEMBERED {
+                        known.clear();
+                    }
+                    known.insert(sandbox.to_owned(), addresses.clone());
+                }
+                addresses
+            }
+        };
+        let peer = peer.to_canonical();
+        if addresses.is_empty() || addresses.contains(&peer) {
+            return Ok(());
+        }
+        let theirs: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FOREIGN_TOKEN",
+            format!(
+                "this token belongs to the attempt in sandbox {sandbox}, whose connections come from {}, but this call came from {peer}: a sandbox may use only its own token",
+                theirs.join(", ")
+            ),
+        ))
+    }
+}
 
 /// The attempt a request is from: its token's run, epoch and sandbox.
 struct Attempt {
@@ -66,14 +148,8 @@ impl FromRequestParts<Arc<Runs>> for Attempt {
         let (run, epoch, sandbox) = runs.token_subject(token).ok_or_else(|| {
             ApiError::unauthorized("INVALID_TOKEN", "this token is not one this server gave a run's attempt")
         })?;
-        if let Some(Origin(Some(from))) = parts.extensions.get::<Origin>()
-            && *from != sandbox
-        {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "FOREIGN_TOKEN",
-                "this token belongs to another sandbox's attempt: a sandbox may use only its own",
-            ));
+        if let Some(origin) = parts.extensions.get::<Origin>().cloned() {
+            origin.vouch(&sandbox).await?;
         }
         Ok(Attempt { run, epoch, sandbox })
     }
@@ -409,6 +485,7 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
     let slots = Arc::new(tokio::sync::Semaphore::new(runs.opts.gateway_max_connections.max(1)));
     let origins = Origins::new(runs.opts.gateway_max_connections);
     let secret: Arc<str> = runs.key.gateway_secret().into();
+    let addresses = SandboxAddresses::new(runs.rt.clone());
     tokio::spawn(async move {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
@@ -422,7 +499,8 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
                     continue;
                 }
             };
-            let (app, http, secret, origins) = (app.clone(), http.clone(), secret.clone(), origins.clone());
+            let (app, http, secret, origins, addresses) =
+                (app.clone(), http.clone(), secret.clone(), origins.clone(), addresses.clone());
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
                 let from = match tokio::time::timeout(Duration::from_secs(10), preamble(&mut tcp, &secret)).await {
@@ -439,7 +517,11 @@ pub async fn listen(runs: Arc<Runs>, more: Option<Router>) -> std::io::Result<So
                     return;
                 };
                 let service = tower::ServiceExt::map_request(app, move |mut req: Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(Origin(from.clone()));
+                    req.extensions_mut().insert(Origin {
+                        sandbox: from.clone(),
+                        peer: peer.ip(),
+                        addresses: addresses.clone(),
+                    });
                     req
                 });
                 let service = hyper_util::service::TowerToHyperService::new(service);

@@ -419,6 +419,7 @@ impl Runs {
         spec.gateway = Some(*self.gateway.get().ok_or("the gateway is not listening")?);
         spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(self.key.gateway_secret()));
         spec.labels.insert(RUN_LABEL.into(), run.id.clone());
+        spec.tier = Some(run.tier.clone());
         if let Some(t) = &run.thread {
             let thread = ThreadId::new(t.clone()).map_err(|e| e.to_string())?;
             spec.workspace = Some(WorkspaceRef { thread, naming: Default::default() });

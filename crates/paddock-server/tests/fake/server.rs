@@ -32,8 +32,13 @@ impl Server {
 
     /// A server whose configuration `change` adjusts first.
     pub async fn with_config(change: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::on(FakeRuntime::new(), change).await
+    }
+
+    /// A server on `rt` (a fake set up some way), its configuration adjusted by `change`.
+    pub async fn on(rt: FakeRuntime, change: impl FnOnce(&mut ServerConfig)) -> Self {
         let data = tempfile::tempdir().unwrap();
-        let rt = Arc::new(FakeRuntime::new());
+        let rt = Arc::new(rt);
         let mut config = Self::config(data.path());
         change(&mut config);
         let state = paddock_server::build_state(config, rt.clone()).await.unwrap();
