@@ -71,6 +71,7 @@ PY
   stolen_token "$url"
   { kill "$pid"; wait "$pid"; } 2>/dev/null || true
   rm -rf "$d"
+  preempted_batch "$ns" "$gw"
   step "runs on the claim model are refused at submission"
   d=$(mktemp -d)
   "$bin" --data-dir "$d" $serve_args --namespace "$ns" --gateway-address "$gw" --model claim \
@@ -157,4 +158,48 @@ echo "the stolen token was refused, but not as foreign: $out"; exit 2'
     || die "the run whose token leaked is no longer running on its own: $out"
   "$bin" runs cancel --server "$url" "$a" >/dev/null || die "cancelling $a failed"
   info "refused with 403 from the other Pod; the token still works from its own"
+}
+
+# Room for one run: a waiting interactive run preempts the running batch attempt (its Pod is
+# deleted, the attempt counted as lost), runs, and the batch run runs again under epoch 2 and
+# succeeds; its first attempt's token then writes nothing.
+preempted_batch() {
+  local ns=$1 gw=$2 d url=http://127.0.0.1:18796 pid b out tok1 i
+  step "an interactive run preempts the batch attempt, which runs again later under epoch 2"
+  d=$(mktemp -d)
+  "$bin" --data-dir "$d" $serve_args --namespace "$ns" --gateway-address "$gw" \
+    serve --listen 127.0.0.1:18796 --insecure-no-auth --capacity 1 >>"$d/log" 2>&1 &
+  pid=$!; pids+=("$pid")
+  for _ in $(seq 1 100); do curl -sf "$url/health" >/dev/null && break; sleep 0.2; done
+  local beat='beat() { wget -q -O- --header "Authorization: Bearer $PADDOCK_TOKEN" --post-data "" "$PADDOCK_GATEWAY/v1/heartbeat" >/dev/null; }'
+  out=$("$bin" --json runs submit --server "$url" --tier batch --max-attempts 3 --timeout 300 -- sh -c "$beat
+echo \"token \$PADDOCK_EPOCH \$PADDOCK_TOKEN\"
+beat || exit 3
+if [ \"\$PADDOCK_EPOCH\" = 1 ]; then while beat; do sleep 1; done; exit 4; fi") || die "submitting the batch run failed: $out"
+  b=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["id"])' "$out")
+  for _ in $(seq 1 150); do
+    tok1=$("$bin" runs output --server "$url" "$b" 2>/dev/null | sed -n 's/^token 1 //p' | head -1)
+    out=$("$bin" --json runs get --server "$url" "$b")
+    [ -n "$tok1" ] && python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["state"]=="running" else 1)' "$out" && break
+    sleep 0.2
+  done
+  [ -n "$tok1" ] || die "the batch run's first attempt never ran: $out $(tail -5 "$d/log")"
+  out=$("$bin" --json runs submit --server "$url" --tier interactive --timeout 300 --wait -- sh -c "$beat
+beat") || die "the interactive run did not succeed while the batch run held the only room: $out $(tail -5 "$d/log")"
+  out=$("$bin" --json runs events --server "$url" "$b") || die "the preempted batch run did not succeed: $out"
+  python3 - "$out" <<'PY' || die "the batch run was not preempted and run again under epoch 2: $out"
+import json, sys
+events = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
+states = [e["data"]["state"] for e in events if e["type"] == "state"]
+assert states[-1] == "succeeded" and "requeued" in states, states
+epochs = [e["data"]["epoch"] for e in events if e["type"] == "attempt"]
+assert epochs == [1, 2], epochs
+PY
+  # Refused as stale (its Pod gone) or as foreign (its Pod still terminating: this host is
+  # not its address); either way it writes nothing.
+  out=$(curl -s -XPOST -H "Authorization: Bearer $tok1" "http://$gw/v1/heartbeat")
+  grep -qE 'STALE_ATTEMPT|FOREIGN_TOKEN' <<<"$out" || die "the first attempt's token still writes: $out"
+  info "preempted, run again under epoch 2 after the interactive run; epoch 1's token: $out"
+  { kill "$pid"; wait "$pid"; } 2>/dev/null || true
+  rm -rf "$d"
 }
