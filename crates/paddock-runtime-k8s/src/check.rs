@@ -160,6 +160,10 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
             ),
             Err(e) => report.push("runtimeclass", CheckStatus::Fail, e.to_string()),
         }
+        if probe && report.missing.is_empty() {
+            let (status, detail) = probe_runtime_class(client, config, class).await;
+            report.push("runtimeclass-kernel", status, detail);
+        }
     }
     if !probe {
         report.network_policy = "skipped".into();
@@ -231,6 +235,83 @@ async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (CheckSt
         Err(why) => (
             CheckStatus::Fail,
             format!("a Pod with hostUsers: false cannot run here ({why}); run without --user-namespaces, or use nodes whose runtime supports user namespaces (containerd >= 2.0, CRI-O >= 1.25)"),
+        ),
+    }
+}
+
+/// Whether Pods under RuntimeClass `class` start, and run on a kernel of their own: a probe
+/// Pod under the class and one without it read `/proc/version`, which gVisor's kernel and a
+/// Kata or Firecracker VM's answer differently from the node's. A class whose Pods cannot start
+/// is named with why (a VM class without `/dev/kvm` on the node fails here), and one whose
+/// handler runs Pods on the node's kernel after all fails too.
+async fn probe_runtime_class(client: &Client, config: &KubeConfig, class: &str) -> (CheckStatus, String) {
+    let ns = config.namespace.as_str();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut b = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let (inside, outside) = (format!("paddock-probe-class-{tag}"), format!("paddock-probe-node-{tag}"));
+    let kernel_of = async |name: &str, class: Option<&str>| -> Result<String, String> {
+        let mut pod =
+            probe_pod(ns, name, "runtimeclass", config, &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"])
+                .map_err(|e| e.to_string())?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.runtime_class_name = class.map(str::to_owned);
+        }
+        pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("the API refused the Pod: {e}"))?;
+        wait_running_or_stuck(&pods, name, Duration::from_secs(90)).await?;
+        let (code, out, err) = exec_in(&pods, name, vec!["cat".into(), "/proc/version".into()]).await?;
+        if code != 0 {
+            return Err(format!("reading /proc/version failed: {}", String::from_utf8_lossy(&err).trim()));
+        }
+        Ok(String::from_utf8_lossy(&out).trim().to_owned())
+    };
+    let (under_class, on_node) = tokio::join!(kernel_of(&inside, Some(class)), kernel_of(&outside, None));
+    for name in [&inside, &outside] {
+        let _ = pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+    }
+    class_verdict(class, config.isolation, under_class, on_node)
+}
+
+/// The verdict of [`probe_runtime_class`] from the kernels the two Pods saw.
+fn class_verdict(
+    class: &str,
+    isolation: Option<crate::Isolation>,
+    under_class: Result<String, String>,
+    on_node: Result<String, String>,
+) -> (CheckStatus, String) {
+    let declared = isolation.map_or("its isolation", crate::Isolation::name);
+    let under_class = match under_class {
+        Ok(k) => k,
+        Err(why) => {
+            let kvm = if isolation.is_some_and(crate::Isolation::needs_kvm) {
+                format!(
+                    "; {declared} runs each Pod in a virtual machine and needs /dev/kvm on the node (on a cloud VM, nested virtualization): check `ls -l /dev/kvm` on the nodes the class schedules to"
+                )
+            } else {
+                String::new()
+            };
+            return (CheckStatus::Fail, format!("a Pod under RuntimeClass {class} cannot run here ({why}){kvm}"));
+        }
+    };
+    match on_node {
+        Ok(node) if node == under_class => (
+            CheckStatus::Fail,
+            format!(
+                "Pods under RuntimeClass {class} run on the node's own kernel ({node}), not behind {declared}: its handler is not what --isolation declares; fix the class's handler, or declare no isolation for it"
+            ),
+        ),
+        Ok(node) => (
+            CheckStatus::Pass,
+            format!(
+                "Pods under RuntimeClass {class} run on a kernel of their own ({under_class}), not the node's ({node})"
+            ),
+        ),
+        Err(why) => (
+            CheckStatus::Warn,
+            format!(
+                "a Pod under RuntimeClass {class} runs ({under_class}), but the node's kernel could not be read to compare ({why})"
+            ),
         ),
     }
 }
@@ -480,6 +561,35 @@ mod tests {
         assert!(r.ok());
         r.push("c", CheckStatus::Fail, "");
         assert!(!r.ok());
+    }
+
+    #[test]
+    fn a_runtime_class_passes_only_on_a_kernel_of_its_own_and_a_vm_class_that_cannot_start_names_kvm() {
+        let linux = || Ok::<_, String>("Linux version 6.18.0 (debian)".to_owned());
+        let (s, d) =
+            class_verdict("kata", Some(crate::Isolation::Kata), Ok("Linux version 6.12.1 (kata)".into()), linux());
+        assert_eq!(s, CheckStatus::Pass, "{d}");
+        let (s, d) = class_verdict(
+            "gvisor",
+            Some(crate::Isolation::Gvisor),
+            Ok("Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016".into()),
+            linux(),
+        );
+        assert_eq!(s, CheckStatus::Pass, "{d}");
+        // A handler that is runc after all: the node's kernel.
+        let (s, d) = class_verdict("kata", Some(crate::Isolation::Kata), linux(), linux());
+        assert_eq!(s, CheckStatus::Fail);
+        assert!(d.contains("node's own kernel") && d.contains("Kata"), "{d}");
+        // A VM class whose Pods cannot start: /dev/kvm is named; gVisor's failure is not about it.
+        let stuck = || Err::<String, _>("RunContainerError: failed to create shim task".to_owned());
+        let (s, d) = class_verdict("fc", Some(crate::Isolation::Firecracker), stuck(), linux());
+        assert_eq!(s, CheckStatus::Fail);
+        assert!(d.contains("/dev/kvm") && d.contains("failed to create shim task"), "{d}");
+        let (_, d) = class_verdict("gvisor", Some(crate::Isolation::Gvisor), stuck(), linux());
+        assert!(!d.contains("/dev/kvm"), "{d}");
+        // The node's side unreadable: not a pass, not a failure of the class.
+        let (s, _) = class_verdict("kata", Some(crate::Isolation::Kata), Ok("x".into()), Err("y".into()));
+        assert_eq!(s, CheckStatus::Warn);
     }
 
     #[test]

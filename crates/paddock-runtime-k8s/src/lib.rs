@@ -104,6 +104,36 @@ pub struct KubeConfig {
     /// The PriorityClass of each run tier's sandbox Pods (`--priority-class TIER=CLASS`);
     /// empty: every Pod has the cluster's default priority.
     pub priority_classes: std::collections::BTreeMap<String, String>,
+    /// What `runtime_class` is declared to give (`--isolation`), which `paddock check` proves.
+    pub isolation: Option<Isolation>,
+}
+
+/// The boundary a RuntimeClass gives, as the operator declared it (never guessed from its
+/// name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// A user-space kernel (runsc).
+    Gvisor,
+    /// A virtual machine per Pod, which needs `/dev/kvm` on the node.
+    Kata,
+    /// A Firecracker microVM per Pod, which needs `/dev/kvm` on the node.
+    Firecracker,
+}
+
+impl Isolation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gvisor => "gVisor",
+            Self::Kata => "Kata",
+            Self::Firecracker => "Firecracker",
+        }
+    }
+
+    /// Whether the class runs a virtual machine, which needs hardware virtualization
+    /// (`/dev/kvm`, nested virtualization on a cloud VM) on the node.
+    pub fn needs_kvm(self) -> bool {
+        matches!(self, Self::Kata | Self::Firecracker)
+    }
 }
 
 const NO_GATEWAY_IN_CLAIMS: &str = "a claimed Pod's NetworkPolicy is its template's, which cannot open the gateway to one run: serve runs with the keeper model (--model keeper)";
@@ -151,6 +181,7 @@ impl Default for KubeConfig {
             profile_idle: Duration::from_secs(3600),
             gateway_address: None,
             priority_classes: Default::default(),
+            isolation: None,
         }
     }
 }

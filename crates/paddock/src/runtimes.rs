@@ -394,6 +394,11 @@ impl KubeOpts {
             profile_idle: self.profile_idle,
             gateway_address: self.gateway_address,
             priority_classes: self.priority_class_map()?,
+            isolation: self.isolation.map(|i| match i {
+                IsolationKind::Gvisor => paddock_runtime_k8s::Isolation::Gvisor,
+                IsolationKind::Kata => paddock_runtime_k8s::Isolation::Kata,
+                IsolationKind::Firecracker => paddock_runtime_k8s::Isolation::Firecracker,
+            }),
             agent: match self.agent.as_deref() {
                 Some("none") => None,
                 Some(path) => Some(PathBuf::from(path)),
