@@ -15,7 +15,7 @@ namespace:
 - HTTP on port 80 and HTTPS (the test CA) on 443, on both addresses: `GET /` answers
   "hello from outside host=<Host> sni=<server name>", `GET /bytes/N` answers N bytes, and
   `GET` or `POST /echo...` answers what it received as JSON (method, path, headers and their
-  sha256, body, sni; gzip when the request accepts it), `GET /redirect?to=URL` answers 302 to URL.
+  sha256, body, sni; gzip when the request accepts it or `?force=gzip` says so, a body labelled brotli for `?force=br`), `GET /redirect?to=URL` answers 302 to URL.
 - A forward proxy on NET.2:3128: `CONNECT ip:port` with `Proxy-Authorization` for
   paddock:proxy-pass opens a tunnel (anything else: 407, or 502 for a name); each request is
   logged as "authority credential" to connects.log beside the CA.
@@ -102,8 +102,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         # Compressed when asked for, as real servers answer: what echoes a value back then
-        # carries it in gzip, where a byte search cannot see it.
-        if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+        # carries it in gzip, where a byte search cannot see it. `?force=gzip` compresses
+        # whatever was asked, as a server that ignores `Accept-Encoding: identity` does;
+        # `?force=br` labels the body brotli, a coding a credential proxy cannot undo here.
+        force = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("force", [""])[0]
+        if force == "br":
+            self.send_header("Content-Encoding", "br")
+        elif force == "gzip" or "gzip" in (self.headers.get("Accept-Encoding") or ""):
             out = gzip.compress(out)
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(out)))

@@ -120,6 +120,13 @@ def test_every_auth_type_is_injected_and_a_change_adds_replaces_and_deletes(make
     got = fetch(sb, f"--compressed http://{HOST}/echo/bearer")
     assert got["headers"]["authorization"] == "Bearer " + "*" * len("vault-bearer-token"), got
     assert got["headers"]["accept-encoding"] == "identity", got
+    # An upstream that compresses although asked for identity: decompressed, searched, masked.
+    got = fetch(sb, f"'http://{HOST}/echo/bearer?force=gzip'")
+    assert got["headers"]["authorization"] == "Bearer " + "*" * len("vault-bearer-token"), got
+    # A coding the proxy cannot undo is refused rather than passed unread (a 502 saying why).
+    text = fetch(sb, f"-w ' %{{http_code}}' 'http://{HOST}/echo/bearer?force=br'")
+    assert isinstance(text, str) and text.endswith(" 502") and '"br"' in text, text
+    assert "vault-bearer-token" not in text, text
     assert fetch(sb, f"http://{HOST}/echo/basic")["digests"]["authorization"] == sha("Basic dXNlcjpwYXNz")
     assert fetch(sb, f"http://{HOST}/echo/api-key")["digests"]["x-api-key"] == sha("vault-api-key-token")
     d = fetch(sb, f"http://{HOST}/echo/custom-headers")["digests"]

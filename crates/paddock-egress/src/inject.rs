@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use crate::state::{Enforcer, Kind};
 
 /// Largest request head read (a head past it is refused).
-const MAX_HEAD: usize = 64 << 10;
+pub(crate) const MAX_HEAD: usize = 64 << 10;
 /// Largest body read whole for a body substitution; larger ones pass unchanged.
 const MAX_SUBSTITUTED_BODY: usize = 4 << 20;
 /// How long a refused request waits for the upstream to finish what it was sent before.
@@ -35,7 +35,7 @@ const HOLD: Duration = Duration::from_millis(20);
 /// framing (lengths, chunk sizes) stays right. Only a tail that could be the start of a value
 /// is held back for the next read (or [`HOLD`]), so a value split between reads is caught and
 /// nothing else waits. Requests ask for plain responses (`Accept-Encoding: identity`); a body an
-/// upstream compresses anyway is not looked into.
+/// upstream compresses anyway reaches this decompressed ([`crate::responses`]).
 async fn redact_copy<R, W>(r: &mut R, w: &mut W, secrets: &[&[u8]]) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -63,18 +63,48 @@ where
             return w.flush().await;
         }
         buf.extend_from_slice(&chunk[..n]);
-        for s in secrets {
-            let mut at = 0;
-            while let Some(i) = find(&buf[at..], s) {
-                let start = at + i;
-                buf[start..start + s.len()].fill(b'*');
-                at = start + s.len();
-            }
-        }
+        mask(&mut buf, secrets);
         let emit = buf.len() - partial_tail(&buf, secrets);
         w.write_all(&buf[..emit]).await?;
         buf.drain(..emit);
         w.flush().await?;
+    }
+}
+
+/// Overwrites every whole value in `buf` with `*`.
+fn mask(buf: &mut [u8], secrets: &[&[u8]]) {
+    for s in secrets {
+        let mut at = 0;
+        while let Some(i) = find(&buf[at..], s) {
+            let start = at + i;
+            buf[start..start + s.len()].fill(b'*');
+            at = start + s.len();
+        }
+    }
+}
+
+/// [`redact_copy`]'s masking for a body that arrives in pieces whose framing the stream
+/// puts between them (chunks): what `push` answers is masked and may be sent, a tail that
+/// could start a value is held for the next piece, and `finish` answers it at the body's end.
+pub(crate) struct Redactor<'a> {
+    secrets: &'a [&'a [u8]],
+    held: Vec<u8>,
+}
+
+impl<'a> Redactor<'a> {
+    pub(crate) fn new(secrets: &'a [&'a [u8]]) -> Self {
+        Self { secrets, held: Vec::new() }
+    }
+
+    pub(crate) fn push(&mut self, piece: &[u8]) -> Vec<u8> {
+        self.held.extend_from_slice(piece);
+        mask(&mut self.held, self.secrets);
+        let emit = self.held.len() - partial_tail(&self.held, self.secrets);
+        self.held.drain(..emit).collect()
+    }
+
+    pub(crate) fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
     }
 }
 
@@ -124,8 +154,9 @@ where
     let mut reader = BufReader::with_capacity(64 << 10, std::io::Cursor::new(first).chain(cr));
     let refusal = std::sync::Mutex::new(None::<String>);
     let refused = tokio::sync::Notify::new();
+    let (asked_tx, asked_rx) = tokio::sync::mpsc::unbounded_channel();
     let up = async {
-        if let Some(why) = requests(enf, &vault, &mut reader, &mut uw, target).await {
+        if let Some(why) = requests(enf, &vault, &mut reader, &mut uw, target, asked_tx).await {
             enf.denied(Kind::Tcp, format!("{} (http request)", target.host), why.clone());
             *refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
             refused.notify_one();
@@ -136,11 +167,33 @@ where
     let secrets: Vec<&[u8]> =
         vault.credentials.iter().map(|c| c.value.expose().as_bytes()).filter(|v| v.len() >= MIN_REDACTED).collect();
     let down = async {
-        tokio::select! {
-            _ = redact_copy(&mut ur, &mut cw, &secrets) => {}
-            // A refused request is answered once the upstream finished the earlier ones, or
-            // after a while if it keeps the connection open.
-            _ = async { refused.notified().await; tokio::time::sleep(DRAIN).await } => {}
+        {
+            // Responses made plain (compressed bodies decompressed), then redacted on their way.
+            let (mut plain_w, mut plain_r) = tokio::io::duplex(RELAY);
+            let decode = async {
+                if let Err(crate::responses::Refused(why)) =
+                    crate::responses::plain(&mut ur, &mut plain_w, asked_rx, &secrets).await
+                {
+                    enf.denied(Kind::Tcp, format!("{} (http response)", target.host), why.clone());
+                    let _ = plain_w.write_all(&crate::proxy::bad_gateway(&why, "credential proxy")).await;
+                }
+                let _ = plain_w.shutdown().await;
+            };
+            let relay = async {
+                tokio::select! {
+                    _ = redact_copy(&mut plain_r, &mut cw, &secrets) => {}
+                    // A refused request is answered once the upstream finished the earlier ones,
+                    // or after a while if it keeps the connection open.
+                    _ = async { refused.notified().await; tokio::time::sleep(DRAIN).await } => {}
+                }
+            };
+            tokio::pin!(decode, relay);
+            tokio::select! {
+                // Relayed to the end (or given up on): what the upstream still sends goes nowhere.
+                () = &mut relay => {}
+                // The upstream ended: what was made plain is still relayed.
+                () = &mut decode => relay.await,
+            }
         }
         let why = refusal.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(why) = why {
@@ -160,6 +213,7 @@ async fn requests<R, W>(
     reader: &mut BufReader<R>,
     up: &mut W,
     target: &Target,
+    asked: tokio::sync::mpsc::UnboundedSender<crate::responses::Asked>,
 ) -> Option<String>
 where
     R: AsyncRead + Unpin,
@@ -193,6 +247,12 @@ where
             enf.injected();
         }
         let upgrade = req.method == "CONNECT" || req.header("upgrade").is_some();
+        // Before the request goes up, so its response always finds it.
+        let _ = asked.send(crate::responses::Asked {
+            head: req.method == "HEAD",
+            connect: req.method == "CONNECT",
+            http10: req.version == 0,
+        });
         let framing = match req.framing() {
             Ok(f) => f,
             Err(why) => return Some(why),
@@ -577,7 +637,7 @@ async fn read_chunked<R: AsyncRead + Unpin>(r: &mut BufReader<R>, max: usize) ->
     }
 }
 
-async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+pub(crate) async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     r: &mut BufReader<R>,
     w: &mut W,
     n: u64,
@@ -590,7 +650,7 @@ async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 }
 
 /// A chunk's size line as sent, and the size it gives.
-async fn chunk_size<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<(Vec<u8>, u64)> {
+pub(crate) async fn chunk_size<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<(Vec<u8>, u64)> {
     let mut line = Vec::new();
     if r.take(4096).read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
@@ -616,7 +676,7 @@ async fn trailers<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(r: &mut BufReader
 }
 
 /// Forwards a chunked body through its last chunk and trailers, exactly as sent.
-async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+pub(crate) async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     r: &mut BufReader<R>,
     w: &mut W,
 ) -> std::io::Result<()> {
@@ -761,7 +821,10 @@ GET /b/2 HTTP/1.1\r\nHost: api.test\r\n\r\n";
         let mut reader = BufReader::new(&input[..]);
         let mut up = Vec::new();
         let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
-        assert_eq!(requests(&enf, &v, &mut reader, &mut up, &target).await, None);
+        assert_eq!(
+            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await,
+            None
+        );
         let up = String::from_utf8(up).unwrap();
         let (first, next) = up.split_once("GET /b/2").unwrap();
         assert!(first.ends_with("\r\nContent-Length: 11\r\n\r\nv=a b&c end"), "{first}");
@@ -775,7 +838,8 @@ GET /b/2 HTTP/1.1\r\nHost: api.test\r\n\r\n";
         );
         let mut reader = BufReader::new(big.as_bytes());
         let mut up = Vec::new();
-        let why = requests(&enf, &v, &mut reader, &mut up, &target).await.unwrap();
+        let why =
+            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await.unwrap();
         assert!(why.contains("chunked request body over 4 MiB"), "{why}");
         assert!(up.is_empty(), "nothing of it was sent");
     }
@@ -791,7 +855,8 @@ GET /b/3 HTTP/1.1\r\nHost: evil.test\r\n\r\n";
         let mut reader = BufReader::new(&input[..]);
         let mut up = Vec::new();
         let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
-        let why = requests(&enf, &v, &mut reader, &mut up, &target).await.unwrap();
+        let why =
+            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await.unwrap();
         assert!(why.contains("a request for evil.test on a connection made to api.test"), "{why}");
         let up = String::from_utf8(up).unwrap();
         assert_eq!(up.matches("Authorization: Bearer T0K").count(), 2, "{up}");

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod inject;
 pub mod intercept;
 pub mod proxy;
+mod responses;
 pub mod sniff;
 pub mod state;
 

@@ -255,11 +255,28 @@ async fn refuse(mut conn: TcpStream, hello: &Hello, why: &str) {
 /// An HTTP 403 whose body and `X-Paddock-Egress` header say the block is deliberate (so an
 /// agent stops retrying).
 pub(crate) fn forbidden(verb: &str, why: &str, by: &str) -> Vec<u8> {
-    let body = format!(
-        "Paddock egress {verb} this request: {why}.\nThis is a deliberate block by the sandbox's {by}, not a network fault; retrying or using another route will not help.\n"
-    );
+    denial(
+        "403 Forbidden",
+        format!(
+            "Paddock egress {verb} this request: {why}.\nThis is a deliberate block by the sandbox's {by}, not a network fault; retrying or using another route will not help.\n"
+        ),
+    )
+}
+
+/// A `502` for an upstream's answer that the `by` will not pass on, and why.
+pub(crate) fn bad_gateway(why: &str, by: &str) -> Vec<u8> {
+    denial(
+        "502 Bad Gateway",
+        format!(
+            "Paddock egress refused the upstream's response: {why}.\nThis is a deliberate block by the sandbox's {by}, not a network fault.\n"
+        ),
+    )
+}
+
+/// A closing answer with `status` and a text body, marked as the enforcer's own.
+fn denial(status: &str, body: String) -> Vec<u8> {
     let head = format!(
-        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nX-Paddock-Egress: denied\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nX-Paddock-Egress: denied\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     [head.into_bytes(), body.into_bytes()].concat()
