@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::text::{
-    BadRange, ByteRange, format_mode, glob_match, parse_mode, parse_query, parse_range, query_all, query_one,
+    BadRange, ByteRange, NameGlob, format_mode, parse_mode, parse_query, parse_range, query_all, query_one,
 };
 use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
@@ -470,19 +470,19 @@ pub async fn search(
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to search"))?;
-    let pattern = query_one(&q, "pattern").unwrap_or("**");
+    let pattern = NameGlob::new(query_one(&q, "pattern").unwrap_or("**"));
     let root = stat(&state, &sandbox, path).await?;
     let names = names(&state, &sandbox).await;
     if root.kind != FileKind::Dir {
         let name = FsPath::new(&root.path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let hit = glob_match(pattern, &name).then(|| file_info(root, &names));
+        let hit = pattern.matches(&name).then(|| file_info(root, &names));
         return Ok(axum::Json(hit.into_iter().collect::<Vec<_>>()).into_response());
     }
     let found: Vec<_> = walk(&state, &sandbox, &root.path, None)
         .await?
         .into_iter()
         .filter(|s| s.kind != FileKind::Dir)
-        .filter(|s| FsPath::new(&s.path).file_name().is_some_and(|n| glob_match(pattern, &n.to_string_lossy())))
+        .filter(|s| FsPath::new(&s.path).file_name().is_some_and(|n| pattern.matches(&n.to_string_lossy())))
         .map(|s| file_info(s, &names))
         .collect();
     Ok(axum::Json(found).into_response())

@@ -194,174 +194,35 @@ pub fn format_mode(bits: u32) -> u32 {
     format!("{:o}", bits & 0o7777).parse().unwrap_or(0)
 }
 
-/// Whether a file name matches an execd search pattern. Patterns are matched against the name
-/// only (as execd does), so leading `**/` segments match any directory and `**` is `*`.
-/// Supports `*`, `?`, `[abc]`, `[a-z]`, `[!a]`/`[^a]`, `{a,b}` and `\` escapes.
-pub fn glob_match(pattern: &str, name: &str) -> bool {
-    let mut p = pattern;
-    while let Some(rest) = p.strip_prefix("**/") {
-        p = rest;
-    }
-    let p: Vec<char> = p.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    expand_braces(&p, 0).iter().any(|alt| match_simple(alt, &n))
+/// An execd search pattern, matched against a file's name only (as execd does), so leading
+/// `**/` segments match any directory and `**` is `*`. Supports what globset does: `*`, `?`,
+/// `[abc]`, `[a-z]`, `[!a]`/`[^a]`, `{a,b}` and `\` escapes. A pattern globset cannot read (an
+/// unclosed `[` or `{`) matches itself literally, as a shell's glob does.
+pub enum NameGlob {
+    Glob(globset::GlobMatcher),
+    Literal(String),
 }
 
-/// Brace expansion, bounded so a hostile pattern cannot explode (the excess simply never matches).
-fn expand_braces(p: &[char], depth: u32) -> Vec<Vec<char>> {
-    const MAX_ALTERNATIVES: usize = 256;
-    let mut i = 0;
-    while i < p.len() {
-        match p[i] {
-            '\\' => i += 1,
-            '{' if depth < 8 => {
-                if let Some((alts, end)) = alternatives(p, i) {
-                    let mut out = Vec::new();
-                    for alt in alts {
-                        let mut q = p[..i].to_vec();
-                        q.extend(alt);
-                        q.extend_from_slice(&p[end..]);
-                        out.extend(expand_braces(&q, depth + 1));
-                        if out.len() >= MAX_ALTERNATIVES {
-                            out.truncate(MAX_ALTERNATIVES);
-                            break;
-                        }
-                    }
-                    return out;
-                }
-            }
-            _ => {}
+impl NameGlob {
+    pub fn new(pattern: &str) -> Self {
+        let mut p = pattern;
+        while let Some(rest) = p.strip_prefix("**/") {
+            p = rest;
         }
-        i += 1;
+        let glob =
+            globset::GlobBuilder::new(p).literal_separator(false).backslash_escape(true).empty_alternates(true).build();
+        match glob {
+            Ok(g) => Self::Glob(g.compile_matcher()),
+            Err(_) => Self::Literal(p.to_owned()),
+        }
     }
-    vec![p.to_vec()]
-}
 
-/// `*`, `?`, classes and escapes, with single-star backtracking (linear in practice).
-fn match_simple(p: &[char], n: &[char]) -> bool {
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() || pi < p.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    while pi < p.len() && p[pi] == '*' {
-                        pi += 1;
-                    }
-                    star = Some((pi, ni));
-                    continue;
-                }
-                '?' if ni < n.len() => {
-                    pi += 1;
-                    ni += 1;
-                    continue;
-                }
-                '[' if ni < n.len() => match class(p, pi, n[ni]) {
-                    Some((true, end)) => {
-                        pi = end;
-                        ni += 1;
-                        continue;
-                    }
-                    Some((false, _)) => {}
-                    // An unclosed `[` is a literal.
-                    None if n[ni] == '[' => {
-                        pi += 1;
-                        ni += 1;
-                        continue;
-                    }
-                    None => {}
-                },
-                '\\' if pi + 1 < p.len() && ni < n.len() && p[pi + 1] == n[ni] => {
-                    pi += 2;
-                    ni += 1;
-                    continue;
-                }
-                // An escape that does not match here must not match as a literal backslash.
-                '\\' if pi + 1 < p.len() => {}
-                c if ni < n.len() && c == n[ni] && c != '?' && c != '[' => {
-                    pi += 1;
-                    ni += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((sp, sn)) if sn < n.len() => {
-                star = Some((sp, sn + 1));
-                pi = sp;
-                ni = sn + 1;
-            }
-            _ => return false,
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Glob(g) => g.is_match(name),
+            Self::Literal(l) => l == name,
         }
     }
-    true
-}
-
-/// `{a,b,c}` starting at `p[at]` → the alternatives and the index after `}`.
-fn alternatives(p: &[char], at: usize) -> Option<(Vec<Vec<char>>, usize)> {
-    let (mut alts, mut cur, mut level) = (Vec::new(), Vec::new(), 0);
-    let mut i = at + 1;
-    while i < p.len() {
-        match p[i] {
-            '\\' if i + 1 < p.len() => {
-                cur.push('\\');
-                cur.push(p[i + 1]);
-                i += 1;
-            }
-            '{' => {
-                level += 1;
-                cur.push('{');
-            }
-            '}' if level > 0 => {
-                level -= 1;
-                cur.push('}');
-            }
-            '}' => {
-                alts.push(cur);
-                return Some((alts, i + 1));
-            }
-            ',' if level == 0 => alts.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-        i += 1;
-    }
-    None
-}
-
-/// Whether `c` matches the class starting at `p[at]` (`[`), and the index after `]`; `None` when
-/// the class is not closed.
-fn class(p: &[char], at: usize, c: char) -> Option<(bool, usize)> {
-    let mut i = at + 1;
-    let negate = i < p.len() && (p[i] == '!' || p[i] == '^');
-    if negate {
-        i += 1;
-    }
-    let (mut matched, mut first) = (false, true);
-    while i < p.len() {
-        if p[i] == ']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        let mut lo = p[i];
-        if lo == '\\' && i + 1 < p.len() {
-            i += 1;
-            lo = p[i];
-        }
-        if i + 2 < p.len() && p[i + 1] == '-' && p[i + 2] != ']' {
-            let mut hi = p[i + 2];
-            i += 2;
-            if hi == '\\' && i + 1 < p.len() {
-                i += 1;
-                hi = p[i];
-            }
-            matched |= lo <= c && c <= hi;
-        } else {
-            matched |= lo == c;
-        }
-        i += 1;
-    }
-    None
 }
 
 /// The `KEY=VALUE` entries of an env file as `commands.set_env` writes them: `KEY='value'`
@@ -586,7 +447,7 @@ mod tests {
             ("*a*b*", "xaybz"),
             ("", ""),
         ] {
-            assert!(glob_match(p, n), "{p} should match {n}");
+            assert!(NameGlob::new(p).matches(n), "{p} should match {n}");
         }
         for (p, n) in [
             ("*.py", "a.rs"),
@@ -600,9 +461,9 @@ mod tests {
             ("a", "ab"),
             ("[unclosed", "u"),
         ] {
-            assert!(!glob_match(p, n), "{p} should not match {n}");
+            assert!(!NameGlob::new(p).matches(n), "{p} should not match {n}");
         }
-        assert!(glob_match("[unclosed", "[unclosed"));
+        assert!(NameGlob::new("[unclosed").matches("[unclosed"));
     }
 
     #[test]
