@@ -5,9 +5,15 @@
 # in-cluster targets only.
 gate_part() {
   local ns id out rc=0
-  step "paddock gate: every check passes from a sandbox Pod"
+  step "paddock gate: every check passes from a sandbox Pod, whose one way home is the gate's gateway"
   ns=$(fresh_ns gate)
-  "$bin" $serve_args --namespace "$ns" gate "${gate_offline[@]}" || die "paddock gate failed on the cluster"
+  # The gate serves a gateway of its own at the node's address, which the probing Pod's policy
+  # opens on that port alone: it must answer, while the API server and the kubelet on the
+  # same address must not.
+  out=$("$bin" $serve_args --namespace "$ns" --gateway-address "$NODE_IP:18798" gate "${gate_offline[@]}" 2>&1) \
+    || die "paddock gate failed on the cluster: $out"
+  echo "$out" | grep -E '^(PASS|FAIL|SKIP)'
+  echo "$out" | grep -q "^PASS  reaches its gateway" || die "the gate did not reach its own gateway from the Pod: $out"
   step "paddock gate: a sandbox a NetworkPolicy opens to the API server fails it"
   id=$("$bin" $serve_args --namespace "$ns" create --timeout 10m | tail -n1)
   K apply -f - >/dev/null <<POLICY

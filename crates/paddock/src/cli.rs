@@ -693,7 +693,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
             output::created(&info, json);
             Ok(0)
         }
-        Command::Gate { sandbox, targets } => crate::gate::run_bounded(rt, sandbox, &targets, json).await,
+        Command::Gate { sandbox, targets } => {
+            crate::gate::run_bounded(rt, sandbox, &targets, json, cli.runtime.gateway_address()?).await
+        }
         Command::Ls => {
             output::list(&rt.list().await?, json);
             Ok(0)

@@ -1,6 +1,9 @@
 //! `paddock gate`: proves the sandbox boundary from inside a sandbox, on whichever runtime the
 //! binary was given. A positive control first (a listener in the same sandbox must answer, or
-//! the probe itself is broken and the gate is inconclusive), then everything that must not
+//! the probe itself is broken and the gate is inconclusive), then the sandbox's one way home:
+//! a gateway the gate serves itself must answer at `$PADDOCK_GATEWAY` with the gate's nonce
+//! (on Kubernetes with `--gateway-address`; SKIP where the runtime gives no gateway), then
+//! everything that must not
 //! answer: what the runtime names (the API server, its endpoints, cluster DNS, the nodes'
 //! kubelets; the host's own addresses), the cloud metadata address, the outside world and
 //! another sandbox; and no service-account token, no capabilities, not root.
@@ -95,6 +98,14 @@ startup_probe() {
   while awk -v a="$(age)" 'BEGIN { exit !(a < 10) }'; do sleep 0.5; done
   a2=$(age); r2=$(tcp "$1" "$2")
   echo "$a1 $r1 $a2 $r2"
+}
+fetch() {
+  if command -v curl >/dev/null 2>&1; then curl -sS -m 5 "$1" 2>&1
+  # Bounded by timeout(1): busybox wget's own -T crashes in some builds.
+  elif command -v wget >/dev/null 2>&1; then timeout 6 wget -q -O- "$1" 2>&1
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>&1
+  else echo noprobe; fi
 }
 wait_open() {
   i=0
@@ -262,29 +273,31 @@ fn common_targets() -> Vec<IsolationTarget> {
     ]
 }
 
-/// Runs the gate; exit 0 when every check passes, 1 when one fails, 2 when inconclusive.
-pub async fn run(rt: &dyn Runtime, sandbox: Option<String>, options: &TargetOptions, json: bool) -> Result<u8> {
-    let mut made = Vec::new();
-    let result = gate(rt, sandbox, options, json, &mut made).await;
-    for id in made {
-        let _ = rt.destroy(&id).await;
-    }
-    result
-}
-
 async fn gate(
     rt: &dyn Runtime,
     sandbox: Option<String>,
     options: &TargetOptions,
     json: bool,
+    gateway_address: Option<std::net::SocketAddr>,
     made: &mut Vec<SandboxId>,
 ) -> Result<u8> {
     let spec = || SandboxSpec { timeout_secs: Some(600), ..Default::default() };
+    // The sandbox's one way home: a gateway of the gate's own, which must answer while
+    // nothing else does.
+    let gateway = match &sandbox {
+        Some(_) => Err("an existing sandbox (--sandbox) has no way home to the gate".to_owned()),
+        None => Gateway::open(rt, gateway_address).await?,
+    };
     let a = match sandbox {
         Some(id) => SandboxId::parse(&id).with_context(|| format!("--sandbox {id}"))?,
         None => {
             eprintln!("gate: creating a sandbox to probe from");
-            let info = rt.create(spec()).await.context("creating the gate's sandbox")?;
+            let mut probing = spec();
+            if let Ok(g) = &gateway {
+                probing.gateway = Some(g.address);
+                probing.gateway_secret = Some(paddock_core::spec::GatewaySecret(g.secret.clone()));
+            }
+            let info = rt.create(probing).await.context("creating the gate's sandbox")?;
             made.push(info.id.clone());
             info.id
         }
@@ -302,6 +315,7 @@ async fn gate(
     let b = rt.create(spec()).await.context("creating the gate's neighbour sandbox")?;
     made.push(b.id.clone());
     let mut checks = Vec::new();
+    let mut not_applicable = None;
     let mut push = |name: &str, target: String, passed: bool, detail: String| {
         let skipped = options.skips(name);
         checks.push(Check { name: name.into(), target, passed: passed || skipped, detail, skipped });
@@ -335,6 +349,24 @@ async fn gate(
         return Ok(2);
     }
     push("positive control", format!("127.0.0.1:{LISTEN_PORT} in the sandbox"), true, "answered".into());
+    match &gateway {
+        Ok(g) => {
+            eprintln!("gate: reaching the gate's gateway from {a}");
+            let (_, out) = sh(rt, &a, "echo \"url $PADDOCK_GATEWAY\"; fetch \"$PADDOCK_GATEWAY/gate\"").await?;
+            let (passed, detail) = gateway_verdict(&out, &g.nonce);
+            push(GATEWAY_CHECK, format!("$PADDOCK_GATEWAY ({})", g.address), passed, detail);
+        }
+        // Shown as SKIP, never as a pass: nothing was tried.
+        Err(why) => {
+            not_applicable = Some(Check {
+                name: GATEWAY_CHECK.into(),
+                target: "$PADDOCK_GATEWAY".into(),
+                passed: true,
+                detail: format!("not checked: {why}"),
+                skipped: true,
+            });
+        }
+    }
     if let Some((target, (passed, detail))) = startup {
         push(STARTUP_CHECK, target, passed, detail);
     }
@@ -466,6 +498,7 @@ async fn gate(
             ),
         );
     }
+    checks.extend(not_applicable);
     for s in &options.skip {
         if !checks.iter().any(|c| c.name.eq_ignore_ascii_case(s.trim())) {
             eprintln!(
@@ -485,6 +518,97 @@ async fn gate(
 }
 
 const USERNS_CHECK: &str = "own user namespace or gVisor kernel";
+const GATEWAY_CHECK: &str = "reaches its gateway";
+
+/// A gateway of the gate's own: it answers every request that reaches it with a nonce, so
+/// the sandbox's answer proves the way home works end to end (a forwarder in the sandbox
+/// accepts a connection whether or not its upstream answers).
+struct Gateway {
+    /// Where the sandbox's way home leads.
+    address: std::net::SocketAddr,
+    secret: String,
+    nonce: String,
+    _serving: tokio::task::JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Listens where the runtime's sandboxes can reach it: for a runtime that dials a given
+    /// address (`--gateway-address`, Kubernetes), there (or on every address at its port when
+    /// it is not this machine's); else on loopback, which the runtime's forwarder reaches.
+    /// `Err` says why this runtime gives no way home.
+    async fn open(rt: &dyn Runtime, given: Option<std::net::SocketAddr>) -> Result<std::result::Result<Self, String>> {
+        let caps = rt.capabilities();
+        if !caps.gateway {
+            let why = caps.no_gateway_because.unwrap_or_else(|| "this runtime gives sandboxes no gateway".into());
+            return Ok(Err(why));
+        }
+        let (listen, address) = match given {
+            Some(at) if std::net::TcpListener::bind(std::net::SocketAddr::new(at.ip(), 0)).is_ok() => (at, None),
+            Some(at) => (std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), at.port()), Some(at)),
+            None => ((std::net::Ipv4Addr::LOCALHOST, 0).into(), None),
+        };
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening for the gate's gateway on {listen}"))?;
+        let address = address.unwrap_or(listener.local_addr()?);
+        let (secret, nonce) = (random_hex(), random_hex());
+        let answer = format!("paddock-gate {nonce}\n");
+        let serving = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else { return };
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    // The request (after a forwarder's first line, if any) is not looked at:
+                    // whatever reaches this listener gets the nonce.
+                    let mut buf = [0u8; 4096];
+                    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
+                    let reply = format!(
+                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    let _ = conn.write_all(reply.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        Ok(Ok(Self { address, secret, nonce, _serving: serving }))
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self._serving.abort();
+    }
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 16];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// What the sandbox printed for its gateway: `url $PADDOCK_GATEWAY`, then the answer.
+fn gateway_verdict(out: &str, nonce: &str) -> (bool, String) {
+    let url = out.lines().find_map(|l| l.strip_prefix("url ")).unwrap_or_default().trim().to_owned();
+    if url.is_empty() {
+        return (false, "the sandbox has no PADDOCK_GATEWAY: the runtime gave it no way home".into());
+    }
+    if out.contains(&format!("paddock-gate {nonce}")) {
+        return (true, format!("{url} answered with the gate's nonce"));
+    }
+    if out.contains("noprobe") {
+        return (false, "the sandbox's image has neither curl, wget nor python3 to call its gateway with".into());
+    }
+    let said = out.lines().filter(|l| !l.starts_with("url ")).collect::<Vec<_>>().join(" ");
+    (
+        false,
+        format!(
+            "{url} did not answer with the gate's nonce ({:?}): the sandbox cannot reach its way home",
+            said.trim()
+        ),
+    )
+}
 const STARTUP_CHECK: &str = "unreachable 10 s after the start";
 
 /// What `startup_probe` printed: `FIRST_AGE FIRST_RESULT FINAL_AGE FINAL_RESULT`.
@@ -568,8 +692,23 @@ fn print(checks: &[Check], json: bool, inconclusive: Option<&str>) {
 }
 
 /// Bounds the whole gate: a hung runtime call must not hang CI.
-pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, options: &TargetOptions, json: bool) -> Result<u8> {
-    match tokio::time::timeout(Duration::from_secs(600), run(rt, sandbox, options, json)).await {
+pub async fn run_bounded(
+    rt: &dyn Runtime,
+    sandbox: Option<String>,
+    options: &TargetOptions,
+    json: bool,
+    gateway_address: Option<std::net::SocketAddr>,
+) -> Result<u8> {
+    // Exit 0 when every check passes, 1 when one fails, 2 when inconclusive; what the gate
+    // made is removed whatever the outcome (but a hung runtime call is left to the timeout).
+    let mut made = Vec::new();
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(600), gate(rt, sandbox, options, json, gateway_address, &mut made))
+            .await;
+    for id in made {
+        let _ = rt.destroy(&id).await;
+    }
+    match outcome {
         Ok(r) => r,
         Err(_) => bail!("the gate did not finish within 10 minutes: check that sandboxes start and answer"),
     }
@@ -578,6 +717,21 @@ pub async fn run_bounded(rt: &dyn Runtime, sandbox: Option<String>, options: &Ta
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateway_passes_only_with_the_nonce_from_the_sandboxs_own_gateway() {
+        let (passed, detail) = gateway_verdict("url http://127.0.0.1:8081\npaddock-gate abc\n", "abc");
+        assert!(passed && detail.contains("http://127.0.0.1:8081"), "{detail}");
+        for (out, want) in [
+            ("url \n", "no PADDOCK_GATEWAY"),
+            ("url http://10.0.0.5:8081\npaddock-gate other\n", "did not answer"),
+            ("url http://10.0.0.5:8081\nwget: download timed out\n", "download timed out"),
+            ("url http://10.0.0.5:8081\nnoprobe\n", "neither curl"),
+        ] {
+            let (passed, detail) = gateway_verdict(out, "abc");
+            assert!(!passed && detail.contains(want), "{out:?}: {detail}");
+        }
+    }
 
     #[test]
     fn the_startup_check_fails_only_on_a_connection_10_s_after_the_start() {

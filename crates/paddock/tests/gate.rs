@@ -37,6 +37,7 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
     let names = names(&report);
     for want in [
         "positive control",
+        "reaches its gateway",
         "not root",
         "no capabilities",
         "no_new_privs",
@@ -48,6 +49,9 @@ fn the_gate_passes_on_the_local_runtime_and_says_what_it_tried() {
         assert!(names.iter().any(|n| n == want), "no {want:?} check in {names:?}");
     }
     assert!(report["checks"].as_array().unwrap().iter().all(|c| c.get("skipped").is_none()), "{report:#}");
+    // The way home was tried end to end: the gate's own gateway answered with its nonce.
+    let home = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "reaches its gateway").unwrap();
+    assert!(home["detail"].as_str().unwrap().contains("answered with the gate's nonce"), "{home}");
     for never in ["cloud metadata", "the outside world (HTTPS)", "the outside world (DNS)"] {
         assert!(!names.iter().any(|n| n == never), "{never:?} was probed despite --no-outside-probes: {names:?}");
     }
