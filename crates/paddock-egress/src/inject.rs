@@ -154,7 +154,9 @@ where
     let mut reader = BufReader::with_capacity(64 << 10, std::io::Cursor::new(first).chain(cr));
     let refusal = std::sync::Mutex::new(None::<String>);
     let refused = tokio::sync::Notify::new();
-    let (asked_tx, asked_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Bounded: a sandbox that pipelines requests an upstream never answers waits for answers
+    // instead of growing the queue.
+    let (asked_tx, asked_rx) = tokio::sync::mpsc::channel(crate::responses::MAX_UNANSWERED);
     let up = async {
         if let Some(why) = requests(enf, &vault, &mut reader, &mut uw, target, asked_tx).await {
             enf.denied(Kind::Tcp, format!("{} (http request)", target.host), why.clone());
@@ -213,7 +215,7 @@ async fn requests<R, W>(
     reader: &mut BufReader<R>,
     up: &mut W,
     target: &Target,
-    asked: tokio::sync::mpsc::UnboundedSender<crate::responses::Asked>,
+    asked: tokio::sync::mpsc::Sender<crate::responses::Asked>,
 ) -> Option<String>
 where
     R: AsyncRead + Unpin,
@@ -248,11 +250,13 @@ where
         }
         let upgrade = req.method == "CONNECT" || req.header("upgrade").is_some();
         // Before the request goes up, so its response always finds it.
-        let _ = asked.send(crate::responses::Asked {
-            head: req.method == "HEAD",
-            connect: req.method == "CONNECT",
-            http10: req.version == 0,
-        });
+        let _ = asked
+            .send(crate::responses::Asked {
+                head: req.method == "HEAD",
+                connect: req.method == "CONNECT",
+                http10: req.version == 0,
+            })
+            .await;
         let framing = match req.framing() {
             Ok(f) => f,
             Err(why) => return Some(why),
@@ -711,6 +715,11 @@ mod tests {
         Vault::create(req, &policy).unwrap()
     }
 
+    /// Where `requests` notes what it sent when no response is read here (a closed queue).
+    fn unanswered() -> tokio::sync::mpsc::Sender<crate::responses::Asked> {
+        tokio::sync::mpsc::channel(1).0
+    }
+
     fn head(s: &str) -> Request {
         Request::parse(s.as_bytes()).unwrap()
     }
@@ -821,10 +830,7 @@ GET /b/2 HTTP/1.1\r\nHost: api.test\r\n\r\n";
         let mut reader = BufReader::new(&input[..]);
         let mut up = Vec::new();
         let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
-        assert_eq!(
-            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await,
-            None
-        );
+        assert_eq!(requests(&enf, &v, &mut reader, &mut up, &target, unanswered()).await, None);
         let up = String::from_utf8(up).unwrap();
         let (first, next) = up.split_once("GET /b/2").unwrap();
         assert!(first.ends_with("\r\nContent-Length: 11\r\n\r\nv=a b&c end"), "{first}");
@@ -838,8 +844,7 @@ GET /b/2 HTTP/1.1\r\nHost: api.test\r\n\r\n";
         );
         let mut reader = BufReader::new(big.as_bytes());
         let mut up = Vec::new();
-        let why =
-            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await.unwrap();
+        let why = requests(&enf, &v, &mut reader, &mut up, &target, unanswered()).await.unwrap();
         assert!(why.contains("chunked request body over 4 MiB"), "{why}");
         assert!(up.is_empty(), "nothing of it was sent");
     }
@@ -855,8 +860,7 @@ GET /b/3 HTTP/1.1\r\nHost: evil.test\r\n\r\n";
         let mut reader = BufReader::new(&input[..]);
         let mut up = Vec::new();
         let target = Target { scheme: Scheme::Http, host: "api.test".into(), port: 80 };
-        let why =
-            requests(&enf, &v, &mut reader, &mut up, &target, tokio::sync::mpsc::unbounded_channel().0).await.unwrap();
+        let why = requests(&enf, &v, &mut reader, &mut up, &target, unanswered()).await.unwrap();
         assert!(why.contains("a request for evil.test on a connection made to api.test"), "{why}");
         let up = String::from_utf8(up).unwrap();
         assert_eq!(up.matches("Authorization: Bearer T0K").count(), 2, "{up}");

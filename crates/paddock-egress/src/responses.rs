@@ -28,6 +28,9 @@ pub(crate) struct Asked {
     pub http10: bool,
 }
 
+/// Requests sent up and not yet answered, at most: the sender waits past it.
+pub(crate) const MAX_UNANSWERED: usize = 1024;
+
 /// How much compressed input is decoded at once: deflate expands at most about 1032 times,
 /// so one step's output stays within a few MiB however the body was made.
 const DECODE_STEP: usize = 4 << 10;
@@ -42,7 +45,7 @@ pub(crate) struct Refused(pub String);
 pub(crate) async fn plain<R, W>(
     up: R,
     out: &mut W,
-    mut asked: mpsc::UnboundedReceiver<Asked>,
+    mut asked: mpsc::Receiver<Asked>,
     secrets: &[&[u8]],
 ) -> Result<(), Refused>
 where
@@ -413,9 +416,9 @@ mod tests {
     /// What the client gets for `upstream`, the requests being `asked` (redacted here only
     /// where a body is re-chunked: the stream's own redaction comes after).
     async fn relay(upstream: Vec<u8>, asked: &[Asked]) -> (Vec<u8>, Result<(), Refused>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(MAX_UNANSWERED);
         for a in asked {
-            tx.send(*a).unwrap();
+            tx.try_send(*a).unwrap();
         }
         let mut out = Vec::new();
         let r = plain(std::io::Cursor::new(upstream), &mut out, rx, &[SECRET]).await;

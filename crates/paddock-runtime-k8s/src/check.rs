@@ -203,28 +203,14 @@ pub async fn run(client: &Client, config: &KubeConfig, probe: bool) -> Report {
 /// namespace of its own: some runtimes refuse such Pods, and one that ignored the field would
 /// leave sandboxes sharing the node's ids while the operator believes otherwise.
 async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (CheckStatus, String) {
-    let ns = config.namespace.as_str();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut b = [0u8; 4];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    let name = format!("paddock-probe-userns-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
-    let outcome = async {
-        let mut pod =
-            probe_pod(ns, &name, "userns", config, &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"])
-                .map_err(|e| e.to_string())?;
-        if let Some(spec) = pod.spec.as_mut() {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let name = format!("paddock-probe-userns-{}", probe_tag());
+    let outcome =
+        read_in_probe_pod(&pods, config, &name, "userns", Duration::from_secs(45), "/proc/self/uid_map", |spec| {
             spec.host_users = Some(false);
-        }
-        pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("the API refused the Pod: {e}"))?;
-        wait_running_or_stuck(&pods, &name, Duration::from_secs(45)).await?;
-        let (code, out, err) = exec_in(&pods, &name, vec!["cat".into(), "/proc/self/uid_map".into()]).await?;
-        if code != 0 {
-            return Err(format!("reading /proc/self/uid_map failed: {}", String::from_utf8_lossy(&err).trim()));
-        }
-        Ok(String::from_utf8_lossy(&out).split_whitespace().collect::<Vec<_>>().join(" "))
-    }
-    .await;
-    let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+        })
+        .await
+        .map(|map| map.split_whitespace().collect::<Vec<_>>().join(" "));
     match outcome {
         // The initial namespace maps every id to itself.
         Ok(map) if map == "0 0 4294967295" => (
@@ -245,32 +231,58 @@ async fn probe_user_namespaces(client: &Client, config: &KubeConfig) -> (CheckSt
 /// is named with why (a VM class without `/dev/kvm` on the node fails here), and one whose
 /// handler runs Pods on the node's kernel after all fails too.
 async fn probe_runtime_class(client: &Client, config: &KubeConfig, class: &str) -> (CheckStatus, String) {
-    let ns = config.namespace.as_str();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut b = [0u8; 4];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let tag = probe_tag();
     let (inside, outside) = (format!("paddock-probe-class-{tag}"), format!("paddock-probe-node-{tag}"));
-    let kernel_of = async |name: &str, class: Option<&str>| -> Result<String, String> {
-        let mut pod =
-            probe_pod(ns, name, "runtimeclass", config, &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"])
-                .map_err(|e| e.to_string())?;
+    let limit = Duration::from_secs(90);
+    let (under_class, on_node) = tokio::join!(
+        read_in_probe_pod(&pods, config, &inside, "runtimeclass", limit, "/proc/version", |spec| {
+            spec.runtime_class_name = Some(class.to_owned());
+        }),
+        read_in_probe_pod(&pods, config, &outside, "runtimeclass", limit, "/proc/version", |_| {}),
+    );
+    class_verdict(class, config.isolation, under_class, on_node)
+}
+
+/// A short random suffix that keeps one check's probe Pods apart from another's.
+fn probe_tag() -> String {
+    crate::random::<4>().map(|b| b.iter().map(|x| format!("{x:02x}")).collect()).unwrap_or_else(|_| "0000".into())
+}
+
+/// Starts probe Pod `name` (its spec adjusted by `tweak`), waits until it runs or says why it
+/// cannot, reads `path` in it, and deletes it whatever happened.
+async fn read_in_probe_pod(
+    pods: &Api<Pod>,
+    config: &KubeConfig,
+    name: &str,
+    role: &str,
+    limit: Duration,
+    path: &str,
+    tweak: impl FnOnce(&mut k8s_openapi::api::core::v1::PodSpec),
+) -> Result<String, String> {
+    let outcome = async {
+        let mut pod = probe_pod(
+            &config.namespace,
+            name,
+            role,
+            config,
+            &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+        )
+        .map_err(|e| e.to_string())?;
         if let Some(spec) = pod.spec.as_mut() {
-            spec.runtime_class_name = class.map(str::to_owned);
+            tweak(spec);
         }
         pods.create(&PostParams::default(), &pod).await.map_err(|e| format!("the API refused the Pod: {e}"))?;
-        wait_running_or_stuck(&pods, name, Duration::from_secs(90)).await?;
-        let (code, out, err) = exec_in(&pods, name, vec!["cat".into(), "/proc/version".into()]).await?;
+        wait_running_or_stuck(pods, name, limit).await?;
+        let (code, out, err) = exec_in(pods, name, vec!["cat".into(), path.into()]).await?;
         if code != 0 {
-            return Err(format!("reading /proc/version failed: {}", String::from_utf8_lossy(&err).trim()));
+            return Err(format!("reading {path} failed: {}", String::from_utf8_lossy(&err).trim()));
         }
         Ok(String::from_utf8_lossy(&out).trim().to_owned())
-    };
-    let (under_class, on_node) = tokio::join!(kernel_of(&inside, Some(class)), kernel_of(&outside, None));
-    for name in [&inside, &outside] {
-        let _ = pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
     }
-    class_verdict(class, config.isolation, under_class, on_node)
+    .await;
+    let _ = pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+    outcome
 }
 
 /// The verdict of [`probe_runtime_class`] from the kernels the two Pods saw.
@@ -416,9 +428,7 @@ async fn probe_enforcement(client: &Client, config: &KubeConfig) -> (&'static st
     let ns = config.namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
-    let mut b = [0u8; 4];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let tag = probe_tag();
     let (server, prober, policy) = (
         format!("paddock-probe-server-{tag}"),
         format!("paddock-probe-client-{tag}"),

@@ -68,6 +68,10 @@ impl Origin {
 /// Pod.
 pub(crate) struct SandboxAddresses {
     rt: Arc<dyn paddock_core::runtime::Runtime>,
+    /// Whether the runtime's sandboxes dial the gateway directly. Where a forwarder names
+    /// each sandbox, a direct connection is no sandbox's (a host process), and no address is
+    /// asked for on every call.
+    direct: bool,
     known: std::sync::Mutex<std::collections::HashMap<String, Vec<IpAddr>>>,
 }
 
@@ -76,10 +80,14 @@ const REMEMBERED: usize = 4096;
 
 impl SandboxAddresses {
     pub(crate) fn new(rt: Arc<dyn paddock_core::runtime::Runtime>) -> Arc<Self> {
-        Arc::new(Self { rt, known: Default::default() })
+        let direct = !rt.capabilities().gateway_names_sandbox;
+        Arc::new(Self { rt, direct, known: Default::default() })
     }
 
     async fn check(&self, sandbox: &str, peer: IpAddr) -> Result<(), ApiError> {
+        if !self.direct {
+            return Ok(());
+        }
         let known = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(sandbox).cloned();
         let addresses = match known {
             Some(a) => a,
@@ -94,8 +102,7 @@ impl SandboxAddresses {
                     Err(paddock_core::runtime::RuntimeError::NotFound(_)) => return Ok(()),
                     Err(e) => return Err(e.into()),
                 };
-                // A runtime that names no address (its forwarder names the sandbox instead) is
-                // asked again next time: only what it knows is worth keeping.
+                // A sandbox whose address is not known yet is asked again next time.
                 if !addresses.is_empty() {
                     let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
                     if known.len() >= REMEMBERED {
