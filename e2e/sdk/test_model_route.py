@@ -142,12 +142,21 @@ for i in range(3):
 
 def test_a_tenants_model_tokens_are_counted_and_its_quota_refuses_with_429(model_server):
     server, _ = model_server
-    sb = tenant_sandbox(server, "tokens", "--max-model-tokens", "3")
+    lines = three_calls(tenant_sandbox(server, "tokens", "--max-model-tokens", "3"))
+    # 2 tokens a call: the first two fit under 3, the third finds 4 spent.
+    assert lines == ["call 0 200 2", "call 1 200 2", "call 2 429 QUOTA_EXCEEDED True"], lines
+
+
+def three_calls(sb, secrets: tuple[str, ...] = ()) -> list[str]:
+    """CALLS' lines from `sb`, after which no process's environment holds any of `secrets`;
+    the sandbox is removed either way."""
     try:
         sb.files.write_file("/workspace/calls.py", CALLS)
         lines = run_ok(sb, "python3 /workspace/calls.py")
-        # 2 tokens a call: the first two fit under 3, the third finds 4 spent.
-        assert lines == ["call 0 200 2", "call 1 200 2", "call 2 429 QUOTA_EXCEEDED True"], lines
+        for key in secrets:
+            found = run_ok(sb, f"(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; env) | grep -c {key} || true")
+            assert found == ["0"], (key, found)
+        return lines
     finally:
         sb.kill()
         sb.close()
@@ -176,17 +185,38 @@ def test_a_tenant_with_its_own_upstream_reaches_it_with_its_own_key(model_server
     server, _ = model_server
     Upstream.seen.clear()
     AcmeUpstream.seen.clear()
-    sb = tenant_sandbox(server, "acme")
-    try:
-        sb.files.write_file("/workspace/calls.py", CALLS)
-        lines = run_ok(sb, "python3 /workspace/calls.py")
-        assert lines == ["call 0 200 2", "call 1 200 2", "call 2 200 2"], lines
-        for key in (KEY, ACME_KEY):
-            found = run_ok(sb, f"(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; env) | grep -c {key} || true")
-            assert found == ["0"], (key, found)
-    finally:
-        sb.kill()
-        sb.close()
+    lines = three_calls(tenant_sandbox(server, "acme"), (KEY, ACME_KEY))
+    assert lines == ["call 0 200 2", "call 1 200 2", "call 2 200 2"], lines
     assert [p for p, _ in AcmeUpstream.seen] == ["/v1/chat/completions"] * 3, AcmeUpstream.seen
     assert all(auth == f"Bearer {ACME_KEY}" for _, auth in AcmeUpstream.seen), AcmeUpstream.seen
     assert Upstream.seen == [], "the server's upstream saw acme's calls"
+
+
+class OwnUpstream(Upstream):
+    seen: list[tuple[str, str | None]] = []
+
+
+def test_a_tenant_given_its_own_route_by_the_cli_reaches_it_at_once(model_server):
+    """`paddock tenant add NAME --llm-base URL --llm-key-file PATH` on the running server's data
+    directory: the new tenant's first sandbox already calls its own upstream, with the key read
+    from the file; the database keeps the file's path, never the key."""
+    server, _ = model_server
+    own = ThreadingHTTPServer(("127.0.0.1", 0), OwnUpstream)
+    threading.Thread(target=own.serve_forever, daemon=True).start()
+    keys = Path(tempfile.mkdtemp(prefix="pllm-own-"))
+    key_file = keys / "key"
+    key_file.write_text("sk-e2e-own-route-55555\n")
+    key_file.chmod(0o600)
+    Upstream.seen.clear()
+    try:
+        sb = tenant_sandbox(server, "ownroute", "--llm-base", f"http://127.0.0.1:{own.server_port}",
+                            "--llm-key-file", str(key_file))
+        lines = three_calls(sb, ("sk-e2e-own-route-55555",))
+        assert lines == ["call 0 200 2", "call 1 200 2", "call 2 200 2"], lines
+    finally:
+        own.shutdown()
+    assert [p for p, _ in OwnUpstream.seen] == ["/v1/chat/completions"] * 3, OwnUpstream.seen
+    assert all(auth == "Bearer sk-e2e-own-route-55555" for _, auth in OwnUpstream.seen), OwnUpstream.seen
+    assert Upstream.seen == [], "the server's upstream saw the tenant's calls"
+    for f in server.data_dir.glob("server.db*"):
+        assert b"sk-e2e-own-route-55555" not in f.read_bytes(), f

@@ -15,6 +15,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod llm;
 pub mod metrics;
+pub mod model_base;
 pub mod model_usage;
 pub mod proxy;
 pub mod resources;
@@ -123,6 +124,7 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
     let config_data_dir = config.data_dir.clone();
     let rt: Arc<dyn Runtime> = Arc::new(deadline::Deadlined::new(rt, config.deadlines));
     let boot = Arc::new(boot::Boot::start(&config_data_dir)?);
+    let models = llm::Routes::new(config.llm.clone().unwrap_or_default(), tenants.clone());
     let runs = runs::Runs::new(
         config.runs.clone(),
         rt.clone(),
@@ -132,18 +134,15 @@ pub async fn build_state(mut config: ServerConfig, rt: Arc<dyn Runtime>) -> Resu
             data_dir: config_data_dir.clone(),
             boot: boot.id().to_owned(),
             workspace: (config.workspace_bytes, config.workspace_inodes),
-            llm: config.llm.clone(),
+            llm: models.clone(),
         },
     );
-    let model_route = match &config.llm {
-        Some(c) => {
-            Some(llm::router(llm::Llm::new(c.clone(), token_key.clone(), tenants.clone()).map_err(ServeError::Llm)?))
-        }
-        None => None,
-    };
-    runs::gateway::listen(runs.clone(), model_route).await.map_err(|cause| ServeError::Gateway { cause })?;
+    let model_route =
+        llm::router(llm::Llm::new(models.clone(), token_key.clone(), tenants.clone()).map_err(ServeError::Llm)?);
+    runs::gateway::listen(runs.clone(), Some(model_route)).await.map_err(|cause| ServeError::Gateway { cause })?;
     let tunnels = tunnels::Tunnels::new(config.tunnels.clone());
     let state = AppState {
+        models,
         rt,
         store,
         config: Arc::new(config),

@@ -437,11 +437,8 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
     // variables of the same names win. Where the gateway cannot tell sandboxes apart (Pods
     // dial it directly), only runs' sandboxes, whose token names them, get it.
     let caps = state.rt.capabilities();
-    if let Some(llm) = &state.config.llm
-        && caps.gateway
-        && caps.gateway_names_sandbox
-    {
-        let vars = crate::llm::sandbox_env(llm, tenant);
+    if caps.gateway && caps.gateway_names_sandbox {
+        let vars = state.models.sandbox_env(tenant);
         if !vars.is_empty() {
             spec.gateway = state.runs.gateway_addr();
             spec.gateway_secret = Some(paddock_core::spec::GatewaySecret(state.token_key.gateway_secret()));

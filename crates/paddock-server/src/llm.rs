@@ -1,6 +1,7 @@
 //! The model route: a sandbox calls its model at `$PADDOCK_LLM_BASE` (and the aliases the
 //! operator names, e.g. `OPENAI_BASE_URL`), a path on the gateway that reaches one upstream
-//! (`paddock serve --llm-base`, or its tenant's own, `--llm-tenant-base TENANT=URL`) and nothing
+//! (`paddock serve --llm-base`, or its tenant's own: `paddock tenant set T --llm-base URL`, or
+//! `--llm-tenant-base TENANT=URL`) and nothing
 //! else, with that upstream's provider key put in on the way out. The key never enters a
 //! sandbox: not its environment, files or requests.
 //!
@@ -22,6 +23,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::error::{ApiError, ApiResult};
+pub use crate::model_base::normalise_base;
 use crate::tenants::Tenant;
 
 /// The route's path on the gateway; the sandbox's variables point at `<gateway>/llm/v1`.
@@ -61,48 +63,90 @@ pub struct LlmConfig {
 }
 
 impl LlmConfig {
-    /// The upstream a tenant's sandboxes reach: its own, else the server's.
-    pub fn upstream(&self, tenant: &Tenant) -> Option<&Upstream> {
+    /// The upstream a tenant's sandboxes reach by the flags: its own, else the server's.
+    fn upstream(&self, tenant: &Tenant) -> Option<&Upstream> {
         self.tenants.get(tenant.as_str()).or(self.default.as_ref())
     }
 }
 
-/// `https://api.example.com`, `…/v1`, `…/v1/` and `…//v1//` all become `…/v1`.
-pub fn normalise_base(url: &str) -> Result<String, String> {
-    let uri: Uri = url.trim().parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err(format!("{url:?}: give an http:// or https:// URL")),
-    }
-    if uri.query().is_some() {
-        return Err(format!("{url:?}: a base URL has no query"));
-    }
-    let mut path = uri.path().trim_end_matches('/').to_owned();
-    while let Some(p) = path.strip_suffix("/v1") {
-        path = p.trim_end_matches('/').to_owned();
-    }
-    let authority = uri.authority().ok_or_else(|| format!("{url:?} names no host"))?;
-    Ok(format!("{}://{authority}{path}/v1", uri.scheme_str().unwrap_or("https")))
+/// Where each tenant's calls go: its own route (`paddock tenant set --llm-base`, read again
+/// as the tenants are), else its `--llm-tenant-base`, else `--llm-base`.
+pub struct Routes {
+    config: LlmConfig,
+    tenants: Arc<crate::tenants::Tenants>,
 }
 
-/// The variables a sandbox of `tenant` gets: each names the route, under the runtime's gateway
-/// URL (`$PADDOCK_GATEWAY`, which the runtime expands: `paddock_core::spec::expand_gateway`).
-/// None when the tenant has no route.
-pub fn sandbox_env(config: &LlmConfig, tenant: &Tenant) -> Vec<(String, String)> {
-    if config.upstream(tenant).is_none() {
-        return Vec::new();
+impl Routes {
+    pub fn new(config: LlmConfig, tenants: Arc<crate::tenants::Tenants>) -> Arc<Self> {
+        Arc::new(Self { config, tenants })
     }
-    let value = format!("${}{ROUTE}", paddock_core::spec::GATEWAY_ENV);
-    std::iter::once("PADDOCK_LLM_BASE".to_owned())
-        .chain(config.env.iter().cloned())
-        .map(|k| (k, value.clone()))
-        .collect()
+
+    fn has_route(&self, tenant: &Tenant) -> bool {
+        self.tenants.model_route(tenant).is_some() || self.config.upstream(tenant).is_some()
+    }
+
+    /// The variables a sandbox of `tenant` gets: each names the route, under the runtime's
+    /// gateway URL (`$PADDOCK_GATEWAY`, which the runtime expands:
+    /// `paddock_core::spec::expand_gateway`). None when the tenant has no route.
+    pub fn sandbox_env(&self, tenant: &Tenant) -> Vec<(String, String)> {
+        if !self.has_route(tenant) {
+            return Vec::new();
+        }
+        let value = format!("${}{ROUTE}", paddock_core::spec::GATEWAY_ENV);
+        std::iter::once("PADDOCK_LLM_BASE".to_owned())
+            .chain(self.config.env.iter().cloned())
+            .map(|k| (k, value.clone()))
+            .collect()
+    }
+
+    /// The upstream of a call by `tenant`'s sandbox, its key read now from a stored route's file.
+    async fn upstream(&self, tenant: &Tenant) -> ApiResult<Upstream> {
+        if let Some(route) = self.tenants.model_route(tenant) {
+            let key = match &route.key_file {
+                None => None,
+                Some(path) => Some(read_key(path).await.map_err(|e| {
+                    tracing::warn!(tenant = tenant.as_str(), "{e}");
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "MODEL_KEY_UNREADABLE",
+                        format!(
+                            "tenant {:?}'s model route has no usable provider key: {e}; the operator fixes the file or sets another (paddock tenant set {} --llm-key-file PATH)",
+                            tenant.as_str(),
+                            tenant.as_str()
+                        ),
+                    )
+                })?),
+            };
+            return Ok(Upstream { base: route.base, key });
+        }
+        self.config.upstream(tenant).cloned().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NO_MODEL_ROUTE",
+                format!(
+                    "tenant {:?} has no model route: the operator gives it one with paddock tenant set {} --llm-base URL (or paddock serve --llm-base for every tenant)",
+                    tenant.as_str(),
+                    tenant.as_str()
+                ),
+            )
+        })
+    }
+}
+
+/// A provider key file's first line (what `--llm-key-file` reads too).
+async fn read_key(path: &std::path::Path) -> Result<String, String> {
+    let text = tokio::fs::read_to_string(path).await.map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        return Err(format!("{} is empty: its first line is the key", path.display()));
+    }
+    Ok(key.to_owned())
 }
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
 pub struct Llm {
-    config: LlmConfig,
+    routes: Arc<Routes>,
     client: Client<Https, Body>,
     key: Arc<crate::secrets::TokenKey>,
     /// Whose sandbox calls, and the tenants' model-token quotas.
@@ -110,19 +154,32 @@ pub struct Llm {
 }
 
 impl Llm {
+    /// The route's handler. It is mounted whether or not any route exists yet, since
+    /// `paddock tenant set` gives one to a running server.
     pub fn new(
-        config: LlmConfig,
+        routes: Arc<Routes>,
         key: Arc<crate::secrets::TokenKey>,
         tenants: Arc<crate::tenants::Tenants>,
     ) -> Result<Arc<Self>, String> {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_native_roots()
-            .map_err(|e| format!("reading this host's CA certificates for --llm-base: {e}"))?
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let builder = match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
+            Ok(b) => b,
+            // A machine without CA certificates still serves: only an https upstream, which
+            // no flag names, fails, with the reason.
+            Err(e) if routes.config.default.is_none() && routes.config.tenants.is_empty() => {
+                tracing::warn!("no CA certificates on this host ({e}): model routes to https upstreams will fail");
+                let tls =
+                    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                        .with_safe_default_protocol_versions()
+                        .map_err(|e| format!("setting up TLS for the model route: {e}"))?
+                        .with_root_certificates(rustls::RootCertStore::empty())
+                        .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
+            }
+            Err(e) => return Err(format!("reading this host's CA certificates for --llm-base: {e}")),
+        };
+        let https = builder.https_or_http().enable_http1().build();
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
-        Ok(Arc::new(Self { config, client, key, tenants }))
+        Ok(Arc::new(Self { routes, client, key, tenants }))
     }
 }
 
@@ -260,17 +317,7 @@ async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Respons
         origin.vouch(&sandbox).await?;
     }
     let tenant = admit(&llm, &sandbox).await?;
-    let upstream = llm.config.upstream(&tenant).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "NO_MODEL_ROUTE",
-            format!(
-                "tenant {:?} has no model route: the operator gives it one with paddock serve --llm-tenant-base {}=URL (or --llm-base for every tenant)",
-                tenant.as_str(),
-                tenant.as_str()
-            ),
-        )
-    })?;
+    let upstream = llm.routes.upstream(&tenant).await?;
     let (parts, body) = req.into_parts();
     let rest = parts.uri.path().strip_prefix(ROUTE).unwrap_or("");
     let target = match parts.uri.query() {
@@ -393,25 +440,17 @@ mod tests {
         assert_eq!(none.found, None);
     }
 
-    #[test]
-    fn bases_are_normalised_to_one_v1() {
-        for (given, want) in [
-            ("https://api.example.com", "https://api.example.com/v1"),
-            ("https://api.example.com/v1", "https://api.example.com/v1"),
-            ("https://api.example.com/v1/", "https://api.example.com/v1"),
-            ("http://127.0.0.1:9000//v1//", "http://127.0.0.1:9000/v1"),
-            ("https://gw.example/openai/v1/v1", "https://gw.example/openai/v1"),
-            ("https://gw.example/openai", "https://gw.example/openai/v1"),
-        ] {
-            assert_eq!(normalise_base(given).as_deref(), Ok(want), "{given}");
-        }
-        for bad in ["api.example.com", "ftp://x/v1", "https://x/v1?k=1", ""] {
-            assert!(normalise_base(bad).is_err(), "{bad}");
-        }
+    /// Routes over a fresh database, and the database's pool.
+    async fn routes(c: LlmConfig) -> (tempfile::TempDir, Arc<Routes>, sqlx::SqlitePool) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("s.db")).await.unwrap();
+        let pool = store.pool().clone();
+        let tenants = crate::tenants::Tenants::open(pool.clone(), None, Default::default()).await.unwrap();
+        (dir, Routes::new(c, tenants), pool)
     }
 
-    #[test]
-    fn a_callers_credentials_are_never_forwarded_and_the_key_never_printed() {
+    #[tokio::test]
+    async fn a_callers_credentials_are_never_forwarded_and_the_key_never_printed() {
         for h in ["authorization", "x-api-key", "api-key", "cookie", "proxy-authorization", "host"] {
             assert!(dropped(&HeaderName::from_static(h)), "{h}");
         }
@@ -419,22 +458,35 @@ mod tests {
         let up = Upstream { base: "https://x/v1".into(), key: Some("sk-very-secret".into()) };
         let c = LlmConfig { default: Some(up.clone()), tenants: [("acme".into(), up)].into(), env: vec![] };
         assert!(!format!("{c:?}").contains("sk-very-secret"));
-        let env = sandbox_env(&LlmConfig { env: vec!["OPENAI_BASE_URL".into()], ..c }, &Tenant::default_tenant());
+        let (_dir, r, _) = routes(LlmConfig { env: vec!["OPENAI_BASE_URL".into()], ..c }).await;
+        let env = r.sandbox_env(&Tenant::default_tenant());
         assert_eq!(env[0], ("PADDOCK_LLM_BASE".to_owned(), "$PADDOCK_GATEWAY/llm/v1".to_owned()));
         assert_eq!(env[1].0, "OPENAI_BASE_URL");
     }
 
-    #[test]
-    fn a_tenant_reaches_its_own_upstream_else_the_servers_else_none() {
+    async fn base(r: &Routes, t: &Tenant) -> Result<String, &'static str> {
+        r.upstream(t).await.map(|u| u.base).map_err(|e| e.code)
+    }
+
+    #[tokio::test]
+    async fn a_tenant_reaches_its_stored_route_else_its_flags_else_the_servers_else_none() {
         let up = |b: &str| Upstream { base: b.into(), key: None };
-        let mut c = LlmConfig { default: None, tenants: [("acme".into(), up("https://acme/v1"))].into(), env: vec![] };
+        let c = LlmConfig { default: None, tenants: [("acme".into(), up("https://acme/v1"))].into(), env: vec![] };
         let (acme, other) = (Tenant::named("acme"), Tenant::named("other"));
-        assert_eq!(c.upstream(&acme).map(|u| u.base.as_str()), Some("https://acme/v1"));
-        assert!(c.upstream(&other).is_none() && c.upstream(&Tenant::default_tenant()).is_none());
-        assert!(sandbox_env(&c, &other).is_empty(), "no route: no variables");
-        assert!(!sandbox_env(&c, &acme).is_empty());
-        c.default = Some(up("https://all/v1"));
-        assert_eq!(c.upstream(&other).map(|u| u.base.as_str()), Some("https://all/v1"));
-        assert_eq!(c.upstream(&acme).map(|u| u.base.as_str()), Some("https://acme/v1"));
+        let (_dir, r, pool) = routes(c.clone()).await;
+        assert_eq!(base(&r, &acme).await, Ok("https://acme/v1".into()));
+        assert_eq!(base(&r, &other).await, Err("NO_MODEL_ROUTE"));
+        assert_eq!(base(&r, &Tenant::default_tenant()).await, Err("NO_MODEL_ROUTE"));
+        assert!(r.sandbox_env(&other).is_empty(), "no route: no variables");
+        assert!(!r.sandbox_env(&acme).is_empty());
+        // A route of its own (paddock tenant set) comes before the flags.
+        let own = crate::tenants::ModelRoute::new("http://192.0.2.9", None).unwrap();
+        let key = crate::tenants::add_with_route(&pool, "other", &Default::default(), Some(&own)).await.unwrap();
+        r.tenants.resolve(&key).await.unwrap();
+        assert_eq!(base(&r, &other).await, Ok("http://192.0.2.9/v1".into()));
+        assert!(!r.sandbox_env(&other).is_empty());
+        let (_dir, r, _) = routes(LlmConfig { default: Some(up("https://all/v1")), ..c }).await;
+        assert_eq!(base(&r, &other).await, Ok("https://all/v1".into()));
+        assert_eq!(base(&r, &acme).await, Ok("https://acme/v1".into()));
     }
 }

@@ -43,6 +43,8 @@ pub struct AppState {
     pub activity: Arc<crate::activity::Activity>,
     /// The API keys of tenants and their quotas (`tenants`).
     pub tenants: Arc<crate::tenants::Tenants>,
+    /// Where each tenant's sandboxes reach their model (`llm`).
+    pub models: Arc<crate::llm::Routes>,
 }
 
 impl axum::extract::FromRef<AppState> for Arc<crate::runs::Runs> {

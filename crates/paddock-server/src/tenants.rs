@@ -89,6 +89,8 @@ pub enum TenantError {
     NotFound(String),
     #[error("quota {0}")]
     BadQuota(String),
+    #[error("model route: {0}")]
+    BadRoute(String),
     #[error("reading the tenants file {path}: {message}")]
     File { path: String, message: String },
     #[error("the tenants database: {0}")]
@@ -130,6 +132,33 @@ pub struct Quotas {
 impl Quotas {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+/// A tenant's own model route: its sandboxes' `$PADDOCK_LLM_BASE` reaches `base` (normalised
+/// to one `/v1`), with the first line of `key_file` as the provider key. The key is read from
+/// the file as each call goes out, never stored here: replacing the file rotates it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelRoute {
+    pub base: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl ModelRoute {
+    /// Checks the base (and normalises it) and makes the key file's path absolute, so that a
+    /// route reads the same from any working directory.
+    pub fn new(base: &str, key_file: Option<&Path>) -> Result<Self, TenantError> {
+        let base = crate::model_base::normalise_base(base).map_err(TenantError::BadRoute)?;
+        let key_file = match key_file {
+            None => None,
+            Some(p) if p.is_absolute() => Some(p.to_owned()),
+            Some(p) => Some(
+                std::path::absolute(p).map_err(|e| TenantError::BadRoute(format!("key file {}: {e}", p.display())))?,
+            ),
+        };
+        Ok(Self { base, key_file })
     }
 }
 
@@ -203,6 +232,9 @@ pub fn check_user_name(what: &str, name: &str) -> Result<(), ApiError> {
 pub struct TenantInfo {
     pub name: String,
     pub quotas: Quotas,
+    /// Its own model route (`paddock tenant set --llm-base`); never a key, only its file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_route: Option<ModelRoute>,
     pub keys: Vec<KeyInfo>,
     pub created_at_ms: i64,
     /// From `--tenants FILE` (read-only here) rather than the database.
@@ -221,16 +253,28 @@ pub struct KeyInfo {
 
 /// Adds a tenant and returns its first key (shown once, kept only as a digest).
 pub async fn add(pool: &SqlitePool, name: &str, quotas: &Quotas) -> Result<String, TenantError> {
+    add_with_route(pool, name, quotas, None).await
+}
+
+/// [`add`], with its own model route from the start.
+pub async fn add_with_route(
+    pool: &SqlitePool,
+    name: &str,
+    quotas: &Quotas,
+    route: Option<&ModelRoute>,
+) -> Result<String, TenantError> {
     validate_name(name)?;
     let now = now_ms();
     let mut tx = pool.begin().await?;
-    let inserted =
-        sqlx::query("INSERT INTO tenants (name, quotas, created_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
-            .bind(name)
-            .bind(serde_json::to_string(quotas).unwrap_or_else(|_| "{}".into()))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+    let inserted = sqlx::query(
+        "INSERT INTO tenants (name, quotas, model_route, created_at_ms) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    )
+    .bind(name)
+    .bind(serde_json::to_string(quotas).unwrap_or_else(|_| "{}".into()))
+    .bind(route.map(|r| serde_json::to_string(r).unwrap_or_default()))
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
     if inserted.rows_affected() == 0 {
         return Err(TenantError::Exists(name.to_owned()));
     }
@@ -303,10 +347,32 @@ pub async fn set_quotas(pool: &SqlitePool, name: &str, quotas: &Quotas) -> Resul
     Ok(())
 }
 
+/// Gives a tenant its own model route, or takes it away (`None`: the server's `--llm-base`
+/// again, if any). A running server uses it within [`RELOAD_EVERY`].
+pub async fn set_model_route(pool: &SqlitePool, name: &str, route: Option<&ModelRoute>) -> Result<(), TenantError> {
+    let json = route.map(|r| serde_json::to_string(r).unwrap_or_default());
+    let done =
+        sqlx::query("UPDATE tenants SET model_route = ? WHERE name = ?").bind(json).bind(name).execute(pool).await?;
+    if done.rows_affected() == 0 {
+        return Err(TenantError::NotFound(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A stored route; one that no longer reads (written by hand) is left out with a warning
+/// rather than taking the tenant's other settings with it.
+fn stored_route(name: &str, json: Option<String>) -> Option<ModelRoute> {
+    serde_json::from_str(&json?)
+        .inspect_err(|e| tracing::warn!(tenant = name, "the tenant's stored model route does not read: {e}"))
+        .ok()
+}
+
 /// Every tenant of the database, by name.
 pub async fn list(pool: &SqlitePool) -> Result<Vec<TenantInfo>, TenantError> {
     let now = now_ms();
-    let rows = sqlx::query("SELECT name, quotas, created_at_ms FROM tenants ORDER BY name").fetch_all(pool).await?;
+    let rows = sqlx::query("SELECT name, quotas, model_route, created_at_ms FROM tenants ORDER BY name")
+        .fetch_all(pool)
+        .await?;
     let keys = sqlx::query(
         "SELECT digest, tenant, created_at_ms, expires_at_ms FROM tenant_keys
          WHERE expires_at_ms IS NULL OR expires_at_ms > ? ORDER BY created_at_ms",
@@ -330,6 +396,7 @@ pub async fn list(pool: &SqlitePool) -> Result<Vec<TenantInfo>, TenantError> {
             Ok(TenantInfo {
                 keys: by_tenant.remove(&name).unwrap_or_default(),
                 quotas: serde_json::from_str(&quotas).unwrap_or_default(),
+                model_route: stored_route(&name, r.try_get("model_route")?),
                 created_at_ms: r.try_get("created_at_ms")?,
                 from_file: false,
                 name,
@@ -401,14 +468,21 @@ struct FileTenant {
     key_sha256: Vec<String>,
     #[serde(default)]
     quotas: Quotas,
+    /// Its own model route, as `paddock tenant set --llm-base` gives one.
+    #[serde(default)]
+    model_route: Option<ModelRoute>,
 }
 
 fn read_file(path: &Path) -> Result<Vec<FileTenant>, TenantError> {
     let err = |message: String| TenantError::File { path: path.display().to_string(), message };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let file: TenantsFile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-    for t in &file.tenants {
+    let mut file: TenantsFile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+    for t in &mut file.tenants {
         validate_name(&t.name).map_err(|e| err(e.to_string()))?;
+        if let Some(route) = &mut t.model_route {
+            *route = ModelRoute::new(&route.base, route.key_file.as_deref())
+                .map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
+        }
         for d in &t.key_sha256 {
             if d.len() != 64 || hex::decode(d).is_err() {
                 return Err(err(format!(
@@ -433,6 +507,7 @@ pub fn check_file(path: &Path) -> Result<usize, TenantError> {
 struct Loaded {
     keys: HashMap<[u8; 32], (Tenant, Option<i64>)>,
     quotas: HashMap<Arc<str>, Quotas>,
+    routes: HashMap<Arc<str>, ModelRoute>,
 }
 
 /// The keys and quotas a running server honours, read again from the database and the file.
@@ -475,6 +550,15 @@ impl Tenants {
             next.quotas.entry(tenant.0.clone()).or_insert_with(|| serde_json::from_str(&quotas).unwrap_or_default());
             next.keys.insert(d, (tenant, r.try_get("expires_at_ms")?));
         }
+        let routes: Vec<(String, Option<String>)> =
+            sqlx::query_as("SELECT name, model_route FROM tenants WHERE model_route IS NOT NULL")
+                .fetch_all(&self.pool)
+                .await?;
+        for (name, json) in routes {
+            if let Some(route) = stored_route(&name, json) {
+                next.routes.insert(Arc::from(name.as_str()), route);
+            }
+        }
         if let Some(path) = &self.file {
             for t in read_file(path)? {
                 let tenant = Tenant::named(&t.name);
@@ -484,6 +568,9 @@ impl Tenants {
                     }
                 }
                 next.quotas.insert(tenant.0.clone(), t.quotas);
+                if let Some(route) = t.model_route {
+                    next.routes.insert(tenant.0.clone(), route);
+                }
             }
         }
         *self.loaded.write().unwrap_or_else(|p| p.into_inner()) = next;
@@ -514,8 +601,8 @@ impl Tenants {
         }
         // A key the CLI added since the last reload works on its first use: one indexed
         // lookup of its digest (a wrong key costs the same, never a whole reload).
-        let row: Option<(String, Option<i64>, String)> = sqlx::query_as(
-            "SELECT k.tenant, k.expires_at_ms, t.quotas FROM tenant_keys k JOIN tenants t ON t.name = k.tenant
+        let row: Option<(String, Option<i64>, String, Option<String>)> = sqlx::query_as(
+            "SELECT k.tenant, k.expires_at_ms, t.quotas, t.model_route FROM tenant_keys k JOIN tenants t ON t.name = k.tenant
              WHERE k.digest = ? AND (k.expires_at_ms IS NULL OR k.expires_at_ms > ?)",
         )
         .bind(hex::encode(d))
@@ -525,10 +612,15 @@ impl Tenants {
         .inspect_err(|e| tracing::warn!("looking up a tenant key: {e}"))
         .ok()
         .flatten();
-        let (name, expires, quotas) = row?;
+        let (name, expires, quotas, route) = row?;
         let tenant = Tenant::named(&name);
+        // Its model route too: a tenant added with one creates sandboxes that have it at once.
+        let route = stored_route(&name, route);
         let mut loaded = self.loaded.write().unwrap_or_else(|p| p.into_inner());
         loaded.quotas.entry(tenant.0.clone()).or_insert_with(|| serde_json::from_str(&quotas).unwrap_or_default());
+        if let Some(route) = route {
+            loaded.routes.entry(tenant.0.clone()).or_insert(route);
+        }
         loaded.keys.insert(d, (tenant.clone(), expires));
         Some(tenant)
     }
@@ -543,6 +635,11 @@ impl Tenants {
             return Quotas::default();
         }
         self.loaded.read().unwrap_or_else(|p| p.into_inner()).quotas.get(&tenant.0).cloned().unwrap_or_default()
+    }
+
+    /// The tenant's own model route (`paddock tenant set --llm-base`, or the tenants file).
+    pub fn model_route(&self, tenant: &Tenant) -> Option<ModelRoute> {
+        self.loaded.read().unwrap_or_else(|p| p.into_inner()).routes.get(&tenant.0).cloned()
     }
 
     pub fn pool(&self) -> &SqlitePool {
@@ -611,6 +708,30 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenants_file_gives_model_routes_normalised_and_refuses_bad_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.json");
+        let digest = digest_hex("k");
+        let file = |route: &str| {
+            std::fs::write(
+                &path,
+                format!(r#"{{"tenants": [{{"name": "acme", "keySha256": ["{digest}"], "modelRoute": {route}}}]}}"#),
+            )
+            .unwrap();
+        };
+        file(r#"{"base": "http://192.0.2.7//v1/", "keyFile": "/run/keys/acme"}"#);
+        let read = read_file(&path).unwrap();
+        let route = read[0].model_route.as_ref().unwrap();
+        assert_eq!(route.base, "http://192.0.2.7/v1");
+        assert_eq!(route.key_file.as_deref(), Some(Path::new("/run/keys/acme")));
+        for bad in [r#"{"base": "ftp://x"}"#, r#"{"base": "http://x", "key": "sk-inline"}"#] {
+            file(bad);
+            let e = read_file(&path).unwrap_err().to_string();
+            assert!(e.contains("tenants.json"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn names_are_checked() {

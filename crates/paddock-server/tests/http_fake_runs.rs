@@ -828,3 +828,98 @@ async fn an_attempts_end_is_recorded_once_the_database_takes_writes_again() {
     let run = wait_state(&s, &id, "succeeded", Some(1)).await;
     assert_eq!(run["exitCode"], 0, "{run}");
 }
+
+/// A tenant given its own model route while the server runs (`paddock tenant set acme
+/// --llm-base URL --llm-key-file PATH` writes the database; here the same function does): a
+/// server started without any --llm-base mounts the route anyway, new sandboxes of that tenant
+/// get `$PADDOCK_LLM_BASE`, calls carry the key read from its file (replacing the file rotates
+/// it), another tenant still has no route, and taking the route away ends it.
+#[tokio::test]
+async fn fake_runtime_a_tenants_own_model_route_is_set_while_serving_and_its_key_file_is_read_per_call() {
+    use paddock_server::tenants::{self, ModelRoute, Quotas};
+    let (upstream, seen) = fake_model().await;
+    let s = Server::new().await;
+    let pool = s.state.tenants.pool().clone();
+    let acme = tenants::add(&pool, "acme", &Quotas::default()).await.unwrap();
+    tenants::add(&pool, "other", &Quotas::default()).await.unwrap();
+    let create_as = |key: String| {
+        let s = &s;
+        async move {
+            let headers = [("open-sandbox-api-key", key.as_str()), ("content-type", "application/json")];
+            let body = json!({"image": {"uri": "fake"}, "entrypoint": ["sleep", "60"], "timeout": 600});
+            let (status, out) = s.bare("POST", "/v1/sandboxes", &headers, serde_json::to_vec(&body).unwrap()).await;
+            let out: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(status, StatusCode::ACCEPTED, "{out}");
+            out["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let env_of = |id: String| {
+        let s = &s;
+        async move {
+            let id = paddock_core::runtime::SandboxId::parse(&id).unwrap();
+            s.state.rt.get(&id).await.unwrap().spec.env
+        }
+    };
+    let call = |sandbox: String| {
+        let s = &s;
+        async move {
+            let (status, out) = gateway(
+                s.gateway,
+                "POST",
+                "/llm/v1/chat/completions",
+                "sk-made-up",
+                &[],
+                br#"{"model": "m"}"#,
+                Some(&forwarder(s, &sandbox)),
+            )
+            .await;
+            (status, code_of(&out))
+        }
+    };
+
+    // No route anywhere yet: the route is mounted and says whose job it is to give one.
+    let before = create_as(acme.clone()).await;
+    assert!(!env_of(before.clone()).await.contains_key("PADDOCK_LLM_BASE"));
+    assert_eq!(call(before.clone()).await, (404, "NO_MODEL_ROUTE".to_owned()));
+
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("acme.key");
+    std::fs::write(&key_file, "sk-acme-1\n").unwrap();
+    let route = ModelRoute::new(&format!("http://{upstream}"), Some(&key_file)).unwrap();
+    tenants::set_model_route(&pool, "acme", Some(&route)).await.unwrap();
+    // Within the tenants' reload: the sandbox made before calls through it too.
+    let until = Instant::now() + Duration::from_secs(10);
+    while call(before.clone()).await.0 != 200 {
+        assert!(Instant::now() < until, "the route set while serving was never used");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let last_auth = || seen.lock().unwrap().last().unwrap().1.clone();
+    assert_eq!(last_auth(), "Bearer sk-acme-1");
+    let after = create_as(acme.clone()).await;
+    let env = env_of(after.clone()).await;
+    let route = format!("http://{}/llm/v1", s.gateway);
+    assert_eq!(env.get("PADDOCK_LLM_BASE"), Some(&route), "{env:?}");
+    assert!(!env.values().any(|v| v.contains("sk-acme")), "the key reached the sandbox: {env:?}");
+    // Replacing the file rotates the key on the next call.
+    std::fs::write(&key_file, "sk-acme-2\n").unwrap();
+    assert_eq!(call(after.clone()).await.0, 200);
+    assert_eq!(last_auth(), "Bearer sk-acme-2");
+    // A key file gone is a clear 503, and nothing goes upstream without the key.
+    std::fs::remove_file(&key_file).unwrap();
+    let calls = seen.lock().unwrap().len();
+    assert_eq!(call(after.clone()).await, (503, "MODEL_KEY_UNREADABLE".to_owned()));
+    assert_eq!(seen.lock().unwrap().len(), calls);
+    // Another tenant has none.
+    let others = tenants::list(&pool).await.unwrap().into_iter().find(|t| t.name == "other").unwrap();
+    assert!(others.model_route.is_none());
+    // Taken away: within the reload, the route answers 404 again.
+    tenants::set_model_route(&pool, "acme", None).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while call(after.clone()).await.0 != 404 {
+        assert!(Instant::now() < until, "the route taken away was still used");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in [before, after] {
+        s.call("DELETE", &format!("/v1/sandboxes/{id}"), None).await;
+    }
+}

@@ -208,8 +208,8 @@ fn llm_config(args: &ServeArgs) -> Result<Option<paddock_server::llm::LlmConfig>
     for name in &args.llm_env {
         paddock_core::spec::validate_env_name(name).map_err(|e| anyhow::anyhow!("--llm-env: {e}"))?;
     }
-    if default.is_none() && tenants.is_empty() {
-        anyhow::ensure!(args.llm_env.is_empty(), "--llm-env needs a model route: give --llm-base or --llm-tenant-base");
+    // --llm-env alone is kept: it names the variables of the routes `paddock tenant set` gives.
+    if default.is_none() && tenants.is_empty() && args.llm_env.is_empty() {
         return Ok(None);
     }
     Ok(Some(LlmConfig { default, tenants, env: args.llm_env.clone() }))

@@ -1,6 +1,6 @@
 //! `paddock tenant ...`: tenants and their API keys, in the server's database on the data
 //! directory. A running `paddock serve` on the same directory honours a change at once (a new
-//! key on its first use) or within seconds (a removal, a quota). `add` and `rotate` print the
+//! key on its first use) or within seconds (a removal, a quota, a model route). `add` and `rotate` print the
 //! new key alone on their last line, so `| tail -1` is the key.
 
 use std::io::Read;
@@ -20,6 +20,8 @@ pub enum TenantCommand {
         name: String,
         #[command(flatten)]
         quotas: QuotaArgs,
+        #[command(flatten)]
+        route: RouteArgs,
     },
     /// List tenants, their quotas and their keys' ids (never the keys).
     Ls,
@@ -32,7 +34,8 @@ pub enum TenantCommand {
     },
     /// Remove a tenant and its keys. What it made stays, for the CLI on this data directory.
     Rm { name: String },
-    /// Change a tenant's quotas: the ones given replace, the rest stay (--clear drops all first).
+    /// Change a tenant's quotas or model route: what is given replaces, the rest stays
+    /// (--clear drops all quotas first, --no-llm the route).
     Set {
         name: String,
         #[command(flatten)]
@@ -40,6 +43,12 @@ pub enum TenantCommand {
         /// Start from no quotas.
         #[arg(long)]
         clear: bool,
+        #[command(flatten)]
+        route: RouteArgs,
+        /// Take the tenant's own model route away (its sandboxes use paddock serve --llm-base
+        /// again, if given).
+        #[arg(long, conflicts_with_all = ["llm_base", "llm_key_file"])]
+        no_llm: bool,
     },
     /// Print the SHA-256 digest of a key read from standard input, for `--tenants FILE`.
     Digest,
@@ -59,6 +68,56 @@ pub struct QuotaArgs {
     /// Tokens its sandboxes may spend through the model route, in all.
     #[arg(long, value_name = "N")]
     max_model_tokens: Option<u64>,
+}
+
+/// The tenant's own model route: its sandboxes' `$PADDOCK_LLM_BASE` reaches this upstream
+/// instead of `paddock serve --llm-base`'s, with the key from the file added outside them.
+#[derive(Debug, Args)]
+pub struct RouteArgs {
+    /// An OpenAI-compatible model API the tenant's sandboxes call (normalised to one /v1).
+    #[arg(long, value_name = "URL")]
+    llm_base: Option<String>,
+    /// The provider key for --llm-base: the first line of this file, which the server reads as
+    /// each call goes out (keep it 0600; replacing it rotates the key). Its path is stored,
+    /// never the key.
+    #[arg(long, value_name = "PATH")]
+    llm_key_file: Option<std::path::PathBuf>,
+}
+
+impl RouteArgs {
+    /// The route these flags give, on top of the tenant's `current` one; `None`: no change.
+    fn route(self, current: Option<&tenants::ModelRoute>) -> Result<Option<tenants::ModelRoute>> {
+        let base = match (self.llm_base, current) {
+            (None, None) if self.llm_key_file.is_some() => {
+                bail!("--llm-key-file needs a route to send the key to: give --llm-base URL too")
+            }
+            (None, None) => return Ok(None),
+            (None, Some(c)) if self.llm_key_file.is_none() => return Ok(Some(c.clone())),
+            (None, Some(c)) => c.base.clone(),
+            (Some(b), _) => b,
+        };
+        // A new base without a key file keeps no old key: that key was for another upstream.
+        let key_file = self.llm_key_file;
+        if let Some(path) = &key_file {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("reading --llm-key-file {}: the server reads it on each call", path.display())
+            })?;
+            if text.lines().next().unwrap_or("").trim().is_empty() {
+                bail!("--llm-key-file {} is empty: its first line is the provider key", path.display());
+            }
+        }
+        Ok(Some(tenants::ModelRoute::new(&base, key_file.as_deref())?))
+    }
+}
+
+fn describe_route(route: Option<&tenants::ModelRoute>) -> String {
+    match route {
+        None => "no model route of its own".into(),
+        Some(r) => match &r.key_file {
+            Some(f) => format!("model route {} (key from {})", r.base, f.display()),
+            None => format!("model route {} (no key)", r.base),
+        },
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -133,14 +192,21 @@ pub async fn run(command: TenantCommand, data_dir: &Path, json: bool) -> Result<
     let store = open(data_dir).await?;
     let pool = store.pool();
     match command {
-        TenantCommand::Add { name, quotas } => {
+        TenantCommand::Add { name, quotas, route } => {
             let mut q = Quotas::default();
             quotas.apply(&mut q);
-            let key = tenants::add(pool, &name, &q).await?;
+            // Checked before the tenant exists, so a bad route adds nothing.
+            let route = route.route(None)?;
+            tenants::validate_name(&name)?;
+            let key = tenants::add_with_route(pool, &name, &q, route.as_ref()).await?;
             if json {
-                println!("{}", json!({"name": name, "quotas": q, "key": key}));
+                println!("{}", json!({"name": name, "quotas": q, "modelRoute": route, "key": key}));
             } else {
-                println!("added tenant {name} ({}); its API key, shown only now:", describe(&q));
+                println!(
+                    "added tenant {name} ({}; {}); its API key, shown only now:",
+                    describe(&q),
+                    describe_route(route.as_ref())
+                );
                 println!("{key}");
             }
         }
@@ -168,16 +234,20 @@ pub async fn run(command: TenantCommand, data_dir: &Path, json: bool) -> Result<
                 }
             }
         }
-        TenantCommand::Set { name, quotas, clear } => {
+        TenantCommand::Set { name, quotas, clear, route, no_llm } => {
             let current = tenants::list(pool).await?.into_iter().find(|t| t.name == name);
             let Some(current) = current else { bail!(tenants::TenantError::NotFound(name)) };
+            let route = if no_llm { None } else { route.route(current.model_route.as_ref())? };
             let mut q = if clear { Quotas::default() } else { current.quotas };
             quotas.apply(&mut q);
             tenants::set_quotas(pool, &name, &q).await?;
+            if route != current.model_route {
+                tenants::set_model_route(pool, &name, route.as_ref()).await?;
+            }
             if json {
-                println!("{}", json!({"name": name, "quotas": q}));
+                println!("{}", json!({"name": name, "quotas": q, "modelRoute": route}));
             } else {
-                println!("tenant {name}: {}", describe(&q));
+                println!("tenant {name}: {}; {}", describe(&q), describe_route(route.as_ref()));
             }
         }
         TenantCommand::Ls => {
@@ -189,7 +259,7 @@ pub async fn run(command: TenantCommand, data_dir: &Path, json: bool) -> Result<
                     "no tenants: the server's own key (the api-key file) is the only one; add one with `paddock tenant add NAME`"
                 );
             } else {
-                println!("{:<24} {:<30} QUOTAS", "NAME", "KEYS");
+                println!("{:<24} {:<30} {:<40} QUOTAS", "NAME", "KEYS", "MODEL ROUTE");
                 for t in all {
                     let keys: Vec<String> = t
                         .keys
@@ -202,7 +272,8 @@ pub async fn run(command: TenantCommand, data_dir: &Path, json: bool) -> Result<
                             None => k.id.clone(),
                         })
                         .collect();
-                    println!("{:<24} {:<30} {}", t.name, keys.join(" "), describe(&t.quotas));
+                    let route = t.model_route.as_ref().map_or("-".to_owned(), |r| r.base.clone());
+                    println!("{:<24} {:<30} {:<40} {}", t.name, keys.join(" "), route, describe(&t.quotas));
                 }
             }
         }

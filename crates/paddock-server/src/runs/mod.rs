@@ -140,7 +140,7 @@ pub struct Runs {
     /// Caps of `/workspace` for run sandboxes, as for API sandboxes.
     workspace: (Option<u64>, u64),
     /// The model routes, whose variables a run's sandbox gets (by its tenant) under its own.
-    llm: Option<crate::llm::LlmConfig>,
+    llm: Arc<crate::llm::Routes>,
     wake: Notify,
     /// The id of a run whose events changed, for the event streams.
     changed: broadcast::Sender<String>,
@@ -158,7 +158,7 @@ pub struct Home {
     /// Caps of `/workspace`, as for API sandboxes.
     pub workspace: (Option<u64>, u64),
     /// The model routes, whose variables sandboxes get (by their tenant).
-    pub llm: Option<crate::llm::LlmConfig>,
+    pub llm: Arc<crate::llm::Routes>,
 }
 
 impl Runs {
@@ -403,8 +403,7 @@ impl Runs {
     /// The sandbox spec of an attempt.
     fn spec_of(&self, run: &RunRow) -> Result<SandboxSpec, String> {
         let tenant = crate::tenants::Tenant::named(&run.tenant);
-        let mut env: BTreeMap<String, String> =
-            self.llm.as_ref().map(|l| crate::llm::sandbox_env(l, &tenant)).unwrap_or_default().into_iter().collect();
+        let mut env: BTreeMap<String, String> = self.llm.sandbox_env(&tenant).into_iter().collect();
         env.extend(run.spec.env.clone());
         let mut spec = SandboxSpec { image: run.spec.image.clone(), env, ..Default::default() };
         spec.resources.workspace_bytes = self.workspace.0;
