@@ -74,7 +74,7 @@ helm_charts() {
 
   step "helm: the server refuses to start with a default timeout below 60 s or above the maximum"
   local scratch rc
-  scratch=$(mktemp -d)
+  scratch=$(mktemp -d -p "$scratch_root")
   for t in "--default-timeout 59s" "--default-timeout 3601s --max-timeout 3600s"; do
     rc=0
     # shellcheck disable=SC2086
@@ -162,7 +162,7 @@ helm_charts() {
   info "kept: $kept"
 
   step "helm: paddock check --no-probe with the server's ServiceAccount token"
-  local kc; kc=$(mktemp)
+  local kc; kc=$(mktemp -p "$scratch_root")
   cat >"$kc" <<EOF
 apiVersion: v1
 kind: Config

@@ -6,7 +6,7 @@
 runs_part() {
   local ns d url id out state gw="$NODE_IP:18797" pid
   ns=$(fresh_ns runs)
-  d=$(mktemp -d)
+  d=$(mktemp -d -p "$scratch_root")
   # Hephaestus's tiers as PriorityClasses: batch below interactive, and batch never preempts.
   local pc=paddock-runs-part
   cluster_objects+=("priorityclass/$pc-interactive" "priorityclass/$pc-batch")
@@ -73,7 +73,7 @@ PY
   rm -rf "$d"
   preempted_batch "$ns" "$gw"
   step "runs on the claim model are refused at submission"
-  d=$(mktemp -d)
+  d=$(mktemp -d -p "$scratch_root")
   "$bin" --data-dir "$d" $serve_args --namespace "$ns" --gateway-address "$gw" --model claim \
     serve --listen 127.0.0.1:18796 --insecure-no-auth >>"$d/log" 2>&1 &
   pid=$!; pids+=("$pid")
@@ -166,7 +166,7 @@ echo "the stolen token was refused, but not as foreign: $out"; exit 2'
 preempted_batch() {
   local ns=$1 gw=$2 d url=http://127.0.0.1:18796 pid b out tok1 i
   step "an interactive run preempts the batch attempt, which runs again later under epoch 2"
-  d=$(mktemp -d)
+  d=$(mktemp -d -p "$scratch_root")
   "$bin" --data-dir "$d" $serve_args --namespace "$ns" --gateway-address "$gw" \
     serve --listen 127.0.0.1:18796 --insecure-no-auth --capacity 1 >>"$d/log" 2>&1 &
   pid=$!; pids+=("$pid")

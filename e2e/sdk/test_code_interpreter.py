@@ -20,7 +20,7 @@ import pytest
 from code_interpreter.code_interpreter import CodeInterpreter
 from code_interpreter.models.code import SupportedLanguage
 from code_interpreter.sync.code_interpreter import CodeInterpreterSync
-from conftest import IMAGE, capabilities
+from conftest import IMAGE, capabilities, run_ok
 from opensandbox import Sandbox
 from opensandbox.config import ConnectionConfig
 from opensandbox.exceptions import SandboxException
@@ -207,6 +207,10 @@ def test_java_go_and_typescript_run_what_opensandboxs_own_suite_sends(server, ma
         ex = ci.codes.run("package main\nfunc main() {\n    undeclaredVariable++  // This will cause compilation error\n}",
                           context=go)
         assert ex.error is not None and "undeclaredVariable" in ex.error.value, ex.error
+        # The drivers remove their build directories once started, and each Go cell its own.
+        left = run_ok(sb, "find /tmp -maxdepth 2 \\( -name driver -o -name 'paddock-go-*' "
+                          "-o -name PaddockDriver.java \\) -print")
+        assert left == [], left
 
         ts = ci.codes.create_context(SupportedLanguage.TYPESCRIPT)
         assert ts.id and ts.language == "typescript"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import tempfile
 import threading
@@ -92,6 +93,7 @@ def model_server():
         s.cleanup()
         upstream.shutdown()
         acme.shutdown()
+        shutil.rmtree(keys, ignore_errors=True)
 
 
 CLIENT = """
@@ -215,6 +217,7 @@ def test_a_tenant_given_its_own_route_by_the_cli_reaches_it_at_once(model_server
         assert lines == ["call 0 200 2", "call 1 200 2", "call 2 200 2"], lines
     finally:
         own.shutdown()
+        shutil.rmtree(keys, ignore_errors=True)
     assert [p for p, _ in OwnUpstream.seen] == ["/v1/chat/completions"] * 3, OwnUpstream.seen
     assert all(auth == "Bearer sk-e2e-own-route-55555" for _, auth in OwnUpstream.seen), OwnUpstream.seen
     assert Upstream.seen == [], "the server's upstream saw the tenant's calls"

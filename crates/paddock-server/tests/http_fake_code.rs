@@ -268,16 +268,19 @@ async fn fake_runtime_sessions_keep_cwd_and_exports() {
         assert_eq!(status, StatusCode::OK);
         events(&out)
     };
-    let ev = run_in("mkdir -p /tmp/pdk-s && cd /tmp/pdk-s && export SESSION_VAR=kept", json!({})).await;
+    // The fake's commands are host processes: a directory of the host's /tmp, removed on drop.
+    let dir = tempfile::Builder::new().prefix("pdk-s").tempdir_in("/tmp").unwrap();
+    let dir_name = dir.path().display().to_string();
+    let ev = run_in(&format!("cd {dir_name} && export SESSION_VAR=kept"), json!({})).await;
     assert_eq!(ev.last().unwrap()["type"], "execution_complete", "{ev:?}");
     let ev = run_in("pwd; echo $SESSION_VAR; printf 'a\\nb'", json!({})).await;
     let lines: Vec<&str> = of(&ev, "stdout").iter().map(|e| e["text"].as_str().unwrap()).collect();
-    assert_eq!(lines, ["/tmp/pdk-s", "kept", "a", "b"], "one event per line, like /command: {ev:?}");
+    assert_eq!(lines, [dir_name.as_str(), "kept", "a", "b"], "one event per line, like /command: {ev:?}");
     // A cwd for one run only.
     let ev = run_in("pwd", json!({"cwd": "/tmp"})).await;
     assert_eq!(text(&ev, "stdout"), "/tmp");
     let ev = run_in("pwd; exit_code=4; (exit $exit_code)", json!({})).await;
-    assert_eq!(text(&ev, "stdout"), "/tmp/pdk-s");
+    assert_eq!(text(&ev, "stdout"), dir_name);
     let last = ev.last().unwrap();
     assert_eq!((last["type"].as_str(), last["error"]["evalue"].as_str()), (Some("error"), Some("4")), "{ev:?}");
     // A timeout interrupts the run; the session lives on.
@@ -294,7 +297,7 @@ async fn fake_runtime_sessions_keep_cwd_and_exports() {
     assert_eq!(ev.last().unwrap()["type"], "error", "{ev:?}");
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     let ev = run_in("echo $SESSION_VAR; pwd", json!({})).await;
-    assert_eq!(text(&ev, "stdout"), "kept/tmp/pdk-s", "the shell lived on: {ev:?}");
+    assert_eq!(text(&ev, "stdout"), format!("kept{dir_name}"), "the shell lived on: {ev:?}");
 
     let (status, _) = s.call("DELETE", &Server::execd(&id, &format!("/session/{session}")), None).await;
     assert_eq!(status, StatusCode::OK);

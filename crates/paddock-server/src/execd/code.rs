@@ -39,10 +39,11 @@ const NODE_DRIVER: &str = include_str!("drivers/node.js");
 const BASH_DRIVER: &str = include_str!("drivers/bash.sh");
 const JAVA_DRIVER: &str = include_str!("drivers/PaddockDriver.java");
 const GO_DRIVER: &str = include_str!("drivers/driver.go");
-/// Builds the Go driver (its `$1`) with the image's `go` and runs it. The build cache goes to
+/// Builds the Go driver (its `$1`) with the image's `go` and runs it (it removes its build
+/// directory once started, as the Java driver does). The build cache goes to
 /// the sandbox's /tmp unless one is set (a sandbox's HOME may be read-only), and no toolchain
 /// is ever downloaded.
-const GO_LAUNCH: &str = "d=$(mktemp -d) && printf '%s' \"$1\" > \"$d/driver.go\" && export GOCACHE=\"${GOCACHE:-${TMPDIR:-/tmp}/.paddock-go-cache}\" GOTOOLCHAIN=\"${GOTOOLCHAIN:-local}\" && go build -o \"$d/driver\" \"$d/driver.go\" && rm -f \"$d/driver.go\" && exec \"$d/driver\"";
+const GO_LAUNCH: &str = "d=$(mktemp -d) && printf '%s' \"$1\" > \"$d/driver.go\" && export GOCACHE=\"${GOCACHE:-${TMPDIR:-/tmp}/.paddock-go-cache}\" GOTOOLCHAIN=\"${GOTOOLCHAIN:-local}\" && go build -o \"$d/driver\" \"$d/driver.go\" && rm -f \"$d/driver.go\" && exec \"$d/driver\" \"$d\"";
 /// Writes the Java driver (its `$1`) to a directory of its own and runs it from source; the
 /// driver removes the directory once started.
 const JAVA_LAUNCH: &str = "d=$(mktemp -d) && printf '%s' \"$1\" > \"$d/PaddockDriver.java\" && exec java -XX:TieredStopAtLevel=1 \"$d/PaddockDriver.java\" \"$d\"";

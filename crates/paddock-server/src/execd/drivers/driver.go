@@ -149,6 +149,17 @@ func compileError(out string) map[string]any {
 	return errorReply("CompilationError", value, lines)
 }
 
+// runInFreshDir builds and runs a cell in a directory of its own, removed after it: a
+// context killed between cells leaves nothing in /tmp.
+func runInFreshDir(code string) map[string]any {
+	dir, err := os.MkdirTemp("", "paddock-go-")
+	if err != nil {
+		return errorReply("OSError", "cannot make a directory for the cell: "+err.Error(), nil)
+	}
+	defer os.RemoveAll(dir)
+	return run(dir, code)
+}
+
 func run(dir, code string) map[string]any {
 	whole := strings.HasPrefix(strings.TrimSpace(code), "package ")
 	var imps, ds []string
@@ -231,10 +242,10 @@ func main() {
 		for range sigs {
 		}
 	}()
-	dir, err := os.MkdirTemp("", "paddock-go-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cannot make a directory for the cells:", err)
-		os.Exit(3)
+	// The launcher's build directory (this binary, a few MB): not needed once running, and
+	// a context is ended by SIGKILL, so it is removed now or never.
+	if len(os.Args) > 1 {
+		os.RemoveAll(os.Args[1])
 	}
 	reply(os.Stdout, map[string]string{"t": "ready"})
 	reply(os.Stderr, map[string]string{"t": "ready"})
@@ -249,7 +260,7 @@ func main() {
 			if jerr := json.Unmarshal([]byte(line), &req); jerr != nil {
 				r = errorReply("ProtocolError", jerr.Error(), nil)
 			} else {
-				r = run(dir, req.Code)
+				r = runInFreshDir(req.Code)
 			}
 			if r != nil {
 				reply(os.Stdout, r)
@@ -258,7 +269,6 @@ func main() {
 			reply(os.Stderr, map[string]string{"t": "done"})
 		}
 		if err != nil {
-			os.RemoveAll(dir)
 			return
 		}
 	}
