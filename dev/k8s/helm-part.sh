@@ -8,7 +8,8 @@
 #     and meets Pod Security restricted; `helm upgrade` keeps the generated API key;
 #  4. the SDK suite through `kubectl port-forward` to the ClusterIP Service (PADDOCK_HELM_E2E
 #     picks tests with pytest -k); a workspace made through the API (acquire, release) whose PVC
-#     is kept;
+#     is kept; a run calling home; the data directory on a PVC (persistence) outlives the
+#     server Pod: a tenant added in it keeps its key on the next Pod;
 #  5. `paddock check --no-probe` with the server's ServiceAccount token; `kubectl auth can-i
 #     --as` the server's ServiceAccount: every verb in check.rs NEEDED is allowed; the claim verbs (rbac.claimModel off), secrets, other namespaces and cluster-scoped
 #     writes are denied; the same for the reaper's ServiceAccount;
@@ -155,6 +156,29 @@ helm_charts() {
   python3 -c 'import json,sys; s=[json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]; assert [e for e in s if e["type"]=="state"][-1]["data"]["state"]=="succeeded"' "$out" \
     || die "the run through the chart's server did not succeed: $out"
   info "the run succeeded; its driver reached the gateway at the server Pod's address"
+
+  step "helm: the server's data directory outlives its Pod (upgrade to persistence: a PVC)"
+  # An upgrade from the emptyDir moves the Deployment to Recreate on the chart's claim (the
+  # hostPath provisioner ignores fsGroup: persistence.chown). A tenant added in the database of
+  # the server Pod, which is then deleted: the next Pod mounts the same claim, so the tenant's
+  # key works there.
+  "$HELM" upgrade paddock "$REPO/charts/paddock" -n "$helm_ns" --reuse-values --wait --timeout 120s \
+    --set persistence.enabled=true --set persistence.chown=true >/dev/null || die "helm upgrade to persistence failed"
+  [ "$(K -n "$helm_ns" get deploy paddock -o jsonpath='{.spec.strategy.type} {.spec.template.spec.volumes[?(@.name=="data")].persistentVolumeClaim.claimName}')" = "Recreate paddock-data" ] \
+    || die "the upgraded Deployment is not Recreate on the claim paddock-data"
+  local sel=app.kubernetes.io/component=server,app.kubernetes.io/name=paddock old tkey
+  wait_for 120 "one server Pod after the upgrade" sh -c "[ \"\$('$BIN/kubectl' -n '$helm_ns' get pods -l '$sel' -o name | wc -l)\" = 1 ]"
+  K -n "$helm_ns" wait --for=condition=Ready pod -l "$sel" --timeout 90s >/dev/null || die "the upgraded server Pod is not Ready"
+  old=$(K -n "$helm_ns" get pods -l "$sel" -o jsonpath='{.items[0].metadata.name}')
+  tkey=$(K -n "$helm_ns" exec "$old" -c server -- /paddock --data-dir /data tenant add helm-kept | tail -1) \
+    || die "paddock tenant add in the server Pod failed"
+  K -n "$helm_ns" delete pod "$old" --timeout=90s >/dev/null || die "deleting the server Pod failed"
+  wait_for 120 "the tenant's key to work on the server's next Pod" \
+    curl -sf -H "OPEN-SANDBOX-API-KEY: $tkey" "http://127.0.0.1:$port/v1/sandboxes"
+  local new
+  new=$(K -n "$helm_ns" get pods -l "$sel" -o jsonpath='{.items[0].metadata.name}')
+  [ -n "$new" ] && [ "$new" != "$old" ] || die "no new server Pod after deleting $old"
+  info "Pod $old deleted; on $new the tenant added before still has its key"
   kill -- "-$helm_pf" 2>/dev/null; wait "$helm_pf" 2>/dev/null || true; helm_pf=""
   local kept
   kept=$(K -n "$helm_ns" get pvc -l paddock.dev/thread-hash -o name)
