@@ -4,6 +4,7 @@
 pub mod egress;
 pub mod naming;
 pub mod preflight;
+pub mod requires;
 pub mod runtime;
 pub mod spec;
 pub mod units;

@@ -550,6 +550,17 @@ pub struct Capabilities {
     /// may be made with the credential proxy (`SandboxSpec::credential_proxy`).
     #[serde(default)]
     pub credential_vault: bool,
+    /// The boundary around each sandbox, in one word (`crate::requires::ISOLATIONS`):
+    /// `namespaces` (Linux namespaces and seccomp, or a container runtime's), `gvisor`, `kata`,
+    /// `firecracker`.
+    #[serde(default)]
+    pub isolation: String,
+    /// Host devices a sandbox may be given (e.g. `/dev/kvm`). Empty: none.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// A sandbox may run containers of its own (new namespaces and mounts inside it).
+    #[serde(default)]
+    pub nested_containers: bool,
 }
 
 /// A sandbox's resource use at one moment.

@@ -122,6 +122,15 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    /// Its word in `Capabilities::isolation` and a task's `requires.isolation`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Gvisor => "gvisor",
+            Self::Kata => "kata",
+            Self::Firecracker => "firecracker",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Gvisor => "gVisor",
@@ -987,6 +996,10 @@ impl Runtime for KubeRuntime {
             no_gateway_because: self.no_gateway_because().map(str::to_owned),
             default_workspace_bytes: Some(self.config.workspace_default_bytes),
             credential_vault: false,
+            isolation: self.config.isolation.map_or("namespaces", Isolation::word).into(),
+            // No device plugin resources or privileged Pods: neither devices nor containers inside.
+            devices: Vec::new(),
+            nested_containers: false,
         }
     }
 
@@ -1602,6 +1615,17 @@ mod tests {
             assert_eq!(c.runtime, "kubernetes");
             assert!(!c.pause && c.persistent_workspaces && !c.run_as_other_user);
             assert!(c.network.contains(&NetworkFeature::IpRules) && !c.network.contains(&NetworkFeature::DomainRules));
+            // Plain runc without --isolation; a declared class says its kind (a task asking for
+            // a VM is refused on the first and run on the second).
+            assert_eq!((c.isolation.as_str(), c.devices.is_empty(), c.nested_containers), ("namespaces", true, false));
+            let vm = paddock_core::requires::Requirements { isolation: Some("vm".into()), ..Default::default() };
+            assert!(vm.unmet(&c).is_some());
+            let kata = KubeRuntime::new(
+                Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+                KubeConfig { isolation: Some(Isolation::Kata), ..KubeConfig::default() },
+            );
+            assert_eq!(kata.capabilities().isolation, "kata");
+            assert_eq!(vm.unmet(&kata.capabilities()), None);
             let id = SandboxId::parse("sbx-000000000001").unwrap();
             assert_eq!(k.pause(&id).await.unwrap_err().code(), "NOT_SUPPORTED");
             assert_eq!(k.resume(&id).await.unwrap_err().code(), "NOT_SUPPORTED");

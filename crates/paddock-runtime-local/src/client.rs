@@ -674,6 +674,10 @@ impl Runtime for LocalRuntime {
             no_gateway_because: None,
             default_workspace_bytes: Some(paddock_core::spec::DEFAULT_WORKSPACE),
             credential_vault: true,
+            // seccomp refuses new user namespaces and mounts inside a sandbox: no containers there.
+            isolation: "namespaces".into(),
+            devices: Vec::new(),
+            nested_containers: false,
         }
     }
 

@@ -923,3 +923,50 @@ async fn fake_runtime_a_tenants_own_model_route_is_set_while_serving_and_its_key
         s.call("DELETE", &format!("/v1/sandboxes/{id}"), None).await;
     }
 }
+
+/// Work that needs what the runtime cannot give (a boundary, a device, containers inside) is a
+/// 400 UNSUPPORTED at submission naming it, for a run and for any task of an evaluation, and
+/// nothing is queued; `GET /v1/capabilities` says what the runtime gives.
+#[tokio::test]
+async fn fake_runtime_work_needing_what_the_runtime_lacks_is_refused_at_submission_naming_it() {
+    let s = Server::new().await;
+    let (_, caps) = s.call("GET", "/v1/capabilities", None).await;
+    assert_eq!(
+        (caps["isolation"].as_str(), caps["nested_containers"].as_bool()),
+        (Some("none"), Some(false)),
+        "{caps}"
+    );
+    let run = |requires: Value| json!({"image": "fake", "command": ["true"], "requires": requires});
+    for (requires, names) in [
+        (json!({"isolation": "gvisor"}), "requires.isolation gvisor"),
+        (json!({"isolation": "vm"}), "requires.isolation vm"),
+        (json!({"devices": ["/dev/kvm"]}), "requires.devices /dev/kvm"),
+        (json!({"nestedContainers": true}), "requires.nestedContainers"),
+        (json!({"isolation": "steel"}), "not a kind of boundary"),
+    ] {
+        let (status, err) = s.call("POST", "/v1/runs", Some(run(requires.clone()))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{requires}: {err}");
+        assert_error(&err, "UNSUPPORTED");
+        assert!(err["message"].as_str().unwrap().contains(names), "{requires}: {err}");
+    }
+    let (status, err) = s.call("POST", "/v1/runs", Some(run(json!({"gpus": 1})))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an unknown requirement is refused, not ignored: {err}");
+    let task =
+        |name: &str, requires: Value| json!({"name": name, "image": "fake", "command": ["true"], "requires": requires});
+    let (status, err) = s
+        .call(
+            "POST",
+            "/v1/evaluations",
+            Some(json!({"tasks": [task("plain", json!({})), task("vm", json!({"devices": ["/dev/kvm"]}))]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert_error(&err, "UNSUPPORTED");
+    assert!(err["message"].as_str().unwrap().starts_with("task 1 (vm): requires.devices /dev/kvm"), "{err}");
+    let (_, page) = s.call("GET", "/v1/runs", None).await;
+    assert!(page["items"].as_array().unwrap().is_empty(), "a refused submission queues nothing: {page}");
+    // Asking for nothing is asking for nothing.
+    let (status, created) = s.call("POST", "/v1/runs", Some(run(json!({})))).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert!(created["requires"].is_null(), "{created}");
+}

@@ -320,6 +320,10 @@ impl Runtime for FakeRuntime {
             default_workspace_bytes: Some(96 << 20),
             // No egress enforcer: the vault's routes answer that they are not supported.
             credential_vault: false,
+            // Host processes: no boundary at all, so every requirement of one is refused.
+            isolation: "none".into(),
+            devices: Vec::new(),
+            nested_containers: false,
         }
     }
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {

@@ -131,6 +131,25 @@ const SECOND_TIME_LUCKY: &str = r#"curl -fsS -X POST -H "Authorization: Bearer $
 [ "$PADDOCK_EPOCH" -ge 2 ] && exit 0
 sleep 300"#;
 
+/// The local runtime's sandboxes are Linux namespaces under seccomp, with no host device and
+/// no containers of their own: a run asking for namespaces runs, one asking for a VM, /dev/kvm
+/// or nested containers is refused when submitted.
+#[test]
+fn the_local_runtime_runs_work_it_can_isolate_and_refuses_a_vm_or_kvm_at_submission() {
+    let data = data_dir();
+    let s = Server::start(data.path(), &[]);
+    let (_, caps) = s.api("GET", "/v1/capabilities", None);
+    assert_eq!(caps["isolation"], "namespaces", "{caps}");
+    let id = submit(&s, "true", json!({"requires": {"isolation": "namespaces"}}));
+    let run = wait_state(&s, &id, "succeeded", Some(1));
+    assert_eq!(run["requires"], json!({"isolation": "namespaces"}), "{run}");
+    for requires in [json!({"isolation": "vm"}), json!({"devices": ["/dev/kvm"]}), json!({"nestedContainers": true})] {
+        let body = json!({"command": ["true"], "requires": requires});
+        let (status, err) = s.api("POST", "/v1/runs", Some(&body));
+        assert_eq!((status, err["code"].as_str()), (400, Some("UNSUPPORTED")), "{requires}: {err}");
+    }
+}
+
 fn sandbox_alive(data: &std::path::Path, id: &str) -> bool {
     let out = std::process::Command::new(common::EXE)
         .args(["--data-dir", data.to_str().unwrap(), "--json", "ls"])

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use base64::Engine;
 use paddock_core::naming::ThreadId;
+use paddock_core::requires::Requirements;
 use paddock_core::runtime::ExecRequest;
 use paddock_core::spec::SandboxSpec;
 use serde::Deserialize;
@@ -86,6 +87,10 @@ struct SubmitRequest {
     /// What the sandbox may reach besides the gateway, as a sandbox's `networkPolicy`
     /// (default: nothing).
     network_policy: Option<paddock_core::egress::EgressPolicy>,
+    /// What the sandbox must give beyond an image and resources (a boundary, a device,
+    /// containers inside); refused at submission when the runtime cannot.
+    #[serde(default)]
+    requires: Requirements,
 }
 
 /// A run as the API shows it.
@@ -115,6 +120,7 @@ pub fn view(r: &RunRow) -> Value {
         "startedAt": t(r.started_at_ms),
         "firstCallAt": t(r.first_call_at_ms),
         "finishedAt": t(r.finished_at_ms),
+        "requires": (!r.spec.requires.is_empty()).then_some(&r.spec.requires),
     })
 }
 
@@ -135,6 +141,9 @@ fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
             "runs need a sandbox with a way home to the gateway, which the {} runtime does not give: {why}",
             caps.runtime
         )));
+    }
+    if let Some(why) = req.requires.unmet(&caps) {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "UNSUPPORTED", why));
     }
     let tiers = &runs.opts.tiers;
     let tier = match &req.tier {
@@ -199,6 +208,7 @@ fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
         resources: req.resources.clone(),
         timeout,
         network_policy: req.network_policy.clone(),
+        requires: req.requires.clone(),
     };
     Ok((tier, run))
 }
@@ -367,6 +377,8 @@ struct EvaluationTask {
     timeout: Option<u64>,
     inputs: Option<String>,
     network_policy: Option<paddock_core::egress::EgressPolicy>,
+    #[serde(default)]
+    requires: Requirements,
 }
 
 #[derive(Debug, Deserialize)]
@@ -411,6 +423,7 @@ async fn evaluate(
             inputs: t.inputs,
             if_busy: IfBusy::Queue,
             network_policy: t.network_policy,
+            requires: t.requires,
         };
         let what = t.name.as_deref().map(|n| format!("task {i} ({n})")).unwrap_or_else(|| format!("task {i}"));
         plan(&runs, &submit).map_err(|e| ApiError::new(e.status, e.code, format!("{what}: {}", e.message)))?;
@@ -701,6 +714,14 @@ where
 /// The run routes and the gateway's, for `/v1/openapi.json`. The gateway's are served on its
 /// own listener (each names it as its server), under the run's token rather than the API key.
 pub fn openapi_paths() -> Value {
+    let mut isolations: Vec<&str> = paddock_core::requires::ISOLATIONS.to_vec();
+    isolations.push("vm");
+    let requires = json!({"type": "object", "additionalProperties": false,
+        "description": "what the sandbox must give; a runtime that cannot is a 400 UNSUPPORTED at submission (GET /v1/capabilities: isolation, devices, nested_containers)",
+        "properties": {
+            "isolation": {"type": "string", "enum": isolations, "description": "the boundary; vm: kata or firecracker"},
+            "devices": {"type": "array", "items": {"type": "string", "pattern": "^/dev/"}, "description": "host devices, e.g. /dev/kvm"},
+            "nestedContainers": {"type": "boolean", "description": "the work runs containers of its own"}}});
     let error = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     let run = json!({"type": "object", "required": ["id", "tier", "state", "attempt", "epoch"], "properties": {
         "id": {"type": "string"}, "tier": {"type": "string"},
@@ -712,7 +733,7 @@ pub fn openapi_paths() -> Value {
         "sandboxId": {"type": ["string", "null"]}, "hasInputs": {"type": "boolean"}, "hasResult": {"type": "boolean"},
         "leaseExpiresAt": {"type": ["string", "null"]}, "createdAt": {"type": "string"}, "updatedAt": {"type": "string"},
         "startedAt": {"type": ["string", "null"]}, "firstCallAt": {"type": ["string", "null"]},
-        "finishedAt": {"type": ["string", "null"]}}});
+        "finishedAt": {"type": ["string", "null"]}, "requires": {"anyOf": [requires.clone(), {"type": "null"}]}}});
     let ok =
         |what: &str, schema: Value| json!({"description": what, "content": {"application/json": {"schema": schema}}});
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}});
@@ -727,7 +748,7 @@ pub fn openapi_paths() -> Value {
         "maxAttempts": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_ATTEMPTS, "default": DEFAULT_MAX_ATTEMPTS},
         "inputs": {"type": "string", "description": "a tar, base64"},
         "ifBusy": {"type": "string", "enum": ["queue", "reject"], "default": "queue"},
-        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}}});
+        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}, "requires": requires.clone()}});
     let gateway_server = json!([{"url": "{gateway}/v1", "description": "the gateway, from inside a run's sandbox",
         "variables": {"gateway": {"default": "http://127.0.0.1:8081", "description": "$PADDOCK_GATEWAY"}}}]);
     let bearer = json!([{"runToken": []}]);
@@ -735,7 +756,7 @@ pub fn openapi_paths() -> Value {
         "name": {"type": "string"}, "image": {"type": "string"}, "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
         "env": {"type": "object", "additionalProperties": {"type": "string"}}, "resources": {"type": "object", "additionalProperties": {"type": "string"}},
         "timeout": {"type": "integer", "minimum": 1, "maximum": MAX_RUN_TIMEOUT}, "inputs": {"type": "string"},
-        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}}});
+        "networkPolicy": {"$ref": "#/components/schemas/NetworkPolicy"}, "requires": requires}});
     let evaluation = json!({"type": "object", "required": ["tasks"], "additionalProperties": false, "properties": {
         "name": {"type": "string"}, "tier": {"type": "string"}, "maxAttempts": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_ATTEMPTS},
         "tasks": {"type": "array", "minItems": 1, "maxItems": MAX_TASKS, "items": task}}});

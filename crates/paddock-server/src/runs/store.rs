@@ -65,6 +65,9 @@ pub struct RunSpec {
     /// What the sandbox may reach besides the gateway (nothing when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<paddock_core::egress::EgressPolicy>,
+    /// What its sandbox must give (checked at submission).
+    #[serde(default, skip_serializing_if = "paddock_core::requires::Requirements::is_empty")]
+    pub requires: paddock_core::requires::Requirements,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
