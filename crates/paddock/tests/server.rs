@@ -980,8 +980,15 @@ fn a_sigtermed_server_refuses_new_sandboxes_lets_running_commands_finish_and_exi
     // New connections for each request after the signal: a kept-alive one is closed by the drain.
     let fresh = || -> ureq::Agent { ureq::Agent::config_builder().http_status_as_error(false).build().into() };
     let (lines, code, signalled) = std::thread::scope(|scope| {
-        let command = scope.spawn(|| s.run(&id, "sleep 2; echo finished", false));
-        std::thread::sleep(Duration::from_millis(700));
+        let command = scope.spawn(|| s.run(&id, "touch /workspace/started; sleep 4; echo finished", false));
+        // The signal goes once the command runs (its marker exists), not after a guess that
+        // a busy machine can outlast: a drain with nothing running ends at once.
+        let until = Instant::now() + Duration::from_secs(30);
+        while s.api("GET", &format!("/v1/sandboxes/{id}/proxy/44772/files/info?path=/workspace/started"), None).0 != 200
+        {
+            assert!(Instant::now() < until, "the command never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         let signalled = Instant::now();
