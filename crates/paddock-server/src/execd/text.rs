@@ -148,6 +148,11 @@ pub struct BadRange;
 /// The first range of a `Range: bytes=…` header against a file of `size` bytes, as execd does:
 /// `a-b`, `a-` and `-n` (suffix); ranges past the end are skipped; a malformed header or no
 /// satisfiable range is a [`BadRange`].
+///
+/// Written here rather than on `http-range-header` (what tower-http's file service uses): its
+/// `validate` refuses a whole header when one range is past the end, and its parser refuses
+/// the spaces execd's clients send (`bytes=20-30, 2-3`), where execd serves the first range
+/// it can. Matching execd is the point; the OpenSandbox SDK's downloads depend on it.
 pub fn parse_range(header: &str, size: u64) -> Result<ByteRange, BadRange> {
     let spec = header.trim().strip_prefix("bytes=").ok_or(BadRange)?;
     let mut first = None;
