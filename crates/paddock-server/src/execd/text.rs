@@ -150,9 +150,9 @@ pub struct BadRange;
 /// satisfiable range is a [`BadRange`].
 ///
 /// Written here rather than on `http-range-header` (what tower-http's file service uses): its
-/// `validate` refuses a whole header when one range is past the end, and its parser refuses
-/// the spaces execd's clients send (`bytes=20-30, 2-3`), where execd serves the first range
-/// it can. Matching execd is the point; the OpenSandbox SDK's downloads depend on it.
+/// `validate` refuses a whole header when one range is past the end (`bytes=20-30,2-3` of a
+/// 10-byte file), and its parser refuses whitespace execd accepts (`bytes= 0-4`, a trailing
+/// space), where execd serves the first range it can. Matching execd is the point; the OpenSandbox SDK's downloads depend on it.
 pub fn parse_range(header: &str, size: u64) -> Result<ByteRange, BadRange> {
     let spec = header.trim().strip_prefix("bytes=").ok_or(BadRange)?;
     let mut first = None;
