@@ -74,7 +74,8 @@ pub struct RunSpec {
 pub fn encode(kind: u8, data: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(HEADER + data.len());
     b.extend_from_slice(&[kind]);
-    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    // Callers send chunks far below 4 GiB; a larger one would be cut, never wrap.
+    b.extend_from_slice(&u32::try_from(data.len()).unwrap_or(u32::MAX).to_be_bytes());
     b.extend_from_slice(data);
     b.freeze()
 }

@@ -197,7 +197,7 @@ fn send_signal(query: &str, running: &Running) -> Response<Body> {
         return full(StatusCode::BAD_REQUEST, format!("signal {number} has no name the agent can send"));
     };
     let pgid = running.lock().unwrap_or_else(|p| p.into_inner()).get(&token).copied();
-    let Some(pgid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
+    let Some(pgid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p.cast_signed())) else {
         return full(StatusCode::NOT_FOUND, "no such command runs");
     };
     match rustix::process::kill_process_group(pgid, sig) {

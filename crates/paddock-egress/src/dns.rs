@@ -198,7 +198,7 @@ async fn udp_exchange(server: SocketAddr, wire: &[u8], id: u16) -> Option<Messag
 
 async fn tcp_exchange(server: SocketAddr, wire: &[u8], id: u16) -> Option<Message> {
     let mut s = TcpStream::connect(server).await.ok()?;
-    let mut framed = (wire.len() as u16).to_be_bytes().to_vec();
+    let mut framed = u16::try_from(wire.len()).ok()?.to_be_bytes().to_vec();
     framed.extend_from_slice(wire);
     s.write_all(&framed).await.ok()?;
     let len = s.read_u16().await.ok()?;
@@ -268,7 +268,7 @@ pub async fn serve_tcp(enf: std::sync::Arc<Enforcer>, listener: tokio::net::TcpL
                     let mut q = vec![0u8; len.into()];
                     conn.read_exact(&mut q).await.ok()?;
                     let reply = answer(&enf, &q).await?;
-                    let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
+                    let mut framed = u16::try_from(reply.len()).ok()?.to_be_bytes().to_vec();
                     framed.extend(reply);
                     conn.write_all(&framed).await.ok()?;
                 }

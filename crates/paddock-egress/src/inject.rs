@@ -263,7 +263,7 @@ where
         };
         match framing {
             Framing::Length(n) if !body_subs.is_empty() && n <= MAX_SUBSTITUTED_BODY as u64 => {
-                let mut body = vec![0u8; n as usize];
+                let mut body = vec![0u8; usize::try_from(n).unwrap_or(MAX_SUBSTITUTED_BODY)];
                 if reader.read_exact(&mut body).await.is_err() {
                     return None;
                 }
@@ -631,7 +631,7 @@ async fn read_chunked<R: AsyncRead + Unpin>(r: &mut BufReader<R>, max: usize) ->
             return Ok(None);
         }
         let start = body.len();
-        body.resize(start + size as usize, 0);
+        body.resize(start + usize::try_from(size).unwrap_or(max), 0);
         r.read_exact(&mut body[start..]).await?;
         let mut crlf = [0u8; 2];
         r.read_exact(&mut crlf).await?;

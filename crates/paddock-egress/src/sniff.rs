@@ -160,29 +160,29 @@ mod tests {
     /// that it spans segments the way a post-quantum key share makes real ones do.
     fn client_hello(name: &str, pad: usize) -> Vec<u8> {
         let mut sni = vec![0u8];
-        sni.extend((name.len() as u16).to_be_bytes());
+        sni.extend(u16::try_from(name.len()).unwrap().to_be_bytes());
         sni.extend(name.as_bytes());
-        let mut sni_list = (sni.len() as u16).to_be_bytes().to_vec();
+        let mut sni_list = u16::try_from(sni.len()).unwrap().to_be_bytes().to_vec();
         sni_list.extend(sni);
         let mut ext = vec![0, 0];
-        ext.extend((sni_list.len() as u16).to_be_bytes());
+        ext.extend(u16::try_from(sni_list.len()).unwrap().to_be_bytes());
         ext.extend(sni_list);
         ext.extend([0x00, 0x0d, 0, 4, 0, 2, 0x08, 0x04]); // signature_algorithms: rsa_pss_rsae_sha256
         ext.extend([0x00, 0x15]); // padding
-        ext.extend((pad as u16).to_be_bytes());
+        ext.extend(u16::try_from(pad).unwrap().to_be_bytes());
         ext.extend(vec![0u8; pad]);
         let mut body = vec![3, 3];
         body.extend([7u8; 32]); // random
         body.push(0); // session id
         body.extend([0, 2, 0x13, 0x01]); // TLS_AES_128_GCM_SHA256
         body.extend([1, 0]); // null compression
-        body.extend((ext.len() as u16).to_be_bytes());
+        body.extend(u16::try_from(ext.len()).unwrap().to_be_bytes());
         body.extend(ext);
         let mut hs = vec![1];
-        hs.extend(&(body.len() as u32).to_be_bytes()[1..]);
+        hs.extend(&u32::try_from(body.len()).unwrap().to_be_bytes()[1..]);
         hs.extend(body);
         let mut rec = vec![0x16, 3, 1];
-        rec.extend((hs.len() as u16).to_be_bytes());
+        rec.extend(u16::try_from(hs.len()).unwrap().to_be_bytes());
         rec.extend(hs);
         rec
     }
@@ -204,7 +204,7 @@ mod tests {
         let mut out = Vec::new();
         for part in body.chunks(record) {
             out.extend([0x16, 3, 1]);
-            out.extend((part.len() as u16).to_be_bytes());
+            out.extend(u16::try_from(part.len()).unwrap().to_be_bytes());
             out.extend(part);
         }
         out

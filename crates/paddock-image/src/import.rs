@@ -404,7 +404,12 @@ impl Store {
             let r = src.open_member(l)?.ok_or_else(|| ImageError::Corrupt(format!("the archive has no {l}")))?;
             let (digest, size) = unpack::digest_of(r).map_err(|e| ImageError::io(format!("reading {l}"), e))?;
             paths.insert(digest.clone(), l.clone());
-            layers.push(Descriptor { media_type: media_type.into(), digest, size: size as i64, ..Default::default() });
+            layers.push(Descriptor {
+                media_type: media_type.into(),
+                digest,
+                size: size.cast_signed(),
+                ..Default::default()
+            });
         }
         let manifest = Manifest {
             schema_version: 2,
@@ -412,7 +417,7 @@ impl Store {
             config: Some(Descriptor {
                 media_type: oci::OCI_CONFIG.into(),
                 digest: config_digest,
-                size: config.len() as i64,
+                size: i64::try_from(config.len()).unwrap_or(i64::MAX),
                 ..Default::default()
             }),
             layers: Some(layers),

@@ -449,7 +449,7 @@ fn a_full_disk_gives_no_space_and_no_corrupt_store() {
     write_layout(&layout, "example.com/small:1", std::slice::from_ref(&small), None);
     store.import(&layout, None).unwrap();
     let big_layout = t.path().join("big");
-    let noise: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    let noise: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7).to_le_bytes()[0]).collect();
     write_layout(&big_layout, "example.com/big:1", &[Layer::new().file("big", &noise).tar()], None);
     let err = store.import(&big_layout, None).unwrap_err();
     assert!(matches!(err, ImageError::NoSpace(_)), "{err}");
@@ -519,7 +519,7 @@ fn sparse_files_and_zero_blocks_unpack_as_holes() {
 #[test]
 fn each_bound_names_its_limit_and_leaves_nothing() {
     let t = tempfile::tempdir().unwrap();
-    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0]).collect();
     let big = Layer::new().file("f", &data).tar();
     let cases: [(crate::Limits, u64, &str); 3] = [
         (crate::Limits { layer_bytes: 1 << 20, ..Default::default() }, 0, "--image-max-layer"),

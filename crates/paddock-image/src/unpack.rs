@@ -296,7 +296,7 @@ fn entry_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<(u32, u32, u32, 
     let mut uid_v = h.uid().map_err(|_| bad("uid"))?;
     let mut gid_v = h.gid().map_err(|_| bad("gid"))?;
     let mode = h.mode().map_err(|_| bad("mode"))?;
-    let mut mtime = h.mtime().map_err(|_| bad("mtime"))? as i64;
+    let mut mtime = h.mtime().map_err(|_| bad("mtime"))?.cast_signed();
     if let Ok(Some(pax)) = entry.pax_extensions() {
         for ext in pax.flatten() {
             let Ok(v) = ext.value() else { continue };
@@ -506,7 +506,7 @@ fn copy_sparse(from: &mut impl Read, to: &mut File, meter: &mut Meter<'_>, buf: 
         // Runs of data are written and runs of zero blocks skipped, each with one call.
         let mut flush = |from: usize, to_: usize, zero: bool| -> Result<(), Copy> {
             if zero {
-                to.seek(SeekFrom::Current((to_ - from) as i64)).map(drop).map_err(Copy::Write)
+                to.seek(SeekFrom::Current(i64::try_from(to_ - from).unwrap_or(i64::MAX))).map(drop).map_err(Copy::Write)
             } else {
                 to.write_all(&buf[from..to_]).map_err(Copy::Write)
             }

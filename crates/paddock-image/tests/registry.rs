@@ -315,13 +315,13 @@ async fn auth_required_refused_without_credentials_works_with_them() {
 
 /// Incompressible bytes, so layers keep their size on the wire.
 fn noise(seed: u8, len: usize) -> Vec<u8> {
-    let mut x = seed as u32 | 1;
+    let mut x = u32::from(seed) | 1;
     (0..len)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            x as u8
+            x.to_le_bytes()[0]
         })
         .collect()
 }

@@ -96,8 +96,8 @@ pub fn is_static_elf(elf: &[u8]) -> bool {
         return false;
     }
     let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else { return false };
-    (0..phnum as usize).all(|i| {
-        let at = (phoff as usize).saturating_add(i * phentsize as usize);
+    (0..usize::from(phnum)).all(|i| {
+        let at = usize::try_from(phoff).unwrap_or(usize::MAX).saturating_add(i * usize::from(phentsize));
         matches!(u32_at(at), Some(t) if t != PT_INTERP)
     })
 }

@@ -129,7 +129,7 @@ pub fn last_used(template: &DynamicObject) -> Option<u64> {
     let annotated = template.metadata.annotations.as_ref().and_then(|a| a.get(LAST_USED_ANNOTATION));
     annotated
         .and_then(|v| v.parse().ok())
-        .or_else(|| template.metadata.creation_timestamp.as_ref().map(|t| t.0.as_millisecond().max(0) as u64))
+        .or_else(|| template.metadata.creation_timestamp.as_ref().map(|t| t.0.as_millisecond().max(0).cast_unsigned()))
 }
 
 /// The pool a claim was made on.
@@ -166,7 +166,7 @@ pub fn pod_name(claim: &DynamicObject) -> Option<String> {
 
 /// RFC 3339 in UTC with second precision, as `metav1.Time` serialises.
 pub fn rfc3339(unix_ms: u64) -> String {
-    let secs = (unix_ms / 1000) as i64;
+    let secs = (unix_ms / 1000).cast_signed();
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // Civil date from days since the epoch (Howard Hinnant's algorithm); no date crate needed

@@ -208,7 +208,7 @@ pub struct FileReader {
 impl AsyncRead for FileReader {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if (this.head.position() as usize) < this.head.get_ref().len() {
+        if this.head.position() < this.head.get_ref().len() as u64 {
             return Pin::new(&mut this.head).poll_read(cx, buf);
         }
         let before = buf.filled().len();

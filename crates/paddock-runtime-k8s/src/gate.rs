@@ -36,7 +36,13 @@ pub async fn targets(client: Client) -> IsolationTargets {
     match slices.list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes")).await {
         Ok(list) => {
             for slice in list.items {
-                let port = slice.ports.iter().flatten().find_map(|p| p.port).unwrap_or(6443) as u16;
+                let port = slice
+                    .ports
+                    .iter()
+                    .flatten()
+                    .find_map(|p| p.port)
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(6443);
                 for addr in slice.endpoints.iter().flat_map(|e| e.addresses.iter()) {
                     out.targets.push(target(format!("Kubernetes API (endpoint {addr})"), addr, port, TargetKind::Tcp));
                 }

@@ -244,7 +244,7 @@ const PROFILE_RECHECK: Duration = Duration::from_secs(60);
 const GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
 }
 
 fn random<const N: usize>() -> Result<[u8; N], RuntimeError> {
@@ -928,7 +928,7 @@ impl Runtime for KubeRuntime {
                 .and_then(|q| paddock_core::units::parse_bytes(&q.0).ok())
                 .unwrap_or(0);
             let created_unix_ms =
-                c.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_millisecond().max(0) as u64);
+                c.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_millisecond().max(0).cast_unsigned());
             let used_by = pods
                 .items
                 .iter()
@@ -1275,7 +1275,7 @@ impl Runtime for KubeRuntime {
         }
         let pod = self.find(id).await?;
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let expires = now_ms() + ttl.as_millis() as u64;
+        let expires = now_ms().saturating_add(ttl.as_millis().try_into().unwrap_or(u64::MAX));
         let patch = serde_json::json!({
             "metadata": {
                 // The uid guard keeps a renewal from landing on a replacement Pod.

@@ -49,7 +49,7 @@ fn io_err(op: &str, path: &Path, e: io::Error) -> RuntimeError {
 fn kept_in_memory(file: &File) -> bool {
     const TMPFS_MAGIC: u64 = 0x0102_1994;
     const OVERLAYFS_SUPER_MAGIC: u64 = 0x794c_7630;
-    rustix::fs::fstatfs(file).is_ok_and(|st| matches!(st.f_type as u64, TMPFS_MAGIC | OVERLAYFS_SUPER_MAGIC))
+    rustix::fs::fstatfs(file).is_ok_and(|st| matches!(st.f_type.cast_unsigned(), TMPFS_MAGIC | OVERLAYFS_SUPER_MAGIC))
 }
 
 fn too_big_for_memory(p: &Path, room: crate::protocol::MemoryRoom) -> String {
@@ -202,7 +202,7 @@ pub fn run(call: &FileCall, data: Option<OwnedFd>) -> Result<FileReply, RuntimeE
 }
 
 fn o_nonblock() -> i32 {
-    rustix::fs::OFlags::NONBLOCK.bits() as i32
+    rustix::fs::OFlags::NONBLOCK.bits().cast_signed()
 }
 
 fn require_regular(op: &str, p: &Path, meta: &Metadata) -> Result<(), RuntimeError> {

@@ -427,7 +427,7 @@ impl Init {
         match fdpass::recv(&exec.connection, RecvFlags::DONTWAIT) {
             Ok((body, _)) if !body.is_empty() => {
                 if let Ok(Control::Signal { signal }) = protocol::decode(&body)
-                    && let (Some(pg), Some(sig)) = (Pid::from_raw(pid as i32), Signal::from_named_raw(signal))
+                    && let (Some(pg), Some(sig)) = (Pid::from_raw(pid.cast_signed()), Signal::from_named_raw(signal))
                 {
                     let _ = rustix::process::kill_process_group(pg, sig);
                 }
@@ -443,7 +443,7 @@ impl Init {
         for (pid, exec) in self.running.iter_mut() {
             if !exec.timed_out && exec.deadline.is_some_and(|d| d <= now) {
                 exec.timed_out = true;
-                if let Some(pg) = Pid::from_raw(*pid as i32) {
+                if let Some(pg) = Pid::from_raw((*pid).cast_signed()) {
                     let _ = rustix::process::kill_process_group(pg, Signal::KILL);
                 }
             }
@@ -452,11 +452,11 @@ impl Init {
 
     fn reap(&mut self) {
         while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
-            let pid = pid.as_raw_nonzero().get() as u32;
+            let pid = pid.as_raw_nonzero().get().cast_unsigned();
             let Some(exec) = self.running.remove(&pid) else { continue };
             if exec.timed_out {
                 // Whatever the group left behind dies with the command.
-                if let Some(pg) = Pid::from_raw(pid as i32) {
+                if let Some(pg) = Pid::from_raw(pid.cast_signed()) {
                     let _ = rustix::process::kill_process_group(pg, Signal::KILL);
                 }
             }

@@ -61,7 +61,7 @@ impl std::fmt::Debug for Launcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let pid = self.process.lock().map(|p| match &*p {
             Process::Execd(c) => c.id(),
-            Process::Forked(pid) => pid.as_raw_nonzero().get() as u32,
+            Process::Forked(pid) => pid.as_raw_nonzero().get().cast_unsigned(),
         });
         f.debug_struct("Launcher").field("pid", &pid.unwrap_or_default()).finish_non_exhaustive()
     }
@@ -109,7 +109,7 @@ impl Launcher {
                 sp::exit_now(if clean { serve(true) } else { 1 })
             }
             sp::ForkedWithSocket::Parent { pid, socket } => {
-                let pid = rustix::process::Pid::from_raw(pid as i32).expect("fork returned a pid");
+                let pid = rustix::process::Pid::from_raw(pid.cast_signed()).expect("fork returned a pid");
                 Ok(Launcher::new(Process::Forked(pid), socket))
             }
         }

@@ -125,7 +125,7 @@ struct Supervisor {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// A failed system call as the caller should see it: out of processes, memory, descriptors
@@ -404,7 +404,7 @@ impl Supervisor {
         drop((init_control, go_r, status_w, cgroup2));
         rustix::io::ioctl_fionbio(&control, true).map_err(|e| RuntimeError::System(format!("control socket: {e}")))?;
         let init_pidfd = rustix::process::pidfd_open(
-            Pid::from_raw(init_pid as i32).expect("clone returned a pid"),
+            Pid::from_raw(init_pid.cast_signed()).expect("clone returned a pid"),
             PidfdFlags::empty(),
         )
         .map_err(|e| RuntimeError::System(format!("pidfd_open: {e}")))?;
@@ -449,7 +449,7 @@ impl Supervisor {
             // It may have failed before joining its cgroups.
             let _ = rustix::process::pidfd_send_signal(&init_pidfd, rustix::process::Signal::KILL);
             let _ = cgroup.kill_all(Duration::from_secs(2));
-            let _ = rustix::process::waitpid(Pid::from_raw(init_pid as i32), WaitOptions::empty());
+            let _ = rustix::process::waitpid(Pid::from_raw(init_pid.cast_signed()), WaitOptions::empty());
             return Err(e);
         }
 
@@ -740,7 +740,7 @@ impl Supervisor {
         if let Err(e) = self.cgroup.kill_all(Duration::from_secs(10)) {
             eprintln!("killing the sandbox: {e}");
         }
-        let _ = rustix::process::waitpid(Pid::from_raw(self.init_pid as i32), WaitOptions::empty());
+        let _ = rustix::process::waitpid(Pid::from_raw(self.init_pid.cast_signed()), WaitOptions::empty());
         if let Err(e) = self.cgroup.remove(Duration::from_secs(5)) {
             eprintln!("removing the sandbox cgroup: {e}");
         }
@@ -790,7 +790,8 @@ impl Supervisor {
 
     /// The init ended on its own: record the sandbox as failed, keep its workspace.
     fn init_died(&mut self) {
-        let status = rustix::process::waitpid(Pid::from_raw(self.init_pid as i32), WaitOptions::NOHANG).ok().flatten();
+        let status =
+            rustix::process::waitpid(Pid::from_raw(self.init_pid.cast_signed()), WaitOptions::NOHANG).ok().flatten();
         let why = match status.map(|(_, s)| s) {
             Some(s) if s.terminating_signal().is_some() => {
                 let sig = s.terminating_signal().unwrap_or(0);

@@ -156,7 +156,9 @@ fn is_mount_point(dir: &Path) -> bool {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
 }
 
 /// Makes named volume `name` if it is missing (when allowed), mounts it on the host if it is

@@ -62,7 +62,7 @@ struct Client {
 }
 
 fn kib(bytes: u64) -> u32 {
-    bytes.div_ceil(1024).min(u32::MAX as u64) as u32
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
 }
 
 /// Room a request holds, in the whole budget and in its client's share; given back on drop.

@@ -35,7 +35,7 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.conn.last_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.conn.last_ms.store(self.epoch.elapsed().as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
         self.conn.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -85,7 +85,7 @@ impl Conns {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.epoch.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
     }
 
     /// Takes a place for a new connection from `peer`. At the peer's share, its idlest
@@ -118,7 +118,7 @@ impl Conns {
     /// flight, if that is at least [`MIN_IDLE`]; whether one was.
     pub fn evict_idlest(&self, peer: Option<IpAddr>) -> bool {
         let now = self.now_ms();
-        let min = MIN_IDLE.as_millis() as u64;
+        let min = MIN_IDLE.as_millis().try_into().unwrap_or(u64::MAX);
         let inner = self.lock();
         let idlest = inner
             .conns

@@ -43,7 +43,7 @@ pub(super) fn missing_query(name: &str, what: &str) -> crate::error::ApiError {
 pub(super) fn timeout_ms(timeout: Option<i64>) -> crate::error::ApiResult<Option<u64>> {
     match timeout {
         None | Some(0) => Ok(None),
-        Some(t) if t > 0 => Ok(Some(t as u64)),
+        Some(t) if t > 0 => Ok(Some(t.cast_unsigned())),
         Some(t) => Err(invalid_body(format!("timeout {t} must be a positive number of milliseconds"))),
     }
 }
@@ -56,9 +56,10 @@ pub(super) fn unique_hex<const N: usize>() -> String {
     if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let seed = (now_ms() as u64).rotate_left(20) ^ n;
+        let seed = now_ms().cast_unsigned().rotate_left(20) ^ n;
         for (i, x) in b.iter_mut().enumerate() {
-            *x = (seed >> ((i % 8) * 8)) as u8 ^ (i / 8) as u8;
+            // Bytes of the seed, each byte position told apart: truncation is the point.
+            *x = seed.to_le_bytes()[i % 8] ^ (i / 8).to_le_bytes()[0];
         }
     }
     hex::encode(b)

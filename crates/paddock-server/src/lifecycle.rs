@@ -419,12 +419,12 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
         Some(Some(t)) if t < 60 => {
             return Err(ApiError::bad_request(format!("timeout {t}s is below the minimum of 60s")));
         }
-        Some(Some(t)) if t as u64 > max => {
+        Some(Some(t)) if t.cast_unsigned() > max => {
             return Err(ApiError::bad_request(format!(
                 "timeout {t}s is above this server's maximum session length of {max}s: ask for less, or have its operator raise it with --max-timeout"
             )));
         }
-        Some(Some(t)) => Some(t as u64),
+        Some(Some(t)) => Some(t.cast_unsigned()),
     };
     let mut spec =
         SandboxSpec { image: image_ref, timeout_secs, image_auth, network, credential_proxy, ..Default::default() };
@@ -688,12 +688,12 @@ async fn record(
         entrypoint: entrypoint.clone(),
         metadata: user_labels(&planned.spec.labels),
         extensions,
-        created_at_ms: info.created_unix_ms as i64,
+        created_at_ms: info.created_unix_ms.cast_signed(),
         // The runtime's own expiry, so the row and the sandbox never disagree (none: no expiry).
-        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
+        expires_at_ms: info.expires_unix_ms.map(|e| e.cast_signed()),
         updated_at_ms: now,
         tenant: tenant.as_str().to_owned(),
-        memory_bytes: planned.spec.resources.memory_bytes.min(i64::MAX as u64) as i64,
+        memory_bytes: planned.spec.resources.memory_bytes.min(i64::MAX as u64).cast_signed(),
     };
     if let Err(e) = state.store.insert(&row).await {
         // Someone recorded it meanwhile (a concurrent acquire of the same thread, or the
@@ -901,7 +901,7 @@ async fn renew(
             "expiresAt is more than a year away: renew to an earlier time, or create the sandbox with timeout null for no expiry",
         ));
     }
-    state.rt.renew(&sid, Duration::from_millis(ttl as u64)).await?;
+    state.rt.renew(&sid, Duration::from_millis(ttl.cast_unsigned())).await?;
     state.store.set_expires(&id, Some(at)).await?;
     Ok(axum::Json(json!({ "expiresAt": rfc3339(at) })).into_response())
 }
@@ -1236,7 +1236,7 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
         return Ok(None);
     }
     let from_api = info.spec.labels.get(ORIGIN_LABEL).is_some_and(|v| v == "api");
-    let age = Duration::from_millis((now_ms() as u64).saturating_sub(info.created_unix_ms));
+    let age = Duration::from_millis(now_ms().cast_unsigned().saturating_sub(info.created_unix_ms));
     if from_api && age < ADOPT_API_SANDBOX_AFTER && create_may_be_under_way(state, info).await? {
         return Ok(None);
     }
@@ -1261,11 +1261,11 @@ async fn adopt(state: &AppState, info: &SandboxInfo) -> ApiResult<Option<Sandbox
         entrypoint: Vec::new(),
         metadata: user_labels(&info.spec.labels),
         extensions,
-        created_at_ms: info.created_unix_ms as i64,
-        expires_at_ms: info.expires_unix_ms.map(|e| e as i64),
+        created_at_ms: info.created_unix_ms.cast_signed(),
+        expires_at_ms: info.expires_unix_ms.map(|e| e.cast_signed()),
         updated_at_ms: now_ms(),
         tenant: tenant.as_str().to_owned(),
-        memory_bytes: info.spec.resources.memory_bytes.min(i64::MAX as u64) as i64,
+        memory_bytes: info.spec.resources.memory_bytes.min(i64::MAX as u64).cast_signed(),
     };
     // Another request may have adopted it (or the API recorded it) in the meantime.
     if state.store.insert(&row).await.is_err() {

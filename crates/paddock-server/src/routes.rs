@@ -288,7 +288,7 @@ pub async fn issue_ticket(
     };
     let mut response = axum::Json(json!({
         "ticket": ticket,
-        "expiresAt": crate::time_fmt::rfc3339((until * 1000) as i64),
+        "expiresAt": crate::time_fmt::rfc3339((until * 1000).cast_signed()),
         "endpoint": endpoint,
         "query": format!("{TICKET_PARAM}={ticket}"),
     }))

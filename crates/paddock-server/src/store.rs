@@ -134,7 +134,10 @@ fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis().try_into().unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 impl Store {
@@ -208,7 +211,7 @@ impl Store {
         .bind(tenant)
         .fetch_one(&self.pool)
         .await?;
-        Ok((n.max(0) as u64, bytes.max(0) as u64))
+        Ok((n.max(0).cast_unsigned(), bytes.max(0).cast_unsigned()))
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<SandboxRow>, sqlx::Error> {

@@ -301,7 +301,7 @@ async fn finish_with_key(
 /// Gives a tenant a new key; its current ones keep working for `grace` (zero: not at all).
 pub async fn rotate(pool: &SqlitePool, name: &str, grace: Duration) -> Result<String, TenantError> {
     let now = now_ms();
-    let until = now.saturating_add(grace.as_millis().min(i64::MAX as u128) as i64);
+    let until = now.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
     let mut tx = pool.begin().await?;
     let known: Option<String> =
         sqlx::query_scalar("SELECT name FROM tenants WHERE name = ?").bind(name).fetch_optional(&mut *tx).await?;
@@ -435,7 +435,7 @@ pub async fn model_tokens_used(pool: &SqlitePool, tenant: &str) -> Result<u64, s
         .bind(tenant)
         .fetch_optional(pool)
         .await?;
-    Ok(used.unwrap_or(0).max(0) as u64)
+    Ok(used.unwrap_or(0).max(0).cast_unsigned())
 }
 
 pub async fn add_model_tokens(pool: &SqlitePool, tenant: &str, tokens: u64) -> Result<(), sqlx::Error> {
@@ -444,7 +444,7 @@ pub async fn add_model_tokens(pool: &SqlitePool, tenant: &str, tokens: u64) -> R
          ON CONFLICT (tenant) DO UPDATE SET model_tokens = model_tokens + ?2",
     )
     .bind(tenant)
-    .bind(tokens.min(i64::MAX as u64) as i64)
+    .bind(tokens.min(i64::MAX as u64).cast_signed())
     .execute(pool)
     .await
     .map(drop)

@@ -13,7 +13,7 @@ pub fn rfc3339(ms: i64) -> String {
 
 /// An RFC 3339 timestamp (any offset) → milliseconds since the epoch.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
-    OffsetDateTime::parse(s, &Rfc3339).ok().map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+    OffsetDateTime::parse(s, &Rfc3339).ok().and_then(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
 }
 
 #[cfg(test)]

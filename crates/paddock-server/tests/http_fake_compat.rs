@@ -302,12 +302,17 @@ async fn fake_runtime_no_expiry_refused_names_the_flag_and_too_long_names_max_ti
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .try_into()
+        .unwrap_or(u64::MAX)
 }
 
 /// RFC 3339 for now + `d`, as the SDK's renew sends it.
 fn time_in(d: Duration) -> String {
-    let secs = (now_ms() / 1000 + d.as_secs()) as i64;
+    let secs = (now_ms() / 1000 + d.as_secs()).cast_signed();
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let z = days + 719_468;

@@ -360,7 +360,7 @@ impl SandboxCgroup {
         wait_for(timeout, || {
             let pids = self.processes();
             for pid in &pids {
-                if let Some(pid) = rustix::process::Pid::from_raw(*pid as i32) {
+                if let Some(pid) = rustix::process::Pid::from_raw((*pid).cast_signed()) {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 }
             }

@@ -153,6 +153,7 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 /// Terminal ioctls that push input into (or hijack) a terminal the sandbox was handed: a
 /// sandboxed process given the caller's tty as stdout must not type commands into its shell.
 /// The kernel compares the request as an unsigned int.
+#[expect(clippy::cast_possible_truncation, reason = "ioctl numbers are 32 bits; libc types them wider")]
 const DENIED_IOCTLS: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
 /// The seccomp filter of a sandbox, compiled ahead of the clone so the child only installs it.
@@ -294,7 +295,7 @@ mod tests {
             .map(|v| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, u64::from(*v)).unwrap())
             .collect();
         rules.insert(libc::SYS_personality, vec![SeccompRule::new(none_of).unwrap()]);
-        let errno = |e: i32| SeccompAction::Errno(e as u32);
+        let errno = |e: i32| SeccompAction::Errno(e.cast_unsigned());
         let deny = SeccompFilter::new(rules, SeccompAction::Allow, errno(libc::EPERM), arch).unwrap();
         let opaque = OPAQUE_ARGUMENTS.iter().map(|nr| (*nr, vec![])).collect();
         let clone3 = SeccompFilter::new(opaque, SeccompAction::Allow, errno(libc::ENOSYS), arch).unwrap();
@@ -317,7 +318,9 @@ mod tests {
         let mut verdict = libc::SECCOMP_RET_ALLOW;
         for f in filters {
             let r = tree::run(f, nr, arch, args);
-            if ((r & libc::SECCOMP_RET_ACTION_FULL) as i32) < ((verdict & libc::SECCOMP_RET_ACTION_FULL) as i32) {
+            if (r & libc::SECCOMP_RET_ACTION_FULL).cast_signed()
+                < (verdict & libc::SECCOMP_RET_ACTION_FULL).cast_signed()
+            {
                 verdict = r;
             }
         }

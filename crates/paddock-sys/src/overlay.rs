@@ -158,7 +158,7 @@ impl PendingUserns {
         if let Some(hold) = self.hold.take() {
             drop(hold);
             let _ = rustix::process::waitpid(
-                rustix::process::Pid::from_raw(self.pid as i32),
+                rustix::process::Pid::from_raw(self.pid.cast_signed()),
                 rustix::process::WaitOptions::empty(),
             );
         }
@@ -209,8 +209,12 @@ fn attach(tree: OwnedFd, at: &Path, userns: Option<&OwnedFd>, read_only: bool) -
     if userns.is_some() {
         attr_set |= MOUNT_ATTR_IDMAP;
     }
-    let attr =
-        MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64) };
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |u| u64::from(u.as_raw_fd().cast_unsigned())),
+    };
     mount_setattr(tree.as_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint, &attr)?;
     rustix::mount::move_mount(&tree, "", rustix::fs::CWD, at, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(std::io::Error::from)

@@ -67,7 +67,8 @@ pub fn clone_into_new_namespaces() -> Result<Forked> {
     match ret {
         -1 => Err(SysError::call("clone into new namespaces", std::io::Error::last_os_error())),
         0 => Ok(Forked::Child),
-        pid => Ok(Forked::Parent(pid as u32)),
+        // A pid is positive and below 2^22.
+        pid => Ok(Forked::Parent(u32::try_from(pid).unwrap_or(u32::MAX))),
     }
 }
 
@@ -103,7 +104,7 @@ pub fn clone_into_new_namespaces_in_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) 
     let args = CloneArgs {
         flags: SANDBOX_NAMESPACES as u64 | CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
-        cgroup: cgroup.as_raw_fd() as u64,
+        cgroup: u64::from(cgroup.as_raw_fd().cast_unsigned()),
         ..Default::default()
     };
     // SAFETY: clone3 without CLONE_VM and with no stack (0, size 0) behaves like fork(2): the
@@ -115,7 +116,8 @@ pub fn clone_into_new_namespaces_in_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) 
     match ret {
         -1 => Err(SysError::call("clone3 into new namespaces and a cgroup", std::io::Error::last_os_error())),
         0 => Ok(Forked::Child),
-        pid => Ok(Forked::Parent(pid as u32)),
+        // A pid is positive and below 2^22.
+        pid => Ok(Forked::Parent(u32::try_from(pid).unwrap_or(u32::MAX))),
     }
 }
 
@@ -196,7 +198,7 @@ pub fn fork() -> Result<Forked> {
     match ret {
         -1 => Err(SysError::call("fork", std::io::Error::last_os_error())),
         0 => Ok(Forked::Child),
-        pid => Ok(Forked::Parent(pid as u32)),
+        pid => Ok(Forked::Parent(pid.cast_unsigned())),
     }
 }
 
@@ -290,6 +292,10 @@ pub fn drain_signalfd(fd: &OwnedFd) {
     while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
 }
 
+/// The flags that bring an interface up; libc types them as int, the request as short.
+#[expect(clippy::cast_possible_truncation, reason = "IFF_UP | IFF_RUNNING is 0x41")]
+const UP_AND_RUNNING: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+
 /// Sets the `lo` interface of the current network namespace up. A new network namespace starts
 /// with `lo` down; this needs CAP_NET_ADMIN over the namespace.
 pub fn bring_up_loopback() -> Result<()> {
@@ -299,7 +305,7 @@ pub fn bring_up_loopback() -> Result<()> {
     // SAFETY: ifreq is plain data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+        *dst = (*src).cast_signed();
     }
     use std::os::fd::AsRawFd;
     // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which is a
@@ -308,7 +314,7 @@ pub fn bring_up_loopback() -> Result<()> {
         return Err(SysError::call("read flags of lo", std::io::Error::last_os_error()));
     }
     // SAFETY: the union member written by SIOCGIFFLAGS is ifru_flags.
-    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    unsafe { req.ifr_ifru.ifru_flags |= UP_AND_RUNNING };
     // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
         return Err(SysError::call("set lo up", std::io::Error::last_os_error()));
@@ -411,7 +417,8 @@ mod tests {
 /// (`arg_start`, `arg_end`, `env_end` of `/proc/self/stat`).
 fn arg_and_env_area() -> Result<(usize, usize, usize)> {
     let what = "the argument and environment area";
-    match self_stat::<4>(48, what)?.map(|f| f as usize) {
+    // An address that does not fit a usize reads as 0, which the check below refuses.
+    match self_stat::<4>(48, what)?.map(|f| usize::try_from(f).unwrap_or(0)) {
         [arg_start, arg_end, env_start, env_end]
             if arg_start < arg_end && arg_end <= env_start && env_start <= env_end =>
         {

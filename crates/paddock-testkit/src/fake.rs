@@ -30,7 +30,12 @@ pub struct FakeRuntime {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .try_into()
+        .unwrap_or(u64::MAX)
 }
 
 fn file_err(e: std::io::Error, path: &str) -> RuntimeError {
@@ -230,7 +235,7 @@ impl FakeExecution {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
         let kill_group = move || {
-            if let Some(group) = rustix::process::Pid::from_raw(pid as i32) {
+            if let Some(group) = rustix::process::Pid::from_raw(pid.cast_signed()) {
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             }
         };
@@ -273,7 +278,7 @@ impl Execution for FakeExecution {
         Some(self.pid)
     }
     async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
-        let pid = rustix::process::Pid::from_raw(self.pid as i32).unwrap();
+        let pid = rustix::process::Pid::from_raw(self.pid.cast_signed()).unwrap();
         let sig = rustix::process::Signal::from_named_raw(signal).unwrap();
         // To the process group, as the real runtimes do.
         rustix::process::kill_process_group(pid, sig).map_err(|e| RuntimeError::System(e.to_string()))
@@ -498,7 +503,7 @@ impl Runtime for FakeRuntime {
     async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
         let mut all = self.sandboxes.lock().unwrap();
         let info = all.get_mut(id).ok_or_else(|| RuntimeError::NotFound(format!("no sandbox {id}")))?;
-        info.expires_unix_ms = Some(now_ms() + ttl.as_millis() as u64);
+        info.expires_unix_ms = Some(now_ms().saturating_add(ttl.as_millis().try_into().unwrap_or(u64::MAX)));
         Ok(info.clone())
     }
     async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {

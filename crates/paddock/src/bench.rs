@@ -486,7 +486,7 @@ async fn paddock_idle_round(rt: &LocalRuntime, cfg: &Config, live: &Live, label:
         let charged = match (&cgroup, cg_before) {
             (Some(cg), Some(b)) => {
                 let sandboxes: u64 = ids.iter().map(|id| cg.sandbox_usage(id)).sum();
-                Some(cg.usage() as i64 - b as i64 + sandboxes as i64)
+                Some(cg.usage().cast_signed() - b.cast_signed() + sandboxes.cast_signed())
             }
             _ => None,
         };
@@ -525,7 +525,7 @@ async fn bwrap_idle_round(b: &Bwrap, k: usize, label: &str) -> Result<MemSide> {
             progress.tick(i + 1);
         }
         let after = settled_mem_available().await?;
-        let charged = cgroup.as_ref().zip(cg_before).map(|(cg, b)| cg.usage() as i64 - b as i64);
+        let charged = cgroup.as_ref().zip(cg_before).map(|(cg, b)| cg.usage().cast_signed() - b.cast_signed());
         let roots: Vec<u32> = children.iter().filter_map(|c| c.id()).collect();
         side(&ProcTree::scan().with_descendants(&roots), k, before, after, charged)
     }
@@ -562,8 +562,9 @@ fn side(pids: &[u32], k: usize, before: u64, after: u64, charged: Option<i64>) -
         processes: pids.len(),
         pss_bytes_per_sandbox: pss / k as u64,
         private_bytes_per_sandbox: private / k as u64,
-        mem_available_drop_bytes_per_sandbox: (before as i64 - after as i64) / k as i64,
-        cgroup_charge_bytes_per_sandbox: charged.map(|c| c / k as i64),
+        mem_available_drop_bytes_per_sandbox: (before.cast_signed() - after.cast_signed())
+            / i64::try_from(k).unwrap_or(i64::MAX),
+        cgroup_charge_bytes_per_sandbox: charged.map(|c| c / i64::try_from(k).unwrap_or(i64::MAX)),
     })
 }
 
@@ -1264,6 +1265,8 @@ impl Stats {
             if v.is_empty() {
                 return 0.0;
             }
+            // Between 0 and len: a float that fits.
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "0 <= rank <= len")]
             let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
             v[rank.clamp(1, v.len()) - 1]
         };

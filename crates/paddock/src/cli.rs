@@ -484,7 +484,7 @@ impl ExecOpts {
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             env: self.cmd_env.iter().cloned().collect::<BTreeMap<_, _>>(),
-            timeout_ms: timeout.map(|t| t.as_millis() as u64),
+            timeout_ms: timeout.map(|t| t.as_millis().try_into().unwrap_or(u64::MAX)),
             stdin: self.wants_stdin(),
         }
     }
@@ -568,7 +568,10 @@ impl Relays {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis().try_into().unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 fn sandbox_id(s: &str) -> Result<SandboxId> {
@@ -975,7 +978,7 @@ fn report_outcome(outcome: &ExecOutcome, timeout: Option<Duration>) -> u8 {
             "paddock: command was killed for exceeding the sandbox's memory limit; raise --memory if it needs more."
         );
     }
-    outcome.exit_code.clamp(0, 255) as u8
+    u8::try_from(outcome.exit_code.clamp(0, 255)).unwrap_or(u8::MAX)
 }
 
 /// `ID:/path` names a path in a sandbox; anything else is a local path.

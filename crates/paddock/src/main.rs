@@ -23,7 +23,7 @@ fn main() -> ExitCode {
         return supervise(&data_dir, &id);
     }
     if is_launcher(&early) {
-        return ExitCode::from(paddock_runtime_local::launcher::main() as u8);
+        return exit_code(paddock_runtime_local::launcher::main());
     }
     let create = may_create(&early);
     // The freed heap is copied into a forked launcher too: no copy of the arguments may be
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     // starts its own (single-threaded) async runtime after that.
     if let cli::Command::EgressEnforcer { id } = &args.command {
         return match paddock_core::runtime::SandboxId::parse(id) {
-            Ok(id) => ExitCode::from(paddock_runtime_local::egress::main(&args.data_dir, &id) as u8),
+            Ok(id) => exit_code(paddock_runtime_local::egress::main(&args.data_dir, &id)),
             Err(e) => {
                 eprintln!("paddock: {e}");
                 ExitCode::from(2)
@@ -112,7 +112,13 @@ fn supervise(data_dir: &std::path::Path, id: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    ExitCode::from(paddock_runtime_local::supervisor::main(data_dir, &id, None) as u8)
+    exit_code(paddock_runtime_local::supervisor::main(data_dir, &id, None))
+}
+
+/// A helper's status as this process's exit code: one outside 0..=255 is 255, never a
+/// truncation that could read as success (256 would be 0).
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
 }
 
 #[cfg(test)]

@@ -175,7 +175,7 @@ impl Cli {
 fn supervisor_pid(data: &Path, id: &str) -> u32 {
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id).join("record.json")).unwrap()).unwrap();
-    record["supervisor_pid"].as_u64().unwrap() as u32
+    u32::try_from(record["supervisor_pid"].as_u64().unwrap()).unwrap()
 }
 
 /// Whether `needle` is anywhere in the readable memory of process `pid`.
@@ -191,7 +191,7 @@ fn memory_holds(pid: u32, needle: &[u8]) -> bool {
         }
         let (start, end) = range.split_once('-').unwrap();
         let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
-        let mut buf = vec![0u8; (end - start) as usize];
+        let mut buf = vec![0u8; usize::try_from(end - start).unwrap()];
         mem.seek(SeekFrom::Start(start)).is_ok()
             && mem.read_exact(&mut buf).is_ok()
             && buf.windows(needle.len()).any(|w| w == needle)

@@ -107,7 +107,7 @@ fn two_pull_processes_download_each_layer_once() {
                 x ^= x << 13;
                 x ^= x >> 17;
                 x ^= x << 5;
-                x as u8
+                x.to_le_bytes()[0]
             })
             .collect()
     };

@@ -195,7 +195,7 @@ fn host_identity_slot(data: &std::path::Path, id: &paddock_core::runtime::Sandbo
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id.as_str()).join("record.json")).unwrap())
             .unwrap();
-    let uid = record["host_ids"]["uid"].as_u64().unwrap() as u32;
+    let uid = u32::try_from(record["host_ids"]["uid"].as_u64().unwrap()).unwrap();
     data.join("ids").join((uid - paddock_runtime_local::identity::BASE).to_string())
 }
 
@@ -210,7 +210,7 @@ async fn remains_of_a_destroy_cut_short_are_swept_by_the_next_listing() {
     let slot = host_identity_slot(env.data(), &info.id);
     let dir = env.data().join("sandboxes").join(info.id.as_str());
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("record.json")).unwrap()).unwrap();
-    let supervisor = record["supervisor_pid"].as_u64().unwrap() as i32;
+    let supervisor = i32::try_from(record["supervisor_pid"].as_u64().unwrap()).unwrap();
     rustix::process::kill_process(rustix::process::Pid::from_raw(supervisor).unwrap(), rustix::process::Signal::KILL)
         .unwrap();
     common::eventually("the killed supervisor's sandbox is still running", || {
@@ -257,7 +257,7 @@ async fn a_dead_supervisor_means_failed_with_the_workspace_kept() {
         &std::fs::read(env.data().join("sandboxes").join(info.id.as_str()).join("record.json")).unwrap(),
     )
     .unwrap();
-    let supervisor = record["supervisor_pid"].as_u64().unwrap() as i32;
+    let supervisor = i32::try_from(record["supervisor_pid"].as_u64().unwrap()).unwrap();
     rustix::process::kill_process(rustix::process::Pid::from_raw(supervisor).unwrap(), rustix::process::Signal::KILL)
         .unwrap();
     // The kernel kills the sandbox's init with it (parent-death signal).

@@ -190,7 +190,7 @@ fn runs_survive_a_killed_server_a_lost_sandbox_and_a_drain() {
     let id = submit(&s, SECOND_TIME_LUCKY, json!({}));
     wait_state(&s, &id, "running", Some(1));
     rustix::process::kill_process(
-        rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
+        rustix::process::Pid::from_raw(s.child.id().cast_signed()).unwrap(),
         rustix::process::Signal::TERM,
     )
     .unwrap();

@@ -915,7 +915,7 @@ fn ppid(pid: u32) -> u32 {
 fn supervisor_pid(data: &std::path::Path, id: &str) -> u32 {
     let record: Value =
         serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(id).join("record.json")).unwrap()).unwrap();
-    record["supervisor_pid"].as_u64().unwrap() as u32
+    u32::try_from(record["supervisor_pid"].as_u64().unwrap()).unwrap()
 }
 
 #[test]
@@ -955,7 +955,7 @@ fn supervisors_are_forked_by_a_clean_launcher_and_execd_once_it_is_gone() {
 
     // Without it, supervisors are exec'd (children of the server), and the forked one lives on.
     rustix::process::kill_process(
-        rustix::process::Pid::from_raw(launcher as i32).unwrap(),
+        rustix::process::Pid::from_raw(launcher.cast_signed()).unwrap(),
         rustix::process::Signal::KILL,
     )
     .unwrap();
@@ -989,7 +989,7 @@ fn a_sigtermed_server_refuses_new_sandboxes_lets_running_commands_finish_and_exi
             assert!(Instant::now() < until, "the command never started");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
+        let pid = rustix::process::Pid::from_raw(s.child.id().cast_signed()).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         let signalled = Instant::now();
         let until = signalled + Duration::from_secs(10);

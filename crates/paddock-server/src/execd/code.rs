@@ -811,7 +811,7 @@ impl Sink {
             return;
         }
         let bytes = frame(event);
-        let share = bytes.len().clamp(1, STREAM_BYTES) as u32;
+        let share = u32::try_from(bytes.len().clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX);
         // Closed only if the semaphore is dropped, which it is not while `self` lives.
         let permit = self.budget.clone().acquire_many_owned(share).await.ok();
         if self.tx.send((bytes, permit)).await.is_err() {
@@ -1003,7 +1003,7 @@ async fn run_cell(
         sink.send(&ctx, ev).await;
     }
     ctx.running.store(false, Ordering::SeqCst);
-    let elapsed = t0.elapsed().as_millis() as u64;
+    let elapsed = t0.elapsed().as_millis().try_into().unwrap_or(u64::MAX);
     state.metrics.exec_seconds.observe(t0.elapsed().as_secs_f64());
     match (ctx.kind, exit_code) {
         (Kind::Session, Some(c)) if c != 0 => {
@@ -1046,7 +1046,7 @@ fn marker_events(json: &[u8], kind: Kind, count: u64, exit_code: &mut Option<i32
             Some(vec![error_event(ename, v["evalue"].as_str().unwrap_or_default(), traceback)])
         }
         Some("exit") => {
-            let code = v["code"].as_i64().unwrap_or(1) as i32;
+            let code = v["code"].as_i64().and_then(|c| i32::try_from(c).ok()).unwrap_or(1);
             *exit_code = Some(code);
             if kind == Kind::Code && code != 0 {
                 // A failed bash cell, as `/command` reports one.

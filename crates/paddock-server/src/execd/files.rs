@@ -641,7 +641,9 @@ async fn pump(state: AppState, sandbox: SandboxId, path: String, cut: Cut, tx: m
                     pos = hi;
                     let from = start.clamp(lo, hi);
                     let to = len.map_or(hi, |l| (start + l).clamp(lo, hi));
-                    buf[(from - lo) as usize..(to - lo) as usize].to_vec()
+                    // Both within this buffer (`lo..hi` is its span): the offsets fit a usize.
+                    let at = |x: u64| usize::try_from(x - lo).unwrap_or(buf.len()).min(buf.len());
+                    buf[at(from)..at(to)].to_vec()
                 }
                 (Cut::Lines { .. }, None) => Vec::new(),
             };
@@ -768,8 +770,8 @@ pub async fn download(
                 let size = part.len() as u64;
                 let ByteRange { start, len } = parse_range(h, size).map_err(|_| unsatisfiable(h, size))?;
                 // Cut in place: no second copy.
-                part.truncate((start + len) as usize);
-                part.drain(..start as usize);
+                part.truncate(usize::try_from(start + len).unwrap_or(usize::MAX));
+                part.drain(..usize::try_from(start).unwrap_or(part.len()).min(part.len()));
                 let cr = format!("bytes {start}-{}/{size}", start + len - 1);
                 response_headers.insert(
                     header::CONTENT_RANGE,

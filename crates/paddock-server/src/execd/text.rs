@@ -330,7 +330,8 @@ impl TailLog {
     }
     /// What was written from `cursor` on (from the oldest kept byte if that was dropped).
     pub fn read_from(&self, cursor: u64) -> Vec<u8> {
-        let skip = cursor.saturating_sub(self.dropped).min(self.buf.len() as u64) as usize;
+        let skip =
+            usize::try_from(cursor.saturating_sub(self.dropped)).map_or(self.buf.len(), |s| s.min(self.buf.len()));
         self.buf.iter().skip(skip).copied().collect()
     }
 }

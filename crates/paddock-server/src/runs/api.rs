@@ -523,9 +523,11 @@ async fn list(
     let thread = q.thread.map(|t| scoped(&tenant, &t));
     let filter = Filter { tier: q.tier, state, thread, tenant: tenant.as_str().to_owned() };
     let rows = runs.store().list(&filter, after, limit + 1).await?;
-    let more = rows.len() as i64 > limit;
-    let items: Vec<Value> = rows.iter().take(limit as usize).map(view).collect();
-    let next = if more { rows.get(limit as usize - 1).map(|r| r.seq.to_string()) } else { None };
+    // 1 to 1000, checked above.
+    let limit = usize::try_from(limit).unwrap_or(1);
+    let more = rows.len() > limit;
+    let items: Vec<Value> = rows.iter().take(limit).map(view).collect();
+    let next = if more { rows.get(limit.saturating_sub(1)).map(|r| r.seq.to_string()) } else { None };
     Ok(axum::Json(json!({"items": items, "next": next})))
 }
 

@@ -540,7 +540,11 @@ impl Runs {
         }
         let now = now_ms();
         match (row.first_call_at_ms, row.lease_expires_ms) {
-            (None, _) if row.started_at_ms.is_some_and(|s| now >= s + self.opts.start_deadline.as_millis() as i64) => {
+            (None, _)
+                if row.started_at_ms.is_some_and(|s| {
+                    now >= s.saturating_add(self.opts.start_deadline.as_millis().try_into().unwrap_or(i64::MAX))
+                }) =>
+            {
                 Some(Outcome::Lost(format!(
                     "its driver did not call the gateway within the start deadline ({}s)",
                     self.opts.start_deadline.as_secs()

@@ -312,7 +312,7 @@ impl RunStore {
                 .bind(RunState::Cancelled.as_str())
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(n.max(0) as u64)
+        Ok(n.max(0).cast_unsigned())
     }
 
     /// Whether a run of `thread` other than `except` is not yet finished.

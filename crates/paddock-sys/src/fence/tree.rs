@@ -119,7 +119,7 @@ fn search(rules: &[(u32, Rule)]) -> Vec<sock_filter> {
     } else {
         // Too far for a conditional jump's 8-bit offset: hop over `low` with an
         // unconditional jump, whose offset is 32 bits.
-        vec![jump(JGE_K, pivot, 0, 1), stmt(JA, low.len() as u32)]
+        vec![jump(JGE_K, pivot, 0, 1), stmt(JA, u32::try_from(low.len()).unwrap_or(u32::MAX))]
     };
     node.extend(low);
     node.extend(search(high));
