@@ -268,6 +268,14 @@ fn round_div(numerator: u128, denominator: u128) -> u128 {
     (numerator + denominator / 2) / denominator
 }
 
+/// Milliseconds since the Unix epoch now (0 on a clock set before it): the one clock every
+/// crate stamps records and deadlines with.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,12 +5,13 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use paddock_core::egress::{Denial, EgressCounters, EgressPolicy, EgressStatus, canonical};
 use paddock_core::vault::Vault;
 
 use crate::guard::Guard;
+use paddock_core::units::unix_ms as now_ms;
 
 /// Denials kept per sandbox for the operator (`GET …/egress`).
 pub const DENIAL_LOG: usize = 256;
@@ -52,10 +53,6 @@ pub struct Enforcer {
 struct Resolved {
     by_ip: HashMap<IpAddr, (Vec<String>, Instant)>,
     by_name: HashMap<String, (Vec<IpAddr>, Instant)>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// Which counter an event goes to.

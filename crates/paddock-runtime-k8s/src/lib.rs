@@ -29,7 +29,7 @@ pub mod runtime_class;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy as KubePolicy;
@@ -45,6 +45,7 @@ use paddock_core::volume::VolumeSource;
 use tokio::io::AsyncReadExt;
 
 use crate::objects::{Names, PodPhase, Shape};
+use paddock_core::units::unix_ms as now_ms;
 
 mod port;
 
@@ -242,10 +243,6 @@ const MAX_PROFILES: usize = 32;
 const PROFILE_RECHECK: Duration = Duration::from_secs(60);
 /// How long a deleted Pod or PVC may take to disappear before we stop waiting.
 const GONE_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
-}
 
 fn random<const N: usize>() -> Result<[u8; N], RuntimeError> {
     let mut b = [0u8; N];

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt, chown};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use paddock_core::naming::resource_name;
 use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo};
@@ -31,6 +31,7 @@ use rustix::process::{Pid, PidfdFlags, WaitOptions};
 use crate::init::{ChildSetup, child_main};
 use crate::layout::DataDir;
 use crate::protocol::{self, ImageRoot, InitRequest, Ready, Record, Reply, Request, WireError};
+use paddock_core::units::unix_ms as now_ms;
 
 /// A sandbox's cgroups while it starts: the ones made before its init is cloned, and what
 /// making the rest takes.
@@ -122,10 +123,6 @@ struct Supervisor {
     /// exit. Only for a view no later sandbox could mount again (no workspace image, volume
     /// or image root): a filesystem image must be unmounted before its workspace is handed on.
     mount_ns: Option<OwnedFd>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// A failed system call as the caller should see it: out of processes, memory, descriptors

@@ -34,6 +34,7 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::identity::{self, HostIds};
 use crate::layout::DataDir;
+use paddock_core::units::unix_ms as now_ms;
 
 /// The operator's volume settings.
 #[derive(Debug, Clone, Default)]
@@ -153,12 +154,6 @@ fn is_mount_point(dir: &Path) -> bool {
         (Ok(d), Some(Ok(p))) => d.is_dir() && d.dev() != p.dev(),
         _ => false,
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
 }
 
 /// Makes named volume `name` if it is missing (when allowed), mounts it on the host if it is

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use fake::server::{Server, assert_error};
+use paddock_core::units::unix_ms as now_ms;
 use serde_json::{Value, json};
 
 /// Every execd, egress and lifecycle route the SDK 1.1.1 may call that Paddock does not serve.
@@ -299,15 +300,6 @@ async fn fake_runtime_no_expiry_refused_names_the_flag_and_too_long_names_max_ti
         s.call("POST", "/v1/sandboxes", Some(json!({"image": {"uri": "fake"}, "timeout": 86400}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(message(&body).contains("--max-timeout") && message(&body).contains("7200s"), "{body}");
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .try_into()
-        .unwrap_or(u64::MAX)
 }
 
 /// RFC 3339 for now + `d`, as the SDK's renew sends it.

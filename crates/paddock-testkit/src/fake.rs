@@ -15,6 +15,7 @@ use paddock_core::runtime::{
     FileStat, Process, Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo,
 };
 use paddock_core::spec::{NetworkPolicy, SandboxSpec, command_env};
+use paddock_core::units::unix_ms as now_ms;
 
 pub struct FakeRuntime {
     root: tempfile::TempDir,
@@ -27,15 +28,6 @@ pub struct FakeRuntime {
     sick: Mutex<Option<RuntimeError>>,
     /// What every sandbox reports as its addresses (`SandboxInfo::addresses`).
     addresses: Vec<std::net::IpAddr>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .try_into()
-        .unwrap_or(u64::MAX)
 }
 
 fn file_err(e: std::io::Error, path: &str) -> RuntimeError {

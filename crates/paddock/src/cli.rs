@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::output;
+use paddock_core::units::unix_ms as now_ms;
 
 /// Exit code when Paddock itself fails (as opposed to the command it ran).
 pub const ERROR_EXIT: u8 = 125;
@@ -565,13 +566,6 @@ impl Relays {
             let _ = tokio::time::timeout_at(deadline, relay).await;
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis().try_into().unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 fn sandbox_id(s: &str) -> Result<SandboxId> {

@@ -1,16 +1,11 @@
 //! Human and JSON output of the CLI.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use paddock_core::runtime::{FileReply, SandboxInfo};
+use paddock_core::units::unix_ms as now_ms;
 use paddock_core::units::{format_bytes, format_duration};
 
 fn print_json<T: serde::Serialize>(value: &T) {
     println!("{}", serde_json::to_string_pretty(value).expect("output serializes"));
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis().try_into().unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 fn ago(ms: u64) -> String {
