@@ -23,8 +23,17 @@ pub struct Conn {
     /// Milliseconds after `Conns::epoch` of its last request's start or end.
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// A request has started on it.
+    begun: std::sync::atomic::AtomicBool,
     /// Notified when the connection is to be closed.
     pub close: Notify,
+}
+
+impl Conn {
+    /// Whether a request has started on this connection yet.
+    pub fn has_begun(&self) -> bool {
+        self.begun.load(Ordering::Relaxed)
+    }
 }
 
 /// A request in flight on a connection: counted until its response has been sent or dropped.
@@ -97,6 +106,7 @@ impl Conns {
         let conn = Arc::new(Conn {
             last_ms: AtomicU64::new(self.now_ms()),
             in_flight: AtomicUsize::new(0),
+            begun: std::sync::atomic::AtomicBool::new(false),
             close: Notify::new(),
         });
         let mut inner = self.lock();
@@ -109,6 +119,7 @@ impl Conns {
 
     /// A request starts on `conn`.
     pub fn begin(&self, conn: &Arc<Conn>) -> InFlight {
+        conn.begun.store(true, Ordering::Relaxed);
         conn.in_flight.fetch_add(1, Ordering::Relaxed);
         conn.last_ms.store(self.now_ms(), Ordering::Relaxed);
         InFlight { conn: conn.clone(), epoch: self.epoch }

@@ -596,6 +596,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let tcp = slow::WriteDeadline::new(tcp, stall);
         let this = registered.conn.clone();
+        let this_conn = registered.conn.clone();
         let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
             router.clone(),
             move |mut req: Request<hyper::body::Incoming>| {
@@ -611,9 +612,26 @@ pub async fn serve(
             let result = tokio::select! {
                 r = conn.as_mut() => r,
                 () = async { drop(drain.wait_for(|d| *d).await) } => {
-                    // Finish the request in flight, then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+                    // A connection accepted just before the drain whose request has not been
+                    // read yet would be closed unanswered by a graceful shutdown (hyper closes
+                    // a connection with no request in flight): it gets a moment for its first
+                    // request, which is then answered (a create with its 503) before it closes.
+                    let mut early = None;
+                    let grace = tokio::time::Instant::now() + FIRST_REQUEST_GRACE;
+                    while !this_conn.has_begun() && tokio::time::Instant::now() < grace {
+                        tokio::select! {
+                            r = conn.as_mut() => { early = Some(r); break; }
+                            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                        }
+                    }
+                    match early {
+                        Some(r) => r,
+                        None => {
+                            // Finish the request in flight, then close.
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
+                    }
                 }
                 // Closed to make room: it had no request in flight.
                 () = registered.conn.close.notified() => Ok(()),
@@ -677,6 +695,9 @@ pub async fn serve(
     }
     Ok(())
 }
+
+/// How long a connection accepted just before a drain may take to send its first request.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 
 /// Connections answered at once while the server drains (one request each).
 const LATE_CONNECTIONS: usize = 64;

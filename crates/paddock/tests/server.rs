@@ -989,6 +989,10 @@ fn a_sigtermed_server_refuses_new_sandboxes_lets_running_commands_finish_and_exi
             assert!(Instant::now() < until, "the command never started");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // A client that connected just before the signal and sends its request after it is
+        // answered, not dropped: hyper closes a connection with no request yet at a graceful
+        // shutdown, which the drain holds off for a moment.
+        let mut early = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
         let pid = rustix::process::Pid::from_raw(s.child.id().cast_signed()).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         let signalled = Instant::now();
@@ -1003,6 +1007,12 @@ fn a_sigtermed_server_refuses_new_sandboxes_lets_running_commands_finish_and_exi
             assert!(Instant::now() < until, "/health never said draining");
             std::thread::sleep(Duration::from_millis(20));
         }
+        std::io::Write::write_all(&mut early, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        early.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut early, &mut answer);
+        assert!(answer.starts_with("HTTP/1.1 503"), "the connection made before the signal got: {answer:?}");
         let resp = fresh()
             .post(s.url("/v1/sandboxes"))
             .header("OPEN-SANDBOX-API-KEY", KEY)
