@@ -948,12 +948,7 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
             (r.in_use.clone(), r.waiting.clone(), r.deleted.len()),
             (vec![pvc_of(&used)], vec![pvc_of(&idle)], 0)
         );
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-            .try_into()
-            .unwrap_or(u64::MAX);
+        let now = paddock_core::units::unix_ms();
         let since = |pvc: &PersistentVolumeClaim| unused_since(pvc, now + 60_000, NamingMode::Hashed);
         assert!(since(&claims.get(&pvc_of(&idle)).await.unwrap()).is_some());
         assert!(since(&claims.get(&pvc_of(&used)).await.unwrap()).is_none());
@@ -1216,12 +1211,7 @@ async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper
 
         // 32 profiles (made by other servers, say): the next new shape gets a keeper Pod.
         let pod_spec = serde_json::json!({"containers": [{"name": "sandbox", "image": IMAGE}]});
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-            .try_into()
-            .unwrap_or(u64::MAX);
+        let now = paddock_core::units::unix_ms();
         for i in 0..32 {
             let t = claim::template(&ns, &format!("paddock-other-{i}"), &pod_spec, now).unwrap();
             templates.create(&PostParams::default(), &t).await.unwrap();

@@ -123,12 +123,7 @@ pub async fn lifecycle(rt: &dyn Runtime, c: &Contract) {
     assert_eq!(got.id, info.id);
     assert!(rt.list().await.expect("list").iter().any(|s| s.id == info.id), "list shows the new sandbox");
 
-    let before = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .try_into()
-        .unwrap_or(u64::MAX);
+    let before = paddock_core::units::unix_ms();
     let renewed = rt.renew(&info.id, Duration::from_secs(600)).await.expect("renew");
     let expires = renewed.expires_unix_ms.expect("a renewed sandbox expires");
     assert!(
