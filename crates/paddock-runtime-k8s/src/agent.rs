@@ -84,6 +84,19 @@ impl AgentBinary {
     }
 }
 
+/// A static `paddock-agent` beside the executable `exe` (an install) or built by
+/// `dev/build-agent` in the cargo target directory `exe` is in (a checkout).
+pub fn find_beside(exe: &Path) -> Option<std::path::PathBuf> {
+    let dir = exe.parent()?;
+    let mut candidates = vec![dir.join("paddock-agent")];
+    if let Some(target) = dir.parent() {
+        for profile in ["release", "debug"] {
+            candidates.push(target.join("x86_64-unknown-linux-gnu").join(profile).join("paddock-agent"));
+        }
+    }
+    candidates.into_iter().find(|p| std::fs::read(p).is_ok_and(|b| is_static_elf(&b)))
+}
+
 /// Whether `elf` is a 64-bit little-endian executable without a program interpreter (a
 /// dynamically linked one names its loader in a `PT_INTERP` header).
 pub fn is_static_elf(elf: &[u8]) -> bool {
@@ -534,5 +547,27 @@ mod tests {
         fake[56] = 0;
         fake[57] = 0;
         assert!(is_static_elf(&fake));
+    }
+
+    #[test]
+    fn the_agent_is_found_beside_the_binary_or_in_the_static_target_dir_and_only_if_static() {
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let mut static_elf = me[..64].to_vec();
+        static_elf[56] = 0;
+        static_elf[57] = 0;
+        let root = std::env::temp_dir().join(format!("paddock-agent-find-{}", std::process::id()));
+        let release = root.join("target/release");
+        let static_release = root.join("target/x86_64-unknown-linux-gnu/release");
+        std::fs::create_dir_all(&release).unwrap();
+        std::fs::create_dir_all(&static_release).unwrap();
+        let exe = release.join("paddock");
+        assert_eq!(find_beside(&exe), None);
+        // A dynamically linked agent beside the binary is passed over for the static build.
+        std::fs::write(release.join("paddock-agent"), &me).unwrap();
+        std::fs::write(static_release.join("paddock-agent"), &static_elf).unwrap();
+        assert_eq!(find_beside(&exe), Some(static_release.join("paddock-agent")));
+        std::fs::write(release.join("paddock-agent"), &static_elf).unwrap();
+        assert_eq!(find_beside(&exe), Some(release.join("paddock-agent")));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

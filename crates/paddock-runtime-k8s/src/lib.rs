@@ -14,7 +14,6 @@
 //! Pods get no token. Deny-all NetworkPolicies need a CNI that enforces them.
 
 pub mod agent;
-pub mod bench;
 pub mod check;
 pub mod claim;
 pub mod client;
@@ -23,6 +22,8 @@ pub mod files;
 pub mod gate;
 pub mod objects;
 mod pod_settings;
+#[cfg(feature = "probes")]
+pub mod probes;
 mod profiles;
 pub mod reap_pvcs;
 pub mod runtime_class;

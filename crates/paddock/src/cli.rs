@@ -166,8 +166,6 @@ pub enum Command {
         #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
         sandbox_memory: u64,
     },
-    /// Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md).
-    Bench(crate::runtimes::AnyBenchArgs),
     /// Check that the chosen runtime can run sandboxes here: on Kubernetes, the API, the
     /// namespace, every permission the runtime needs (by SelfSubjectAccessReview), the
     /// RuntimeClass, and a probe that proves NetworkPolicy is enforced. Exit status 0 only
@@ -573,9 +571,6 @@ fn sandbox_id(s: &str) -> Result<SandboxId> {
 }
 
 pub async fn run(cli: Cli) -> Result<u8> {
-    if let Command::Bench(args) = cli.command {
-        return crate::runtimes::bench(&cli.runtime, &cli.data_dir, cli.naming, args, cli.json).await;
-    }
     if let Command::ReapPvcs { ttl } = cli.command {
         return crate::runtimes::reap_pvcs(&cli.runtime, cli.naming, ttl, cli.json).await;
     }
@@ -804,7 +799,6 @@ pub async fn run(cli: Cli) -> Result<u8> {
         | Command::Runs(_)
         | Command::Tenant(_)
         | Command::Capacity { .. }
-        | Command::Bench(_)
         | Command::Check { .. }
         | Command::ReapPvcs { .. }
         | Command::Image(_) => {
@@ -1116,7 +1110,7 @@ mod tests {
             sub.get_about().map(|a| a.to_string()).unwrap_or_default()
         };
         assert_eq!(about("image"), "OCI images for sandbox roots: pull, ls, rm, prune, import");
-        assert_eq!(about("bench"), "Measure Paddock against bubblewrap on this machine (see BENCHMARKS.md)");
+        assert!(cli.find_subcommand("bench").is_none(), "the benchmark is its own binary, paddock-bench");
         assert_eq!(about("serve"), "Serve the HTTP API (OpenSandbox-compatible lifecycle and execd, plus workspaces)");
         for sub in cli.get_subcommands() {
             let text = sub.get_about().map(|a| a.to_string()).unwrap_or_default();

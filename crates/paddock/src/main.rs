@@ -2,8 +2,6 @@
 //! the server all live here; the supervisor is dispatched before any async runtime exists, so it
 //! stays single-threaded.
 
-mod bench;
-mod bench_k8s;
 mod cli;
 mod gate;
 mod image_cmd;

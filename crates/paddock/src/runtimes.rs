@@ -402,7 +402,7 @@ impl KubeOpts {
             agent: match self.agent.as_deref() {
                 Some("none") => None,
                 Some(path) => Some(PathBuf::from(path)),
-                None => default_agent(),
+                None => std::env::current_exe().ok().and_then(|exe| paddock_runtime_k8s::agent::find_beside(&exe)),
             },
             ..Default::default()
         })
@@ -449,20 +449,6 @@ fn parse_profile_idle(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A static `paddock-agent` beside this binary (an install) or built by `dev/build-agent` in
-/// the cargo target directory this binary is in (a checkout).
-fn default_agent() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    let mut candidates = vec![dir.join("paddock-agent")];
-    if let Some(target) = dir.parent() {
-        for profile in ["release", "debug"] {
-            candidates.push(target.join("x86_64-unknown-linux-gnu").join(profile).join("paddock-agent"));
-        }
-    }
-    candidates.into_iter().find(|p| std::fs::read(p).is_ok_and(|b| paddock_runtime_k8s::agent::is_static_elf(&b)))
-}
-
 /// `paddock check`: whether this runtime can run sandboxes here, item by item. Exit status 0
 /// only when everything needed passes.
 pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, probe: bool, json: bool) -> Result<u8> {
@@ -489,40 +475,6 @@ pub async fn check(opts: &RuntimeOpts, data_dir: &Path, naming: NamingMode, prob
         println!("{}", if report.ok() { "ready" } else { "NOT ready: fix the items marked FAIL" });
     }
     Ok(if report.ok() { 0 } else { 1 })
-}
-
-// `paddock bench`'s arguments for either runtime.
-#[derive(Debug, clap::Args)]
-pub struct AnyBenchArgs {
-    #[command(flatten)]
-    pub local: crate::bench::BenchArgs,
-    #[command(flatten)]
-    pub kube: crate::bench_k8s::KubeBenchArgs,
-}
-
-/// `paddock bench`: the local runtime against bubblewrap on this machine, or the Kubernetes
-/// runtime against bare Pods and `kubectl exec` on the cluster.
-pub async fn bench(
-    opts: &RuntimeOpts,
-    data_dir: &Path,
-    naming: NamingMode,
-    args: AnyBenchArgs,
-    json: bool,
-) -> Result<u8> {
-    let exe = std::env::current_exe().context("finding the paddock binary to start supervisors with")?;
-    match opts.kind {
-        RuntimeKind::Local => {
-            let rt = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming)?.with_launcher();
-            crate::bench::run(&rt, args.local, json).await
-        }
-        RuntimeKind::Kubernetes => {
-            let rt =
-                Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(opts.kube.config(naming)?).await?);
-            // The local runtime's exec round trip is the yardstick of the 3x aim; it needs root.
-            let local = paddock_runtime_local::LocalRuntime::new(data_dir, exe, naming).ok();
-            crate::bench_k8s::run(rt, local, args.kube, (args.local.iterations, args.local.quick), json).await
-        }
-    }
 }
 
 /// `paddock reap-pvcs`: one run of the workspace PVC reaper (Kubernetes only; a CronJob runs

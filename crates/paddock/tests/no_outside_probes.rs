@@ -30,7 +30,9 @@ fn scanned(root: &Path) -> Vec<PathBuf> {
                 continue;
             }
             let is_test = rel.contains("/tests/") && rel.ends_with(".rs");
-            let is_bench = rel.starts_with("crates/") && name.starts_with("bench") && rel.ends_with(".rs");
+            let is_bench = (rel.starts_with("crates/paddock-bench/")
+                || rel.starts_with("crates/") && name.starts_with("bench"))
+                && rel.ends_with(".rs");
             let is_script = ["e2e/", "dev/", ".ci/", "charts/test"].iter().any(|p| rel.starts_with(p))
                 && (name.ends_with(".sh") || name.ends_with(".py") || !name.contains('.'));
             if is_test || is_bench || is_script {

@@ -1,4 +1,4 @@
-//! `paddock bench`, the HTTP section: the same sandboxes driven through `paddock serve`.
+//! `paddock-bench`, the HTTP section: the same sandboxes driven through `paddock serve`.
 //!
 //! The bench starts `paddock serve` as a child process (its own data directory under /tmp, a
 //! free loopback port, no API key) and measures, with a blocking HTTP/1.1 client that keeps its
@@ -288,10 +288,10 @@ impl Server {
             .and_then(|l| l.local_addr())
             .context("finding a free port on 127.0.0.1")?
             .port();
-        let exe = std::env::current_exe().context("finding the paddock binary")?;
+        let exe = crate::paddock_binary();
         let listen = format!("127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join("serve.log")).context("creating the server's log file")?;
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
             .arg("--data-dir")
             .arg(dir)
             .args(["serve", "--listen", &listen, "--insecure-no-auth"])
@@ -354,12 +354,12 @@ impl Server {
         .and_then(|r| r);
         if let Err(e) = &deleted {
             eprintln!(
-                "paddock bench: deleting the HTTP sandboxes through the API failed ({e:#}); removing them directly"
+                "paddock-bench: deleting the HTTP sandboxes through the API failed ({e:#}); removing them directly"
             );
         }
         self.kill();
         self.done = true;
-        let exe = std::env::current_exe().context("finding the paddock binary")?;
+        let exe = crate::paddock_binary();
         let own = LocalRuntime::new(&self.dir, exe, rt.naming())
             .with_context(|| format!("opening the server's data directory {}", self.dir.display()))?;
         let mut left = Vec::new();
@@ -385,7 +385,7 @@ impl Drop for Server {
         if !self.done {
             self.kill();
             eprintln!(
-                "paddock bench: the HTTP server was stopped without cleanup; check `paddock --data-dir {} ls`",
+                "paddock-bench: the HTTP server was stopped without cleanup; check `paddock --data-dir {} ls`",
                 self.dir.display()
             );
         }
@@ -403,7 +403,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 pub(super) async fn run(rt: &LocalRuntime, cfg: &Config, cold: &ColdOut, exec: &ExecOut) -> Result<HttpOut> {
     let label = cfg.run_label.clone();
     let server = blocking(move || Server::start(&label)).await?;
-    eprintln!("paddock bench: [5/5] started `{}`", server.command);
+    eprintln!("paddock-bench: [5/5] started `{}`", server.command);
     let client = server.client.clone();
     let live = Live::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -503,7 +503,7 @@ fn runs(client: &Client, n: usize, baseline_ms: f64) -> Result<RunsOut> {
                 _ => std::thread::sleep(Duration::from_millis(5)),
             }
         };
-        let at = |k: &str| run[k].as_str().and_then(paddock_server::time_fmt::parse_rfc3339);
+        let at = |k: &str| run[k].as_str().and_then(unix_ms_of);
         let (Some(created), Some(first)) = (at("createdAt"), at("firstCallAt")) else {
             bail!("run {id} has no firstCallAt: its driver never reached the gateway: {run}");
         };
@@ -1045,4 +1045,10 @@ impl HttpOut {
         println!("  {:<44} {:>10}", "ratio admission / create → first output", times(self.runs.ratio_admission_p50));
         row("gateway heartbeat from inside, kept alive", &self.runs.gateway_round_trip);
     }
+}
+
+/// An RFC 3339 timestamp of the API (any offset) → milliseconds since the epoch.
+fn unix_ms_of(s: &str) -> Option<i64> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
 }

@@ -1,4 +1,4 @@
-//! `paddock bench`: Paddock measured side by side with bubblewrap in the same run.
+//! `paddock-bench`: Paddock measured side by side with bubblewrap in the same run.
 //!
 //! Four measurements, each against a baseline taken in the same run so that a noisy machine
 //! shows up in both columns and the ratio stays meaningful:
@@ -16,13 +16,10 @@
 //!    bubblewrap command, and `paddock run --image NAME -- echo x` when `--image` names one;
 //!
 //! 6. the HTTP API: `paddock serve` started as a child process and driven over HTTP, against the
-//!    library path measured in the same run (see `bench_http.rs`; skipped with `--no-http`).
+//!    library path measured in the same run (see `local/http.rs`; skipped with `--no-http`).
 //!
 //! Every sandbox the bench creates carries a label naming this run; whatever is left when the
 //! bench fails or is interrupted is found by that label and removed.
-
-#[path = "bench_http.rs"]
-mod http;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -41,6 +38,8 @@ use paddock_runtime_local::layout::DataDir;
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinSet;
+
+mod http;
 
 /// The bubblewrap invocation the issue names as the nearest equivalent of a Paddock sandbox.
 const BWRAP_FLAGS: [&str; 10] =
@@ -177,15 +176,15 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
         if args.no_bwrap { Err("skipped with --no-bwrap".to_owned()) } else { Bwrap::detect(&args.bwrap).await };
     if let Err(why) = &bwrap {
         eprintln!(
-            "paddock bench: WARNING: no bubblewrap baseline: {why}. Measuring Paddock alone; every ratio will read n/a. \
+            "paddock-bench: WARNING: no bubblewrap baseline: {why}. Measuring Paddock alone; every ratio will read n/a. \
              Install bubblewrap (e.g. `apt-get install bubblewrap`) or pass --bwrap PATH for the comparison."
         );
     }
     if let Some(image) = &cfg.image {
         // Fail before the long sections, not after them, when the image cannot run here.
-        let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+        let exe = crate::paddock_binary();
         let args = cli_args(rt, Some(image));
-        cli_once(&exe, &args).await.with_context(|| format!("--image {image} cannot run here"))?;
+        cli_once(exe, &args).await.with_context(|| format!("--image {image} cannot run here"))?;
     }
     let live = Live::default();
     let result = tokio::select! {
@@ -212,7 +211,7 @@ pub async fn run(rt: &LocalRuntime, args: BenchArgs, json: bool) -> Result<u8> {
 async fn bench(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>, live: &Live) -> Result<Report> {
     let machine = Machine::detect();
     eprintln!(
-        "paddock bench: {} iterations, {} idle sandboxes, density {} ({} in flight), {}, kernel {}, {} CPUs",
+        "paddock-bench: {} iterations, {} idle sandboxes, density {} ({} in flight), {}, kernel {}, {} CPUs",
         cfg.iterations,
         cfg.idle,
         cfg.density,
@@ -652,7 +651,7 @@ impl MemCgroup {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("paddock bench: could not remove the cgroup {}; remove it with rmdir", self.dir.display());
+        eprintln!("paddock-bench: could not remove the cgroup {}; remove it with rmdir", self.dir.display());
     }
 }
 
@@ -718,11 +717,11 @@ async fn quiet_host(what: &str) -> Result<()> {
     let mut last = cpu_times()?;
     let mut quiet_in_a_row = 0;
     let mut busy = 1.0;
-    eprintln!("paddock bench: waiting for the kernel to finish freeing {what}...");
+    eprintln!("paddock-bench: waiting for the kernel to finish freeing {what}...");
     while quiet_in_a_row < 2 {
         if t0.elapsed() > QUIET_MAX {
             eprintln!(
-                "paddock bench: the host is still {:.0}% busy after {} s; measuring anyway (other work on this machine?)",
+                "paddock-bench: the host is still {:.0}% busy after {} s; measuring anyway (other work on this machine?)",
                 busy * 100.0,
                 QUIET_MAX.as_secs()
             );
@@ -735,7 +734,7 @@ async fn quiet_host(what: &str) -> Result<()> {
         quiet_in_a_row = if busy < QUIET_BUSY { quiet_in_a_row + 1 } else { 0 };
         last = now;
     }
-    eprintln!("paddock bench: quiet after {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!("paddock-bench: quiet after {:.1} s", t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -952,7 +951,7 @@ async fn destroy(rt: &LocalRuntime, live: &Live, id: &SandboxId) -> Result<()> {
 async fn cleanup(rt: &LocalRuntime, cfg: &Config, live: &Live, aborted: bool) -> Result<()> {
     let mut left = live.take();
     if aborted {
-        eprintln!("paddock bench: removing the sandboxes this run created...");
+        eprintln!("paddock-bench: removing the sandboxes this run created...");
         // Let supervisors that were starting when the bench stopped finish, so they are listed.
         tokio::time::sleep(Duration::from_secs(2)).await;
         if let Ok(all) = rt.list().await {
@@ -1072,7 +1071,7 @@ impl CliOut {
 /// `paddock run` as a user runs it: a new process per sandbox, spawn to exit, its output
 /// checked, each iteration followed by the bubblewrap command (A B A B).
 async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Result<CliOut> {
-    let exe = std::env::current_exe().context("finding the paddock binary to time `paddock run` with")?;
+    let exe = crate::paddock_binary();
     // Both commands start as a shell starts them, with stdio only: descriptors this process
     // inherited from its own starter would otherwise reach them (and `paddock run` would exec
     // its supervisor, as it does for a caller that passes more than stdio).
@@ -1084,7 +1083,7 @@ async fn cli_run(rt: &LocalRuntime, cfg: &Config, bwrap: Option<&Bwrap>) -> Resu
         let (mut p, mut b) = (Vec::new(), Vec::new());
         for i in 0..total {
             tokio::time::sleep(CLI_PAUSE).await;
-            let t = cli_once(&exe, &args).await?;
+            let t = cli_once(exe, &args).await?;
             settle(rt.data_dir()).await?;
             tokio::time::sleep(CLI_PAUSE).await;
             let bt = match bwrap {
@@ -1504,7 +1503,7 @@ fn print_human(r: &Report) {
         None => println!("  {name:<44} {:>10} {:>10} {:>10}", na(), na(), na()),
     };
     println!(
-        "paddock bench: kernel {}, {} CPUs, cgroups {}; {}",
+        "paddock-bench: kernel {}, {} CPUs, cgroups {}; {}",
         r.machine.kernel,
         r.machine.cpus,
         r.machine.cgroups,

@@ -1,4 +1,4 @@
-//! `paddock --runtime kubernetes bench`: the Kubernetes runtime measured on a real cluster,
+//! `paddock-bench --kubernetes`: the Kubernetes runtime measured on a real cluster,
 //! each figure beside the nearest baseline run in the same process: a bare Pod's create →
 //! Ready for acquire, `kubectl exec` of the same command for exec, and the local runtime's
 //! exec round trip on this machine for the 3× aim. Medians and ratios: these machines are noisy.
@@ -16,7 +16,7 @@ use paddock_core::spec::SandboxSpec;
 use paddock_runtime_k8s::KubeRuntime;
 use serde::Serialize;
 
-use crate::bench::{Progress, Stats};
+use crate::local::{Progress, Stats};
 
 // `--iterations` (default 10 here) and `--quick` (3) are shared with the local benchmark.
 #[derive(Debug, Args)]
@@ -25,6 +25,56 @@ pub struct KubeBenchArgs {
     /// The kubectl binary for the `kubectl exec` baseline.
     #[arg(long, env = "PADDOCK_KUBECTL", default_value = "kubectl")]
     pub kubectl: PathBuf,
+    /// The kubeconfig context to use (default: the kubeconfig's current context).
+    #[arg(long, env = "PADDOCK_K8S_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+    /// Namespace the bench's sandboxes live in; it must exist.
+    #[arg(long, env = "PADDOCK_K8S_NAMESPACE", default_value = "paddock")]
+    pub namespace: String,
+    /// Image of the bench's sandboxes.
+    #[arg(long, env = "PADDOCK_K8S_IMAGE", default_value = "paddock.local/sandbox:1")]
+    pub default_image: String,
+    /// imagePullPolicy of the bench's Pods: IfNotPresent, Always or Never.
+    #[arg(long, default_value = "IfNotPresent")]
+    pub image_pull_policy: String,
+    /// StorageClass of workspace PVCs (the cluster's default when not given).
+    #[arg(long)]
+    pub storage_class: Option<String>,
+    /// CPU each sandbox Pod requests (e.g. 0.01), as `paddock serve --cpu-request`.
+    #[arg(long, value_parser = paddock_core::units::parse_cpus)]
+    pub cpu_request: Option<u32>,
+    /// Give a workspace PVC's root to the sandbox user (for provisioners that ignore fsGroup,
+    /// such as hostPath), as `paddock serve --chown-workspace`.
+    #[arg(long)]
+    pub chown_workspace: bool,
+    /// The static `paddock-agent` commands run through, or `none` for `pods/exec` alone.
+    /// Default: a static `paddock-agent` beside this binary, or in its cargo target directory's
+    /// static build; else `none`.
+    #[arg(long = "k8s-agent", env = "PADDOCK_K8S_AGENT", value_name = "PATH|none")]
+    pub agent: Option<String>,
+}
+
+impl KubeBenchArgs {
+    /// The runtime's configuration: the defaults of `paddock serve --runtime kubernetes` but for
+    /// what is given here.
+    pub fn config(&self, naming: paddock_core::naming::NamingMode) -> paddock_runtime_k8s::KubeConfig {
+        paddock_runtime_k8s::KubeConfig {
+            context: self.context.clone(),
+            namespace: self.namespace.clone(),
+            default_image: self.default_image.clone(),
+            image_pull_policy: self.image_pull_policy.clone(),
+            storage_class: self.storage_class.clone(),
+            cpu_request_millicpus: self.cpu_request,
+            chown_workspace: self.chown_workspace,
+            naming,
+            agent: match self.agent.as_deref() {
+                Some("none") => None,
+                Some(path) => Some(PathBuf::from(path)),
+                None => std::env::current_exe().ok().and_then(|exe| paddock_runtime_k8s::agent::find_beside(&exe)),
+            },
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -247,7 +297,7 @@ pub async fn run(
         return Ok(0);
     }
     let row = |name: &str, s: &Stats| println!("  {name:<38} p50 {:>9.2} ms   p99 {:>9.2} ms", s.p50_ms, s.p99_ms);
-    println!("paddock bench, kubernetes runtime (namespace {}, {} iterations)", report.namespace, n);
+    println!("paddock-bench, kubernetes runtime (namespace {}, {} iterations)", report.namespace, n);
     row("cold acquire (PVC + Pod + policy)", &report.cold_acquire);
     row("  baseline: bare Pod create -> Ready", &report.bare_pod_ready);
     row("warm re-acquire", &report.warm_reacquire);

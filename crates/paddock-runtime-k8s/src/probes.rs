@@ -1,4 +1,4 @@
-//! What `paddock --runtime kubernetes bench` needs from the cluster beyond the `Runtime` calls
+//! What `paddock-bench --kubernetes` and the cluster tests need from the cluster beyond the `Runtime` calls
 //! it times: the baseline of a bare Pod's create → Ready, a sandbox's Pod name for the
 //! `kubectl exec` baseline, and the claim model's warm pool.
 
