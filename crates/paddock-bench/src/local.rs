@@ -27,7 +27,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
@@ -135,7 +135,7 @@ impl Config {
             warmup: pick(args.warmup, 5, 2),
             memory_rounds: pick(args.memory_rounds, 3, 2),
             quick: args.quick,
-            run_label: format!("{}-{}", std::process::id(), now_ms()),
+            run_label: format!("{}-{}", std::process::id(), paddock_core::units::unix_ms()),
             http: !args.no_http,
             sections: if args.no_http { 4 } else { 5 },
             image: args.image.clone(),
@@ -618,7 +618,7 @@ impl MemCgroup {
             (PathBuf::from("/sys/fs/cgroup"), "memory.current", rel)
         };
         let original = root.join(rel.trim_start_matches('/'));
-        let dir = original.join(format!("paddock-bench-{}-{}", std::process::id(), now_ms()));
+        let dir = original.join(format!("paddock-bench-{}-{}", std::process::id(), paddock_core::units::unix_ms()));
         std::fs::create_dir(&dir).ok()?;
         let cg = Self { dir, usage_file, root, original };
         if !cg.dir.join(usage_file).exists()
@@ -1602,10 +1602,6 @@ fn print_human(r: &Report) {
 
 fn read_trimmed(path: &str) -> std::io::Result<String> {
     Ok(std::fs::read_to_string(path)?.trim().to_owned())
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
 }
 
 /// Hundreds of bubblewrap children hold pipes; lift the soft open-file limit to the hard one.

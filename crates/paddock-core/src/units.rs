@@ -271,9 +271,19 @@ fn round_div(numerator: u128, denominator: u128) -> u128 {
 /// Milliseconds since the Unix epoch now (0 on a clock set before it): the one clock every
 /// crate stamps records and deadlines with.
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, millis)
+}
+
+/// `d` in whole milliseconds, saturating: a `Duration` holds up to 2⁶⁴ s, more milliseconds
+/// than a `u64` does, and a deadline that far out is "never" either way.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole milliseconds as the store's signed timestamps count them, saturating at
+/// `i64::MAX / 2` so that adding it to a timestamp cannot overflow.
+pub fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).map_or(i64::MAX / 2, |ms| ms.min(i64::MAX / 2))
 }
 
 #[cfg(test)]
@@ -541,5 +551,17 @@ mod tests {
         for d in [Duration::from_secs(90), Duration::from_millis(3_723_004), Duration::from_millis(1)] {
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
+    }
+
+    #[test]
+    fn millis_truncates_to_whole_milliseconds_and_saturates() {
+        assert_eq!(millis(Duration::from_micros(1_999)), 1);
+        assert_eq!(millis(Duration::from_secs(90)), 90_000);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+        assert_eq!(millis_i64(Duration::from_secs(90)), 90_000);
+        assert_eq!(millis_i64(Duration::MAX), i64::MAX / 2);
+        assert_eq!(millis_i64(Duration::from_millis(u64::MAX)), i64::MAX / 2);
+        // Half the range is a deadline's: a timestamp plus it does not overflow.
+        assert!(1_800_000_000_000_i64.checked_add(millis_i64(Duration::MAX)).is_some());
     }
 }

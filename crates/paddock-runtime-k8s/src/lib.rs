@@ -1273,7 +1273,7 @@ impl Runtime for KubeRuntime {
         }
         let pod = self.find(id).await?;
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let expires = now_ms().saturating_add(ttl.as_millis().try_into().unwrap_or(u64::MAX));
+        let expires = now_ms().saturating_add(paddock_core::units::millis(ttl));
         let patch = serde_json::json!({
             "metadata": {
                 // The uid guard keeps a renewal from landing on a replacement Pod.

@@ -15,7 +15,7 @@ impl KubeRuntime {
         }
         let live: HashSet<String> =
             pods.iter().filter_map(|p| p.metadata.labels.as_ref()?.get(objects::SANDBOX_LABEL).cloned()).collect();
-        let grace = self.config.ready_timeout.as_millis().try_into().unwrap_or(u64::MAX).saturating_add(60_000);
+        let grace = paddock_core::units::millis(self.config.ready_timeout).saturating_add(60_000);
         let mut n = 0;
         for c in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
             let id = c.metadata.labels.as_ref().and_then(|l| l.get(objects::SANDBOX_LABEL));
@@ -180,7 +180,7 @@ impl KubeRuntime {
         let lp = ListParams::default().labels(&format!("{}=paddock", objects::MANAGED_BY));
         let templates = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?.items;
         let pools = self.pools.list(&lp).await.map_err(|e| api_error("listing SandboxWarmPools", e))?.items;
-        let idle_ms = self.config.profile_idle.as_millis().try_into().unwrap_or(u64::MAX);
+        let idle_ms = paddock_core::units::millis(self.config.profile_idle);
         let default = claim::profile_name(&self.profile_pod_spec(&self.prepare(SandboxSpec::default())?));
         let mut idle = Vec::new();
         for t in templates.iter().filter(|t| t.metadata.deletion_timestamp.is_none()) {

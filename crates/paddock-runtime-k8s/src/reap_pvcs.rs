@@ -74,7 +74,7 @@ fn marked(pvc: &PersistentVolumeClaim) -> bool {
 }
 
 pub fn expired(since_ms: u64, now_ms: u64, ttl: Duration) -> bool {
-    now_ms.saturating_sub(since_ms) > ttl.as_millis().try_into().unwrap_or(u64::MAX)
+    now_ms.saturating_sub(since_ms) > paddock_core::units::millis(ttl)
 }
 
 impl crate::KubeRuntime {

@@ -958,7 +958,7 @@ impl Runtime for LocalRuntime {
     }
 
     async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
-        match self.call(id, &Request::Renew { ttl_ms: ttl.as_millis().try_into().unwrap_or(u64::MAX) }).await? {
+        match self.call(id, &Request::Renew { ttl_ms: paddock_core::units::millis(ttl) }).await? {
             Reply::Info { info } => Ok(*info),
             other => Err(RuntimeError::System(format!("unexpected answer to renew: {other:?}"))),
         }

@@ -44,7 +44,7 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.conn.last_ms.store(self.epoch.elapsed().as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.conn.last_ms.store(paddock_core::units::millis(self.epoch.elapsed()), Ordering::Relaxed);
         self.conn.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -94,7 +94,7 @@ impl Conns {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
+        paddock_core::units::millis(self.epoch.elapsed())
     }
 
     /// Takes a place for a new connection from `peer`. At the peer's share, its idlest
@@ -129,7 +129,7 @@ impl Conns {
     /// flight, if that is at least [`MIN_IDLE`]; whether one was.
     pub fn evict_idlest(&self, peer: Option<IpAddr>) -> bool {
         let now = self.now_ms();
-        let min = MIN_IDLE.as_millis().try_into().unwrap_or(u64::MAX);
+        let min = paddock_core::units::millis(MIN_IDLE);
         let inner = self.lock();
         let idlest = inner
             .conns

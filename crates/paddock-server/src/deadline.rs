@@ -133,7 +133,7 @@ impl AsyncRead for ProgressReader {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if r.is_ready() {
-            self.last.store(self.t0.elapsed().as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+            self.last.store(paddock_core::units::millis(self.t0.elapsed()), Ordering::Relaxed);
         }
         r
     }

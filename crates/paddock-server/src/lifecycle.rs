@@ -1195,7 +1195,7 @@ pub async fn renew_on_access(state: &AppState, id: &str) {
         }
         last.insert(id.to_owned(), now);
     }
-    let cap = row.created_at_ms + i64::try_from(state.config.max_timeout.as_millis()).unwrap_or(i64::MAX / 2);
+    let cap = row.created_at_ms + paddock_core::units::millis_i64(state.config.max_timeout);
     let at = (now + secs * 1000).min(cap);
     if at <= expires {
         return;
@@ -1363,7 +1363,7 @@ pub async fn reap_idle(state: &AppState, idle: Duration) {
     let Ok(rows) = state.store.list().await else { return };
     let held = state.runs.sandboxes_held().await;
     let now = now_ms();
-    let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+    let idle_ms = paddock_core::units::millis_i64(idle);
     for row in rows {
         if row.state != LifecycleState::Running || held.contains(&row.id) {
             continue;

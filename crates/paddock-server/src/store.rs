@@ -134,10 +134,7 @@ fn from_row(row: &SqliteRow) -> Result<SandboxRow, sqlx::Error> {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis().try_into().unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(paddock_core::units::millis_i64).unwrap_or(0)
 }
 
 impl Store {

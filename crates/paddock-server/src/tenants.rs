@@ -301,7 +301,7 @@ async fn finish_with_key(
 /// Gives a tenant a new key; its current ones keep working for `grace` (zero: not at all).
 pub async fn rotate(pool: &SqlitePool, name: &str, grace: Duration) -> Result<String, TenantError> {
     let now = now_ms();
-    let until = now.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+    let until = now.saturating_add(paddock_core::units::millis_i64(grace));
     let mut tx = pool.begin().await?;
     let known: Option<String> =
         sqlx::query_scalar("SELECT name FROM tenants WHERE name = ?").bind(name).fetch_optional(&mut *tx).await?;

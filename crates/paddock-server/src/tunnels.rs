@@ -97,7 +97,7 @@ where
 {
     let start = Instant::now();
     let last = AtomicU64::new(0);
-    let moved = || last.store(start.elapsed().as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+    let moved = || last.store(paddock_core::units::millis(start.elapsed()), Ordering::Relaxed);
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = tokio::io::split(b);
     let watchdog = async {

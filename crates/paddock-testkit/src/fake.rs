@@ -495,7 +495,7 @@ impl Runtime for FakeRuntime {
     async fn renew(&self, id: &SandboxId, ttl: Duration) -> Result<SandboxInfo, RuntimeError> {
         let mut all = self.sandboxes.lock().unwrap();
         let info = all.get_mut(id).ok_or_else(|| RuntimeError::NotFound(format!("no sandbox {id}")))?;
-        info.expires_unix_ms = Some(now_ms().saturating_add(ttl.as_millis().try_into().unwrap_or(u64::MAX)));
+        info.expires_unix_ms = Some(now_ms().saturating_add(paddock_core::units::millis(ttl)));
         Ok(info.clone())
     }
     async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {

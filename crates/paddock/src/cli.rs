@@ -483,7 +483,7 @@ impl ExecOpts {
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             env: self.cmd_env.iter().cloned().collect::<BTreeMap<_, _>>(),
-            timeout_ms: timeout.map(|t| t.as_millis().try_into().unwrap_or(u64::MAX)),
+            timeout_ms: timeout.map(paddock_core::units::millis),
             stdin: self.wants_stdin(),
         }
     }

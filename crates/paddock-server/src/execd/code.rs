@@ -1003,7 +1003,7 @@ async fn run_cell(
         sink.send(&ctx, ev).await;
     }
     ctx.running.store(false, Ordering::SeqCst);
-    let elapsed = t0.elapsed().as_millis().try_into().unwrap_or(u64::MAX);
+    let elapsed = paddock_core::units::millis(t0.elapsed());
     state.metrics.exec_seconds.observe(t0.elapsed().as_secs_f64());
     match (ctx.kind, exit_code) {
         (Kind::Session, Some(c)) if c != 0 => {

@@ -589,9 +589,7 @@ async fn stream_output(state: AppState, started: Started, tx: mpsc::Sender<Bytes
     let elapsed = t0.elapsed();
     state.metrics.exec_seconds.observe(elapsed.as_secs_f64());
     let last = match relayed.outcome {
-        Some(Ok(o)) if o.exit_code == 0 => {
-            Event::complete(elapsed.as_millis().try_into().unwrap_or(u64::MAX), now_ms())
-        }
+        Some(Ok(o)) if o.exit_code == 0 => Event::complete(paddock_core::units::millis(elapsed), now_ms()),
         Some(Ok(o)) => Event::exec_error(o.exit_code.to_string(), now_ms()),
         // The sandbox went away under the command; there is no exit code to report.
         Some(Err(e)) => Event::exec_error(e.to_string(), now_ms()),

@@ -183,7 +183,7 @@ async fn stale(runs: &Runs, a: &Attempt) -> ApiError {
 }
 
 async fn heartbeat(State(runs): State<Arc<Runs>>, a: Attempt) -> ApiResult<Response> {
-    let until = now_ms() + i64::try_from(runs.opts.lease.as_millis()).unwrap_or(i64::MAX / 2);
+    let until = now_ms() + paddock_core::units::millis_i64(runs.opts.lease);
     let first = runs.store().get(&a.run).await?.is_some_and(|r| r.first_call_at_ms.is_none());
     if !runs.store().touch(&a.run, a.epoch, &a.sandbox, Some(until)).await? {
         return Err(stale(&runs, &a).await);

@@ -525,7 +525,7 @@ impl Runs {
             return None;
         }
         let at = match (row.first_call_at_ms, row.lease_expires_ms) {
-            (None, _) => row.started_at_ms? + i64::try_from(self.opts.start_deadline.as_millis()).ok()?,
+            (None, _) => row.started_at_ms? + paddock_core::units::millis_i64(self.opts.start_deadline),
             (Some(_), Some(lease)) => lease,
             (Some(_), None) => return None,
         };
@@ -542,7 +542,7 @@ impl Runs {
         match (row.first_call_at_ms, row.lease_expires_ms) {
             (None, _)
                 if row.started_at_ms.is_some_and(|s| {
-                    now >= s.saturating_add(self.opts.start_deadline.as_millis().try_into().unwrap_or(i64::MAX))
+                    now >= s.saturating_add(paddock_core::units::millis_i64(self.opts.start_deadline))
                 }) =>
             {
                 Some(Outcome::Lost(format!(
