@@ -52,6 +52,7 @@ fn is_local_now(ip: IpAddr) -> bool {
 
 /// `net.ipv4.ip_nonlocal_bind` (or its IPv6 twin) lets any address bind: the live check
 /// would then call everything local.
+#[expect(clippy::disallowed_methods, reason = "/proc/sys is kernel memory, read when the enforcer starts")]
 fn nonlocal_bind(family: &str) -> bool {
     std::fs::read_to_string(format!("/proc/sys/net/{family}/ip_nonlocal_bind")).is_ok_and(|v| v.trim() != "0")
 }

@@ -67,6 +67,10 @@ pub struct AgentBinary {
 impl AgentBinary {
     /// Reads the agent from `path`; refuses one that is not a static executable, which would
     /// fail in images without (the same) libc.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the agent binary is read once, when the runtime is configured at startup"
+    )]
     pub fn load(path: &Path) -> Result<Self, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("reading the agent {}: {e}", path.display()))?;
         if !is_static_elf(&bytes) {
@@ -86,6 +90,7 @@ impl AgentBinary {
 
 /// A static `paddock-agent` beside the executable `exe` (an install) or built by
 /// `dev/build-agent` in the cargo target directory `exe` is in (a checkout).
+#[expect(clippy::disallowed_methods, reason = "run once at startup, to find the agent binary")]
 pub fn find_beside(exe: &Path) -> Option<std::path::PathBuf> {
     let dir = exe.parent()?;
     let mut candidates = vec![dir.join("paddock-agent")];
@@ -532,6 +537,7 @@ async fn relay(
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use super::*;
 

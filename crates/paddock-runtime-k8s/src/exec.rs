@@ -535,6 +535,7 @@ pub fn process(running: Running, control: Control, pod: &str, token: String, tim
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
 

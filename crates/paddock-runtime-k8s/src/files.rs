@@ -227,6 +227,7 @@ impl AsyncRead for FileReader {
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use super::*;
 

@@ -30,6 +30,7 @@ fn dir(data_dir: &Path) -> PathBuf {
 impl Boot {
     /// Takes a new boot id and holds its lock; removes the files of starts that ended a day
     /// ago or more (their sandboxes were adopted by then).
+    #[expect(clippy::disallowed_methods, reason = "runs once at startup, before the server serves anything")]
     pub fn start(data_dir: &Path) -> Result<Self, ServeError> {
         let dir = dir(data_dir);
         let err = |path: &Path| {
@@ -54,6 +55,7 @@ impl Boot {
 
 /// Whether the server that started as `boot` on this data directory has ended. `false` when
 /// that cannot be told (no such start here: a server with a data directory of its own).
+#[expect(clippy::disallowed_methods, reason = "its callers run it under spawn_blocking")]
 pub fn ended(data_dir: &Path, boot: &str) -> bool {
     if boot.is_empty() || !boot.bytes().all(|b| b.is_ascii_hexdigit()) {
         return false;
@@ -72,6 +74,7 @@ pub fn ended_or_gone(data_dir: &Path, boot: &str) -> bool {
 }
 
 /// Removes the files of starts that ended over a day ago.
+#[expect(clippy::disallowed_methods, reason = "called by `Boot::start`, at startup")]
 fn prune(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else { return };
     let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);

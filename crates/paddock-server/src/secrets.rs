@@ -36,6 +36,7 @@ fn err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Secret
 
 impl TokenKey {
     /// Reads `<data>/token-key`, or creates it (0600, 32 random bytes) on first start.
+    #[expect(clippy::disallowed_methods, reason = "runs once at startup, before the server serves anything")]
     pub fn load_or_create(data_dir: &Path) -> Result<Self, SecretError> {
         let path = data_dir.join("token-key");
         match std::fs::read(&path) {
@@ -172,6 +173,7 @@ impl TokenKey {
 
 /// Makes a file in the data directory readable and writable by its owner only (root), for
 /// files created before this was enforced or by a library that does not take a mode.
+#[expect(clippy::disallowed_methods, reason = "at startup, and by `paddock tenant` (no server)")]
 pub fn make_private(path: &Path) -> Result<(), SecretError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(err("restricting the permissions of", path))
@@ -192,6 +194,7 @@ pub fn ensure_data_dir(path: &Path) -> Result<(), SecretError> {
 /// Creates the database file 0600 before SQLite opens it, and tightens the files an older
 /// version left readable. SQLite gives its -wal and -shm files the database file's own mode,
 /// so they come out 0600 too.
+#[expect(clippy::disallowed_methods, reason = "at startup, and by `paddock tenant` (no server)")]
 pub fn prepare_database_file(path: &Path) -> Result<(), SecretError> {
     std::fs::OpenOptions::new()
         .write(true)
@@ -213,6 +216,7 @@ pub fn prepare_database_file(path: &Path) -> Result<(), SecretError> {
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use super::*;
 

@@ -324,6 +324,7 @@ impl Store {
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use super::*;
 

@@ -473,9 +473,10 @@ struct FileTenant {
     model_route: Option<ModelRoute>,
 }
 
-fn read_file(path: &Path) -> Result<Vec<FileTenant>, TenantError> {
+/// Read again on every reload, on a tokio worker: hence `tokio::fs`.
+async fn read_file(path: &Path) -> Result<Vec<FileTenant>, TenantError> {
     let err = |message: String| TenantError::File { path: path.display().to_string(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let text = tokio::fs::read_to_string(path).await.map_err(|e| err(e.to_string()))?;
     let mut file: TenantsFile = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
     for t in &mut file.tenants {
         validate_name(&t.name).map_err(|e| err(e.to_string()))?;
@@ -496,8 +497,8 @@ fn read_file(path: &Path) -> Result<Vec<FileTenant>, TenantError> {
 }
 
 /// Checks a tenants file before the server starts, so a typo is an error, not a tenant locked out.
-pub fn check_file(path: &Path) -> Result<usize, TenantError> {
-    read_file(path).map(|t| t.len())
+pub async fn check_file(path: &Path) -> Result<usize, TenantError> {
+    read_file(path).await.map(|t| t.len())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -560,7 +561,7 @@ impl Tenants {
             }
         }
         if let Some(path) = &self.file {
-            for t in read_file(path)? {
+            for t in read_file(path).await? {
                 let tenant = Tenant::named(&t.name);
                 for d in &t.key_sha256 {
                     if let Some(d) = hex::decode(d).ok().and_then(|d| <[u8; 32]>::try_from(d).ok()) {
@@ -706,11 +707,12 @@ impl Drop for Reservation {
 }
 
 #[cfg(test)]
+#[expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tenants_file_gives_model_routes_normalised_and_refuses_bad_ones() {
+    #[tokio::test]
+    async fn a_tenants_file_gives_model_routes_normalised_and_refuses_bad_ones() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tenants.json");
         let digest = digest_hex("k");
@@ -722,13 +724,13 @@ mod tests {
             .unwrap();
         };
         file(r#"{"base": "http://192.0.2.7//v1/", "keyFile": "/run/keys/acme"}"#);
-        let read = read_file(&path).unwrap();
+        let read = read_file(&path).await.unwrap();
         let route = read[0].model_route.as_ref().unwrap();
         assert_eq!(route.base, "http://192.0.2.7/v1");
         assert_eq!(route.key_file.as_deref(), Some(Path::new("/run/keys/acme")));
         for bad in [r#"{"base": "ftp://x"}"#, r#"{"base": "http://x", "key": "sk-inline"}"#] {
             file(bad);
-            let e = read_file(&path).unwrap_err().to_string();
+            let e = read_file(&path).await.unwrap_err().to_string();
             assert!(e.contains("tenants.json"), "{bad}: {e}");
         }
     }

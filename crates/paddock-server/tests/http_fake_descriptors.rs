@@ -2,6 +2,8 @@
 //! see `fake/mod.rs`). Its own test binary, so counting the process's descriptors sees only
 //! this test.
 
+#![expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
+
 mod fake;
 
 use std::time::{Duration, Instant};

@@ -5,6 +5,8 @@
 //! gateway calls itself, including the ones a stale or foreign attempt would make. The
 //! privileged suite (`crates/paddock/tests/runs.rs`) runs real drivers in real sandboxes.
 
+#![expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
+
 mod fake;
 
 use std::io::{Read, Write};

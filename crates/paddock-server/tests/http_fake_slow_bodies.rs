@@ -3,6 +3,8 @@
 //! declaring a 2 MiB body and sending a byte now and then, held the whole 512 MiB budget while
 //! the server used 10 MiB, and everyone else got 503s.
 
+#![expect(clippy::disallowed_methods, reason = "a test's fixtures may block: each test has a runtime of its own")]
+
 mod fake;
 
 use std::time::{Duration, Instant};

@@ -351,7 +351,7 @@ pub async fn run(rt: Arc<dyn Runtime>, data_dir: &Path, args: ServeArgs) -> Resu
         (Some(k), format!("the API key {verb} the file {} (0600)", path.display()), true, location)
     };
     if let Some(path) = &args.tenants {
-        let n = paddock_server::tenants::check_file(path)?;
+        let n = paddock_server::tenants::check_file(path).await?;
         anyhow::ensure!(
             !args.insecure_no_auth,
             "--tenants gives tenants their own API keys, and --insecure-no-auth serves without any: use one of them"

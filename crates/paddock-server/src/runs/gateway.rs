@@ -267,6 +267,7 @@ pub(super) async fn body_to_file(body: Body, path: &std::path::Path, max: u64) -
 pub(super) async fn check_tar(runs: &Runs, path: std::path::PathBuf) -> ApiResult<usize> {
     let limits = tarcheck::Limits { max_entries: runs.opts.max_tar_entries, max_bytes: runs.opts.max_tar_bytes };
     tokio::task::spawn_blocking(move || {
+        #[expect(clippy::disallowed_methods, reason = "inside spawn_blocking")]
         let f = std::fs::File::open(&path).map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
         tarcheck::check(std::io::BufReader::new(f), limits)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARCHIVE", e.0))

@@ -136,6 +136,7 @@ pub fn bounds(cpus: u32, memory_total: u64, memory_request: u64) -> Bounds {
 }
 
 /// This machine's CPUs and memory, from the kernel.
+#[expect(clippy::disallowed_methods, reason = "/proc/meminfo is kernel memory, read once at startup")]
 pub fn this_machine() -> (u32, u64) {
     let cpus = std::thread::available_parallelism().map(|n| u32::try_from(n.get()).unwrap_or(1)).unwrap_or(1);
     let memory = std::fs::read_to_string("/proc/meminfo")
