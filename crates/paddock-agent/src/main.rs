@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use paddock_agent::{
+use paddock_agent_wire::{
     CONNECTION_WINDOW, Decoder, ERROR, EXIT, ExecSpec, MAX_SPEC, MAX_STREAMS, PORT, PROTOCOL, READINESS_PORT, RunSpec,
     SPEC, STDERR, STDIN, STDOUT, STREAM_WINDOW, encode,
 };
@@ -314,7 +314,7 @@ async fn run(mut body: Incoming, running: Option<Running>) -> Response<Body> {
         }
         let frame = match status {
             Ok(s) => {
-                let code = paddock_agent::exit_code(s.code(), s.signal());
+                let code = paddock_agent_wire::exit_code(s.code(), s.signal());
                 if before.is_some() { encode(EXIT, &exit_frame(code, oom)) } else { encode(EXIT, &code.to_be_bytes()) }
             }
             Err(e) => encode(ERROR, format!("waiting for the command: {e}").as_bytes()),

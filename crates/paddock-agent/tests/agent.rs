@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use paddock_agent::{Decoder, ERROR, EXIT, SPEC, STDERR, STDIN, STDOUT, encode};
+use paddock_agent_wire::{Decoder, ERROR, EXIT, SPEC, STDERR, STDIN, STDOUT, encode};
 use serde_json::json;
 
 struct Agent {
@@ -114,7 +114,7 @@ async fn commands_get_exactly_what_was_asked_and_report_as_a_shell_would() {
         .send_request(hyper::Request::get("http://agent/id").body(Full::new(Bytes::new())).unwrap())
         .await
         .unwrap();
-    assert_eq!(id.into_body().collect().await.unwrap().to_bytes(), format!("test-id {}", paddock_agent::PROTOCOL));
+    assert_eq!(id.into_body().collect().await.unwrap().to_bytes(), format!("test-id {}", paddock_agent_wire::PROTOCOL));
 
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path().to_str().unwrap();

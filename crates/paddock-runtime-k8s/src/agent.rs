@@ -1,6 +1,6 @@
 //! Paddock's agent in each sandbox Pod: one warm HTTP/2 connection per Pod over
 //! `pods/portforward` instead of a `pods/exec` call (a `runc exec` plus a WebSocket set up and
-//! torn down) per command. The wire format is `paddock_agent`'s.
+//! torn down) per command. The wire format is `paddock_agent_wire`'s.
 //!
 //! The agent is brought up in the background when a Pod's first command arrives: connect, and if
 //! nothing answers (or an agent of another build does), upload the static binary into the
@@ -23,7 +23,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use paddock_agent::{Decoder, ERROR, EXIT, ExecSpec, PORT, RunSpec, SPEC, STDERR, STDIN, STDOUT, encode};
+use paddock_agent_wire::{Decoder, ERROR, EXIT, ExecSpec, PORT, RunSpec, SPEC, STDERR, STDIN, STDOUT, encode};
 use paddock_core::runtime::RuntimeError;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -295,7 +295,7 @@ async fn bring_up(
 /// other builds that do are used as they are, so two server versions never take turns
 /// replacing each other's agents.
 fn compatible(answer: &str) -> bool {
-    answer.split_whitespace().nth(1) == Some(paddock_agent::PROTOCOL)
+    answer.split_whitespace().nth(1) == Some(paddock_agent_wire::PROTOCOL)
 }
 
 async fn install(pods: &Api<Pod>, pod: &str, binary: &AgentBinary) -> Result<(), String> {
@@ -324,8 +324,8 @@ async fn connect(pods: &Api<Pod>, pod: &str) -> Result<(Sender, String), String>
         .keep_alive_while_idle(true)
         // The connection's window holds every stream's: a command whose output nobody reads
         // fills only its own stream's window, never the Pod's whole connection.
-        .initial_stream_window_size(paddock_agent::STREAM_WINDOW)
-        .initial_connection_window_size(paddock_agent::CONNECTION_WINDOW)
+        .initial_stream_window_size(paddock_agent_wire::STREAM_WINDOW)
+        .initial_connection_window_size(paddock_agent_wire::CONNECTION_WINDOW)
         .handshake(io)
         .await
         .map_err(|e| format!("HTTP/2 handshake: {e}"))?;

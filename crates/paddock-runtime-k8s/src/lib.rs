@@ -321,7 +321,7 @@ impl KubeRuntime {
         &self,
         sender: agent::Sender,
         pod: String,
-        spec: paddock_agent::ExecSpec,
+        spec: paddock_agent_wire::ExecSpec,
         timeout: Option<Duration>,
     ) -> Option<Result<Process, RuntimeError>> {
         match agent::exec(sender.clone(), &pod, &spec).await {
@@ -1031,7 +1031,7 @@ impl Runtime for KubeRuntime {
         // connection ends with the Pod, and the uid tells a thread's next Pod of the same
         // name apart, so this never reaches another sandbox.
         let through_agent = |sender: agent::Sender, pod: String, env: BTreeMap<String, String>| {
-            let spec = paddock_agent::ExecSpec {
+            let spec = paddock_agent_wire::ExecSpec {
                 argv: request.argv.clone(),
                 env,
                 cwd: cwd.clone(),
@@ -1188,7 +1188,7 @@ impl Runtime for KubeRuntime {
                 "port 0 is not a port: give the port a server listens on".into(),
             ));
         }
-        if port == paddock_agent::PORT {
+        if port == paddock_agent_wire::PORT {
             return Err(RuntimeError::InvalidArgument(format!(
                 "port {port} is Paddock's agent's in a Kubernetes sandbox: serve on another port"
             )));
