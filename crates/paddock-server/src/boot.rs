@@ -14,13 +14,19 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::FlockOperation;
 
-use crate::ServeError;
-
 /// A server's start: its id and the lock that says it is alive.
 #[derive(Debug)]
 pub struct Boot {
     id: String,
     _lock: File,
+}
+
+/// This start could not be marked as alive.
+#[derive(Debug, thiserror::Error)]
+#[error("marking this server as alive in {path}: {cause}: check that the data directory is writable")]
+pub struct BootError {
+    path: String,
+    cause: std::io::Error,
 }
 
 fn dir(data_dir: &Path) -> PathBuf {
@@ -31,11 +37,11 @@ impl Boot {
     /// Takes a new boot id and holds its lock; removes the files of starts that ended a day
     /// ago or more (their sandboxes were adopted by then).
     #[expect(clippy::disallowed_methods, reason = "runs once at startup, before the server serves anything")]
-    pub fn start(data_dir: &Path) -> Result<Self, ServeError> {
+    pub fn start(data_dir: &Path) -> Result<Self, BootError> {
         let dir = dir(data_dir);
         let err = |path: &Path| {
             let path = path.display().to_string();
-            move |cause| ServeError::Boot { path, cause }
+            move |cause| BootError { path, cause }
         };
         fs::create_dir_all(&dir).map_err(err(&dir))?;
         prune(&dir);

@@ -21,7 +21,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::{ApiError, ApiResult};
-use crate::state::AppState;
 
 /// How long a request waits for room before it is turned away.
 const WAIT: Duration = Duration::from_secs(10);
@@ -90,7 +89,7 @@ impl Drop for Held {
 impl MemoryBudget {
     pub fn new(bytes: u64) -> Self {
         let total_kib = kib(bytes).max(1);
-        let floor = kib(2 * crate::JSON_BODY_LIMIT as u64).min(total_kib);
+        let floor = kib(2 * crate::api::JSON_BODY_LIMIT as u64).min(total_kib);
         Self {
             permits: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,
@@ -175,7 +174,7 @@ fn client_of(req: &Request) -> String {
     if let Some(tenant) = req.extensions().get::<crate::tenants::Tenant>() {
         return format!("tenant {}", tenant.as_str());
     }
-    if let Some(id) = crate::sandbox_id_of(req.uri().path()) {
+    if let Some(id) = crate::api::sandbox_id_of(req.uri().path()) {
         return format!("sandbox {id}");
     }
     match req.extensions().get::<PeerIp>() {
@@ -186,11 +185,12 @@ fn client_of(req: &Request) -> String {
 
 /// Reads a JSON body whole before its handler runs, reserving room as its bytes arrive.
 /// Uploads, proxied ports and run inputs stream and pass straight through.
-pub async fn reserve_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn reserve_body(State(budget): State<MemoryBudget>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let streams = path.ends_with("/files/upload")
         || (path.ends_with("/inputs") && path.contains("/runs/"))
-        || crate::proxied_port_of(path).is_some_and(|p| p != crate::EXECD_PORT && p != crate::EGRESS_PORT);
+        || crate::api::proxied_port_of(path)
+            .is_some_and(|p| p != crate::api::EXECD_PORT && p != crate::api::EGRESS_PORT);
     let headers = req.headers();
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
@@ -199,12 +199,12 @@ pub async fn reserve_body(State(state): State<AppState>, req: Request, next: Nex
     let chunked = headers.contains_key(axum::http::header::TRANSFER_ENCODING);
     let has_body = declared.map_or(chunked, |n| n > 0);
     // A declared length past the limit is refused by the handler's extractor unread.
-    if streams || !has_body || declared.is_some_and(|n| n > crate::JSON_BODY_LIMIT as u64) {
+    if streams || !has_body || declared.is_some_and(|n| n > crate::api::JSON_BODY_LIMIT as u64) {
         return next.run(req).await;
     }
-    let mut held = state.budget.hold(&client_of(&req));
+    let mut held = budget.hold(&client_of(&req));
     let (parts, body) = req.into_parts();
-    match read_whole(&state.budget, &mut held, body).await {
+    match read_whole(&budget, &mut held, body).await {
         Ok(bytes) => {
             let response = next.run(Request::from_parts(parts, Body::from(bytes))).await;
             drop(held);
@@ -249,8 +249,8 @@ async fn read_whole(budget: &MemoryBudget, held: &mut Held, mut body: Body) -> A
         };
         let Ok(data) = frame.into_data() else { continue };
         let total = buf.len() as u64 + data.len() as u64;
-        if total > crate::JSON_BODY_LIMIT as u64 {
-            return Err(crate::json_too_large());
+        if total > crate::api::JSON_BODY_LIMIT as u64 {
+            return Err(crate::api::json_too_large());
         }
         budget.grow(held, total, until.min(Instant::now() + WAIT)).await?;
         buf.extend_from_slice(&data);
@@ -340,7 +340,7 @@ mod tests {
         assert_eq!(read_whole(&b, &mut held, body).await.unwrap().len(), 100_000);
         assert_eq!(held.kib, 128, "two steps");
         let (tx, body) = trickle();
-        let big: &'static [u8] = Box::leak(vec![b'x'; crate::JSON_BODY_LIMIT].into_boxed_slice());
+        let big: &'static [u8] = Box::leak(vec![b'x'; crate::api::JSON_BODY_LIMIT].into_boxed_slice());
         tx.send(big).await.unwrap();
         tx.send(b"!").await.unwrap();
         drop(tx);

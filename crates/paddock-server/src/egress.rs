@@ -9,24 +9,12 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use paddock_core::egress::{Action, EgressPolicy, EgressRule, EgressStatus, Enforcement};
-use paddock_core::spec::NetworkPolicy;
+use paddock_core::egress::{EgressPolicy, EgressRule, EgressStatus, Enforcement};
 use serde_json::{Value, json};
 
-use crate::ApiJson;
+use crate::api::ApiJson;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-
-/// A create's `networkPolicy` as a spec's network: deny-all without rules stays a namespace
-/// with loopback only (no enforcer, no DNS), until a change asks for more.
-pub fn network_of(policy: EgressPolicy) -> ApiResult<NetworkPolicy> {
-    policy.validate().map_err(|e| ApiError::bad_request(format!("networkPolicy: {e}")))?;
-    Ok(if policy.default_action == Action::Deny && policy.egress.is_empty() {
-        NetworkPolicy::LoopbackOnly
-    } else {
-        NetworkPolicy::Egress(policy)
-    })
-}
 
 /// OpenSandbox's `PolicyStatusResponse`.
 fn policy_status(s: &EgressStatus) -> Value {

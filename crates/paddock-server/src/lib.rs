@@ -3,6 +3,7 @@
 //! workspace API. State lives in SQLite; sandboxes belong to the runtime and outlive the server.
 
 pub mod activity;
+pub mod api;
 mod boot;
 pub mod budget;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod model_base;
 pub mod model_usage;
 pub mod proxy;
+mod proxy_pool;
 pub mod resources;
 pub mod routes;
 pub mod runs;
@@ -26,6 +28,7 @@ mod slow;
 pub mod state;
 pub mod store;
 pub mod tenants;
+mod tickets;
 pub mod time_fmt;
 pub mod tunnels;
 mod unread;
@@ -36,7 +39,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -45,27 +47,16 @@ use axum::routing::{any, get};
 use paddock_core::runtime::Runtime;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 
+pub use api::{
+    API_KEY_ALIAS, API_KEY_HEADER, ApiJson, EGRESS_PORT, EXECD_PORT, EXECD_TOKEN_HEADER, JSON_BODY_LIMIT,
+    SANDBOX_TOKEN_HEADER,
+};
+use api::{KeyInAlias, constant_time_eq, json_too_large, proxied_port_of, sandbox_id_of};
 pub use config::{ConfigError, ServerConfig};
 use error::{ApiError, ErrorCode};
 use state::AppState;
 
-/// Header carrying the OpenSandbox API key.
-pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
-/// Header carrying a sandbox's own token, given out with its endpoints.
-pub const SANDBOX_TOKEN_HEADER: &str = "x-paddock-sandbox-token";
-/// The same token under OpenSandbox's name for execd's credential (its clients carry it, and
-/// 1.3 makes it the default): accepted and given out beside Paddock's.
-pub const EXECD_TOKEN_HEADER: &str = "x-execd-access-token";
-/// The API key under the name the Go SDK sends it in server-proxy mode.
-pub const API_KEY_ALIAS: &str = "x-api-key";
-/// Largest body a JSON route reads (a create may carry up to 1 MiB of environment); only file
-/// uploads accept more, up to `--max-upload`.
-pub const JSON_BODY_LIMIT: usize = 2 << 20;
-/// The execd port the SDK resolves right after create.
-pub const EXECD_PORT: u16 = 44772;
-/// The egress sidecar port the SDK resolves right after create.
-pub const EGRESS_PORT: u16 = 18080;
-
+/// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
@@ -77,8 +68,8 @@ pub enum ServeError {
     Listen { addr: std::net::SocketAddr, cause: std::io::Error },
     #[error(transparent)]
     Secret(#[from] secrets::SecretError),
-    #[error("marking this server as alive in {path}: {cause}: check that the data directory is writable")]
-    Boot { path: String, cause: std::io::Error },
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
     #[error(
         "cannot listen for the runs' gateway ({cause}): choose another --gateway-listen address (port 0 picks a free one)"
     )]
@@ -183,10 +174,10 @@ pub fn app(state: AppState) -> Router {
     // the budget's shares are by credential, which an unauthenticated client could vary.
     let api = lifecycle::router()
         .merge(runs::api::router())
-        .route_layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
+        .route_layer(middleware::from_fn_with_state(state.budget.clone(), budget::reserve_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let sandbox = proxy::router(state.config.max_upload_bytes)
-        .route_layer(middleware::from_fn_with_state(state.clone(), budget::reserve_body))
+        .route_layer(middleware::from_fn_with_state(state.budget.clone(), budget::reserve_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key_or_sandbox_token));
     let request_id = HeaderName::from_static("x-request-id");
     let inner = Router::new()
@@ -237,17 +228,6 @@ async fn too_large_as_json(req: Request, next: Next) -> Response {
     response
 }
 
-pub(crate) fn json_too_large() -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "PAYLOAD_TOO_LARGE",
-        format!(
-            "the request body is larger than {} MiB, the limit of JSON requests: send less (files go through /files/upload)",
-            JSON_BODY_LIMIT >> 20
-        ),
-    )
-}
-
 async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -259,15 +239,6 @@ async fn count_errors(State(state): State<AppState>, req: Request, next: Next) -
     tracing::info!(request_id = %id, %method, %path, status = response.status().as_u16(), "request");
     response
 }
-
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The API key came in `X-API-Key`, which the port proxy then strips (a sandbox's own
-/// application may use that header for itself, so it goes only when it was ours).
-#[derive(Clone, Copy)]
-pub(crate) struct KeyInAlias;
 
 /// The tenant whose API key the request carries: the server's own key is the default tenant,
 /// and a tenant's key (`tenants`) its tenant. Without auth, everything is the default tenant's.
@@ -497,21 +468,6 @@ fn host_is_local(authority: &str, port: Option<u16>) -> bool {
     loopback && port_ok
 }
 
-/// `/v1/sandboxes/<id>/proxy/<port>/...` → `<port>`.
-fn proxied_port_of(path: &str) -> Option<u16> {
-    let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
-    let mut parts = rest.split('/');
-    parts.next()?;
-    (parts.next()? == "proxy").then_some(())?;
-    parts.next()?.parse().ok()
-}
-
-/// `/v1/sandboxes/<id>/...` or `/sandboxes/<id>/...` → `<id>`.
-pub(crate) fn sandbox_id_of(path: &str) -> Option<String> {
-    let rest = path.strip_prefix("/v1").unwrap_or(path).strip_prefix("/sandboxes/")?;
-    rest.split('/').next().filter(|s| !s.is_empty()).map(str::to_owned)
-}
-
 /// Serves until SIGTERM or SIGINT, then drains for at most `drain`: the listener stays open,
 /// but new sandboxes and runs are refused with 503 (and `/health` says draining), requests in
 /// flight and running attempts finish, and then the server exits; sandboxes keep running.
@@ -711,29 +667,6 @@ async fn in_flight(conns: Arc<conns::Conns>, req: Request, next: Next) -> Respon
             next.run(req).await.map(|body| activity::Held::wrap(body, serving))
         }
         None => next.run(req).await,
-    }
-}
-
-/// A JSON body whose rejection is a `{code, message}` 400 instead of axum's plain text.
-pub struct ApiJson<T>(pub T);
-
-impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
-where
-    T: serde::de::DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request<Body>, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    return Err(json_too_large());
-                }
-                Err(ApiError::bad_request(format!("invalid JSON body: {}", rejection.body_text())))
-            }
-        }
     }
 }
 

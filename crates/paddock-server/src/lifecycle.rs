@@ -15,13 +15,13 @@ use paddock_core::spec::SandboxSpec;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::api::{ApiJson, SANDBOX_TOKEN_HEADER};
 use crate::error::{ApiError, ApiResult};
 use crate::execd::ENTRYPOINT_EXITED;
 use crate::state::AppState;
 use crate::store::{LifecycleState, SandboxRow, now_ms};
 use crate::tenants::{TENANT_LABEL, Tenant, scoped, unscoped};
 use crate::time_fmt::{parse_rfc3339, rfc3339};
-use crate::{ApiJson, SANDBOX_TOKEN_HEADER};
 
 /// What a sandbox runs when the request names no entrypoint: nothing, forever.
 const DEFAULT_ENTRYPOINT: [&str; 3] = ["tail", "-f", "/dev/null"];
@@ -388,7 +388,7 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
     }
     let network = match req.network_policy {
         None => state.config.default_network.clone(),
-        Some(np) => crate::egress::network_of(np)?,
+        Some(np) => crate::resources::network_of(np)?,
     };
     // The runtime resolves the image and says in its own words what it cannot run.
     let image_auth = req
@@ -952,12 +952,12 @@ async fn endpoint(
     } else {
         // The egress port's headers carry a token that may change the policy; every other
         // port's carry the sandbox's own token, which may not.
-        let token = if port == crate::EGRESS_PORT {
+        let token = if port == crate::api::EGRESS_PORT {
             state.token_key.egress_token(&row.id)
         } else {
             state.token_key.token(&row.id)
         };
-        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: token, crate::EXECD_TOKEN_HEADER: token } })
+        json!({ "endpoint": endpoint, "headers": { SANDBOX_TOKEN_HEADER: token, crate::api::EXECD_TOKEN_HEADER: token } })
     };
     Ok(axum::Json(body).into_response())
 }
@@ -1640,7 +1640,7 @@ fn workspace_document() -> Value {
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "OPEN-SANDBOX-API-KEY"},
-                "sandboxToken": {"type": "apiKey", "in": "header", "name": crate::SANDBOX_TOKEN_HEADER,
+                "sandboxToken": {"type": "apiKey", "in": "header", "name": crate::api::SANDBOX_TOKEN_HEADER,
                     "description": "a sandbox's own token, from its endpoint's headers: opens that sandbox's routes only"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["code", "message"],
@@ -1666,6 +1666,23 @@ fn workspace_document() -> Value {
             }
         }
     })
+}
+
+// Here rather than in `state`: adopting is the lifecycle's, and `state` imports no handler.
+impl AppState {
+    /// The row of a sandbox the API knows, or a 404 that says how to find the right id.
+    pub async fn sandbox(&self, id: &str) -> ApiResult<(paddock_core::runtime::SandboxId, SandboxRow)> {
+        let sid = paddock_core::runtime::SandboxId::parse(id)
+            .map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
+        if let Some(row) = self.store.get(id).await? {
+            return Ok((sid, row));
+        }
+        // One made with the CLI on this data directory is as much this server's.
+        match adopt_one(self, &sid).await? {
+            Some(row) => Ok((sid, row)),
+            None => Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes"))),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -207,7 +207,7 @@ fn dropped(name: &HeaderName) -> bool {
 
 /// Who calls: the sandbox its forwarder named, else the run whose token is the bearer.
 fn claimed(llm: &Llm, req: &Request) -> Result<String, Option<(String, i64, String)>> {
-    if let Some(sandbox) = req.extensions().get::<crate::runs::gateway::Origin>().and_then(|o| o.sandbox.clone()) {
+    if let Some(sandbox) = req.extensions().get::<crate::runs::origin::Origin>().and_then(|o| o.sandbox.clone()) {
         return Ok(sandbox);
     }
     let bearer = req
@@ -313,7 +313,7 @@ impl UsageScan {
 async fn forward(State(llm): State<Arc<Llm>>, req: Request) -> ApiResult<Response> {
     let claim = claimed(&llm, &req);
     let sandbox = caller(&llm, claim).await?;
-    if let Some(origin) = req.extensions().get::<crate::runs::gateway::Origin>() {
+    if let Some(origin) = req.extensions().get::<crate::runs::origin::Origin>() {
         origin.vouch(&sandbox).await?;
     }
     let tenant = admit(&llm, &sandbox).await?;

@@ -6,8 +6,7 @@
 //! the sandbox's network namespace.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -19,49 +18,10 @@ use axum::routing::any;
 use hyper_util::rt::TokioIo;
 use tower::{Layer, ServiceExt};
 
+use crate::api::{API_KEY_HEADER, EGRESS_PORT, SANDBOX_TOKEN_HEADER};
 use crate::error::{ApiError, ApiResult};
+use crate::proxy_pool::{PortKey, Sender};
 use crate::state::AppState;
-use crate::{API_KEY_HEADER, EGRESS_PORT, SANDBOX_TOKEN_HEADER};
-
-/// Idle HTTP/1 connections to servers in sandboxes, per sandbox and port: opening one costs a
-/// round trip through the supervisor and the init, more than the request itself.
-#[derive(Default)]
-pub struct Pool(Mutex<HashMap<PortKey, Vec<(Sender, Instant)>>>);
-
-type Sender = hyper::client::conn::http1::SendRequest<Body>;
-/// A sandbox id and a port in it.
-type PortKey = (String, u16);
-
-/// How long a connection stays idle in the pool: under the 5 s keep-alive of Node's servers,
-/// so a pooled connection is not one its server is about to close.
-const POOL_IDLE: Duration = Duration::from_secs(2);
-const POOL_PER_PORT: usize = 16;
-
-impl Pool {
-    fn take(&self, key: &PortKey) -> Option<Sender> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let idle = map.get_mut(key)?;
-        while let Some((sender, at)) = idle.pop() {
-            if at.elapsed() < POOL_IDLE && sender.is_ready() && !sender.is_closed() {
-                return Some(sender);
-            }
-        }
-        map.remove(key);
-        None
-    }
-
-    fn put(&self, key: PortKey, sender: Sender) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Forget stale entries of every port now and then, so a busy server's map stays small.
-        if map.len() > 1024 {
-            map.retain(|_, idle| idle.iter().any(|(_, at)| at.elapsed() < POOL_IDLE));
-        }
-        let idle = map.entry(key).or_default();
-        if idle.len() < POOL_PER_PORT {
-            idle.push((sender, Instant::now()));
-        }
-    }
-}
 
 pub fn router(max_upload: u64) -> Router<AppState> {
     let max_upload = usize::try_from(max_upload).unwrap_or(usize::MAX);
@@ -121,7 +81,7 @@ async fn forward(
     let (sid, _) = state.sandbox(id).await?;
     // The execd and egress ports are answered by this server, never by the sandbox: a path
     // their routers do not match (the bare port, a trailing slash) is unserved, not a 502.
-    if port == crate::EXECD_PORT || port == EGRESS_PORT {
+    if port == crate::api::EXECD_PORT || port == EGRESS_PORT {
         let rest = p.get("rest").map(|r| format!("/{r}")).unwrap_or_default();
         let what = if port == EGRESS_PORT {
             "this is not an egress route Paddock serves: /policy and /credential-vault are".into()
@@ -162,21 +122,21 @@ async fn forward(
         format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;
     *req.uri_mut() = uri;
     // The platform's credentials are never handed to code in the sandbox.
-    let keyed_in_alias = req.extensions().get::<crate::KeyInAlias>().is_some();
+    let keyed_in_alias = req.extensions().get::<crate::api::KeyInAlias>().is_some();
     let headers = req.headers_mut();
     headers.remove(API_KEY_HEADER);
     headers.remove(SANDBOX_TOKEN_HEADER);
-    headers.remove(crate::EXECD_TOKEN_HEADER);
+    headers.remove(crate::api::EXECD_TOKEN_HEADER);
     // X-API-Key may be the sandbox's own application's; it goes only when it is ours (the
     // server's key, or the tenant key this request was let in with).
     let ours = state
         .config
         .api_key
         .as_ref()
-        .zip(headers.get(crate::API_KEY_ALIAS))
-        .is_some_and(|(ours, given)| crate::constant_time_eq(given.as_bytes(), ours.as_bytes()));
+        .zip(headers.get(crate::api::API_KEY_ALIAS))
+        .is_some_and(|(ours, given)| crate::api::constant_time_eq(given.as_bytes(), ours.as_bytes()));
     if ours || keyed_in_alias {
-        headers.remove(crate::API_KEY_ALIAS);
+        headers.remove(crate::api::API_KEY_ALIAS);
     }
     headers.insert(
         header::HOST,

@@ -1,7 +1,8 @@
-//! Resource quantities as OpenSandbox's API writes them (`resourceLimits`), shared by the
-//! sandbox and the run APIs.
+//! Resource quantities and the network policy as OpenSandbox's create writes them
+//! (`resourceLimits`, `networkPolicy`), shared by the sandbox and the run APIs.
 
-use paddock_core::spec::SandboxSpec;
+use paddock_core::egress::{Action, EgressPolicy};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec};
 use paddock_core::units::{parse_bytes, parse_cpus};
 
 use crate::error::{ApiError, ApiResult};
@@ -44,6 +45,17 @@ pub fn apply<'a>(spec: &mut SandboxSpec, limits: impl Iterator<Item = (&'a Strin
         }
     }
     Ok(())
+}
+
+/// A create's `networkPolicy` as a spec's network: deny-all without rules stays a namespace
+/// with loopback only (no enforcer, no DNS), until a change asks for more.
+pub fn network_of(policy: EgressPolicy) -> ApiResult<NetworkPolicy> {
+    policy.validate().map_err(|e| ApiError::bad_request(format!("networkPolicy: {e}")))?;
+    Ok(if policy.default_action == Action::Deny && policy.egress.is_empty() {
+        NetworkPolicy::LoopbackOnly
+    } else {
+        NetworkPolicy::Egress(policy)
+    })
 }
 
 #[cfg(test)]

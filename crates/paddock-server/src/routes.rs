@@ -13,8 +13,6 @@
 //! `POST /v1/sandboxes/{id}/tickets`) opens one request once, such as a WebSocket handshake a
 //! browser cannot add headers to.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Path, Request, State};
@@ -25,9 +23,9 @@ use paddock_core::runtime::SandboxId;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::{ApiJson, EGRESS_PORT};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use crate::{ApiJson, EGRESS_PORT};
 
 pub const INGRESS_HEADER: &str = "opensandbox-ingress-to";
 pub const TICKET_PARAM: &str = "paddock_ticket";
@@ -207,11 +205,6 @@ fn base36(mut n: u64) -> String {
     out.reverse();
     String::from_utf8(out).expect("ascii")
 }
-
-/// Unused tickets: value → (sandbox, port, expiry in Unix seconds). Lost with the process,
-/// which is fine for something that lives seconds.
-#[derive(Default)]
-pub struct Tickets(Mutex<HashMap<String, (String, u16, u64)>>);
 
 fn take_ticket(state: &AppState, ticket: &str, route: &Route) -> bool {
     let mut t = state.tickets.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -3,14 +3,13 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use paddock_core::runtime::{Runtime, SandboxId};
+use paddock_core::runtime::Runtime;
 
 use crate::config::ServerConfig;
-use crate::error::{ApiError, ApiResult};
 use crate::execd::Commands;
 use crate::metrics::Metrics;
 use crate::secrets::TokenKey;
-use crate::store::{SandboxRow, Store};
+use crate::store::Store;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -25,11 +24,11 @@ pub struct AppState {
     /// Derives each sandbox's endpoint token; no token is stored.
     pub token_key: Arc<TokenKey>,
     /// Idle connections of the port proxy.
-    pub(crate) pool: Arc<crate::proxy::Pool>,
+    pub(crate) pool: Arc<crate::proxy_pool::Pool>,
     /// WebSockets and other upgrades through the port proxy (`tunnels.rs`).
     pub tunnels: Arc<crate::tunnels::Tunnels>,
     /// Single-use tickets for routes (`routes.rs`).
-    pub tickets: Arc<crate::routes::Tickets>,
+    pub tickets: Arc<crate::tickets::Tickets>,
     /// What requests may hold in memory at once (`budget.rs`).
     pub budget: crate::budget::MemoryBudget,
     /// This start of the server, random: the sandboxes it creates carry it, so that after a
@@ -56,21 +55,5 @@ impl axum::extract::FromRef<AppState> for Arc<crate::runs::Runs> {
 impl axum::extract::FromRef<AppState> for Arc<crate::tenants::Tenants> {
     fn from_ref(state: &AppState) -> Self {
         state.tenants.clone()
-    }
-}
-
-impl AppState {
-    /// The row of a sandbox the API knows, or a 404 that says how to find the right id.
-    pub async fn sandbox(&self, id: &str) -> ApiResult<(SandboxId, SandboxRow)> {
-        let sid = SandboxId::parse(id)
-            .map_err(|_| ApiError::not_found(format!("no sandbox {id:?}: list sandboxes with GET /v1/sandboxes")))?;
-        if let Some(row) = self.store.get(id).await? {
-            return Ok((sid, row));
-        }
-        // One made with the CLI on this data directory is as much this server's.
-        match crate::lifecycle::adopt_one(self, &sid).await? {
-            Some(row) => Ok((sid, row)),
-            None => Err(ApiError::not_found(format!("no sandbox {id}: list sandboxes with GET /v1/sandboxes"))),
-        }
     }
 }

@@ -13,7 +13,7 @@ use paddock_core::runtime::SandboxId;
 use paddock_core::vault::{CreateRequest, MutationRequest, Vault, VaultError};
 use serde_json::json;
 
-use crate::ApiJson;
+use crate::api::ApiJson;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 

@@ -183,7 +183,7 @@ pub fn paths() -> Value {
     let error_ref = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     let mut out = serde_json::Map::new();
     for route in routes() {
-        let full = format!("/sandboxes/{{id}}/proxy/{}{}", crate::EXECD_PORT, route.path);
+        let full = format!("/sandboxes/{{id}}/proxy/{}{}", crate::api::EXECD_PORT, route.path);
         let mut params = vec![json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}})];
         for name in ["cmd", "context", "session"] {
             if route.path.contains(&format!("{{{name}}}")) {

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::store::{Filter, Inserted, RunRow, RunSpec, RunState};
 use super::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RUN_TIMEOUT, MAX_MAX_ATTEMPTS, MAX_RUN_TIMEOUT, Runs};
-use crate::ApiJson;
+use crate::api::ApiJson;
 use crate::tenants::{Tenant, Tenants, scoped, unscoped};
 
 /// Held while a tenant with a runs quota counts its runs and inserts one.
@@ -179,7 +179,7 @@ fn plan(runs: &Runs, req: &SubmitRequest) -> ApiResult<(String, RunSpec)> {
     let mut spec = SandboxSpec { image: req.image.clone(), env: req.env.clone(), ..Default::default() };
     crate::resources::apply(&mut spec, req.resources.iter())?;
     if let Some(p) = &req.network_policy {
-        spec.network = crate::egress::network_of(p.clone())?;
+        spec.network = crate::resources::network_of(p.clone())?;
     }
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     // A run that no budget could ever admit is refused now, not queued forever.
@@ -310,7 +310,7 @@ async fn enqueue(
             }
             let path = dir.join("inputs.tar");
             tokio::fs::write(&path, &raw).await.map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;
-            super::gateway::check_tar(runs, path).await?;
+            super::upload::check_tar(runs, path).await?;
         }
         let now = now_ms();
         let row = RunRow {
@@ -575,8 +575,8 @@ async fn put_inputs(State(runs): State<Arc<Runs>>, RunPath(run): RunPath, body: 
     let dir = runs.dir(&run.id);
     let tmp = dir.join("inputs.tar.part");
     let kept = async {
-        super::gateway::body_to_file(body, &tmp, runs.opts.max_tar_bytes).await?;
-        super::gateway::check_tar(&runs, tmp.clone()).await?;
+        super::upload::body_to_file(body, &tmp, runs.opts.max_tar_bytes).await?;
+        super::upload::check_tar(&runs, tmp.clone()).await?;
         tokio::fs::rename(&tmp, dir.join("inputs.tar"))
             .await
             .map_err(|e| ApiError::internal(format!("keeping inputs: {e}")))?;

@@ -9,7 +9,7 @@
 //! A sandbox that dials the gateway directly (a Kubernetes Pod) must call from an address the
 //! runtime gives its sandbox (`SandboxInfo::addresses`); a token from elsewhere is refused too.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,113 +21,19 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use base64::Engine;
-use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::Runs;
+use super::origin::{Origin, SandboxAddresses};
 use super::store::RunState;
-use super::tarcheck;
-use crate::ApiJson;
+use super::upload::{body_to_file, check_tar};
+use crate::api::ApiJson;
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 
 /// The largest event (or other JSON body) a driver may send; results are tars, bounded apart.
 const MAX_EVENT: usize = 64 << 10;
-
-/// Where a gateway connection comes from: the sandbox its forwarder named, or (`sandbox`
-/// `None`) a direct connection from `peer`, as a Kubernetes Pod dials the gateway's address.
-#[derive(Clone)]
-pub(crate) struct Origin {
-    pub(crate) sandbox: Option<String>,
-    peer: IpAddr,
-    addresses: Arc<SandboxAddresses>,
-}
-
-impl Origin {
-    /// Refuses a call whose token names `sandbox` when its connection comes from elsewhere:
-    /// another sandbox's forwarder, or an address that is not the sandbox's. A token that
-    /// leaked out of its sandbox is then worth nothing anywhere else.
-    pub(crate) async fn vouch(&self, sandbox: &str) -> Result<(), ApiError> {
-        match &self.sandbox {
-            Some(from) if from != sandbox => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "FOREIGN_TOKEN",
-                "this token belongs to another sandbox's attempt: a sandbox may use only its own",
-            )),
-            Some(_) => Ok(()),
-            None => self.addresses.check(sandbox, self.peer).await,
-        }
-    }
-}
-
-/// The addresses of sandboxes that called the gateway directly (`SandboxInfo::addresses`),
-/// asked of the runtime once each: a Pod keeps its IP for its life, and a sandbox id names one
-/// Pod.
-pub(crate) struct SandboxAddresses {
-    rt: Arc<dyn paddock_core::runtime::Runtime>,
-    /// Whether the runtime's sandboxes dial the gateway directly. Where a forwarder names
-    /// each sandbox, a direct connection is no sandbox's (a host process), and no address is
-    /// asked for on every call.
-    direct: bool,
-    known: std::sync::Mutex<std::collections::HashMap<String, Vec<IpAddr>>>,
-}
-
-/// Sandboxes whose addresses are remembered at once; past it the memory starts again.
-const REMEMBERED: usize = 4096;
-
-impl SandboxAddresses {
-    pub(crate) fn new(rt: Arc<dyn paddock_core::runtime::Runtime>) -> Arc<Self> {
-        let direct = !rt.capabilities().gateway_names_sandbox;
-        Arc::new(Self { rt, direct, known: Default::default() })
-    }
-
-    async fn check(&self, sandbox: &str, peer: IpAddr) -> Result<(), ApiError> {
-        if !self.direct {
-            return Ok(());
-        }
-        let known = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(sandbox).cloned();
-        let addresses = match known {
-            Some(a) => a,
-            None => {
-                // A token names a sandbox id the server made; one that does not parse is no
-                // sandbox's, and the run's row refuses it.
-                let Ok(id) = paddock_core::runtime::SandboxId::parse(sandbox) else { return Ok(()) };
-                let addresses = match self.rt.get(&id).await {
-                    Ok(info) => info.addresses,
-                    // A sandbox that is gone has an attempt that is over: the run's row
-                    // refuses the call, saying which epoch is current.
-                    Err(paddock_core::runtime::RuntimeError::NotFound(_)) => return Ok(()),
-                    Err(e) => return Err(e.into()),
-                };
-                // A sandbox whose address is not known yet is asked again next time.
-                if !addresses.is_empty() {
-                    let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-                    if known.len() >= REMEMBERED {
-                        known.clear();
-                    }
-                    known.insert(sandbox.to_owned(), addresses.clone());
-                }
-                addresses
-            }
-        };
-        let peer = peer.to_canonical();
-        if addresses.is_empty() || addresses.contains(&peer) {
-            return Ok(());
-        }
-        let theirs: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "FOREIGN_TOKEN",
-            format!(
-                "this token belongs to the attempt in sandbox {sandbox}, whose connections come from {}, but this call came from {peer}: a sandbox may use only its own token",
-                theirs.join(", ")
-            ),
-        ))
-    }
-}
 
 /// The attempt a request is from: its token's run, epoch and sandbox.
 struct Attempt {
@@ -231,49 +137,6 @@ fn wanted_digest(headers: &HeaderMap) -> ApiResult<Option<Vec<u8>>> {
         }
     }
     Err(ApiError::bad_request("Content-Digest names no sha-256 digest, the only one this gateway checks"))
-}
-
-/// Writes a request body to `path`, at most `max` bytes; answers its SHA-256.
-pub(super) async fn body_to_file(body: Body, path: &std::path::Path, max: u64) -> ApiResult<Vec<u8>> {
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(path)
-        .await
-        .map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut body = body;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
-        let Ok(chunk) = frame.into_data() else { continue };
-        total += chunk.len() as u64;
-        if total > max {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "PAYLOAD_TOO_LARGE",
-                format!("the archive is larger than {max} bytes, the most a run may upload"),
-            ));
-        }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await.map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
-    }
-    file.flush().await.map_err(|e| ApiError::internal(format!("keeping the upload: {e}")))?;
-    Ok(hasher.finalize().to_vec())
-}
-
-/// Checks a kept archive against the run limits, off the async threads.
-pub(super) async fn check_tar(runs: &Runs, path: std::path::PathBuf) -> ApiResult<usize> {
-    let limits = tarcheck::Limits { max_entries: runs.opts.max_tar_entries, max_bytes: runs.opts.max_tar_bytes };
-    tokio::task::spawn_blocking(move || {
-        #[expect(clippy::disallowed_methods, reason = "inside spawn_blocking")]
-        let f = std::fs::File::open(&path).map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
-        tarcheck::check(std::io::BufReader::new(f), limits)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARCHIVE", e.0))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("checking the upload: {e}")))?
 }
 
 async fn result(State(runs): State<Arc<Runs>>, a: Attempt, headers: HeaderMap, body: Body) -> ApiResult<Response> {
@@ -406,7 +269,7 @@ async fn preamble(tcp: &mut tokio::net::TcpStream, secret: &str) -> std::io::Res
             let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
             let mut words = text.strip_prefix(&tag).unwrap_or_default().split(' ');
             let (id, proof) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
-            if !crate::constant_time_eq(proof.as_bytes(), secret.as_bytes()) {
+            if !crate::api::constant_time_eq(proof.as_bytes(), secret.as_bytes()) {
                 return Err(std::io::Error::other("a forwarder line without the forwarders' secret"));
             }
             return if paddock_core::runtime::SandboxId::parse(id).is_ok() && words.next().is_none() {

@@ -15,9 +15,11 @@
 
 pub mod api;
 pub mod gateway;
+pub(crate) mod origin;
 pub mod store;
 mod tarcheck;
 pub mod tiers;
+mod upload;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -410,7 +412,7 @@ impl Runs {
         spec.resources.workspace_inodes = self.workspace.1;
         crate::resources::apply(&mut spec, run.spec.resources.iter()).map_err(|e| e.message)?;
         if let Some(p) = &run.spec.network_policy {
-            spec.network = crate::egress::network_of(p.clone()).map_err(|e| e.message)?;
+            spec.network = crate::resources::network_of(p.clone()).map_err(|e| e.message)?;
         }
         // The supervisor ends a sandbox this long after its run's timeout even if no server
         // is left to: a crash never leaves one behind for good.
