@@ -5,7 +5,9 @@
 
 mod code;
 mod commands;
+mod env;
 mod files;
+mod host;
 pub mod openapi;
 mod session;
 mod text;
@@ -19,10 +21,11 @@ use axum::routing::{get, post};
 use paddock_core::runtime::SandboxId;
 use serde::Serialize;
 
-pub use commands::{Commands, ENTRYPOINT_EXITED, ENV_FILE, MAX_RUNNING_PER_SANDBOX};
+pub use commands::{Commands, ENTRYPOINT_EXITED, MAX_RUNNING_PER_SANDBOX};
+pub use env::ENV_FILE;
+pub use host::{ExecdState, Lookup, SandboxLookup};
 
 use crate::error::ApiResult;
-use crate::state::AppState;
 use crate::store::now_ms;
 
 /// OpenSandbox's error for a body the route cannot use.
@@ -65,8 +68,21 @@ pub(super) fn unique_hex<const N: usize>() -> String {
     hex::encode(b)
 }
 
+/// Headers of a Server-Sent Events answer that no proxy may buffer.
+pub(super) fn stream_headers(mut r: axum::response::Response) -> axum::response::Response {
+    let h = r.headers_mut();
+    h.insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("text/event-stream"));
+    h.insert(axum::http::header::CACHE_CONTROL, axum::http::HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
+    r
+}
+
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
-pub fn router() -> Router<AppState> {
+pub fn router<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    ExecdState: axum::extract::FromRef<S>,
+{
     Router::new()
         // Everything not routed below: an honest 501, never a forward into the sandbox. (Any
         // more specific route wins over the catch-all.)
@@ -98,7 +114,7 @@ pub fn router() -> Router<AppState> {
 
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
 /// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
-async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
+async fn ping(State(state): State<ExecdState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
     let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
     // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
     if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
@@ -124,7 +140,7 @@ async fn ping(State(state): State<AppState>, Path(params): Path<HashMap<String, 
 }
 
 /// The sandbox named by the `id` path parameter, which must exist.
-async fn sandbox_of(state: &AppState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
+async fn sandbox_of(state: &ExecdState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
     let id = params.get("id").map_or("", String::as_str);
     Ok(state.sandbox(id).await?.0)
 }
@@ -220,7 +236,7 @@ fn cpu_percent(earlier: (u64, u64), later: (u64, u64)) -> Option<f64> {
 /// them. CPU use is the rate since the previous call for this sandbox (within a minute), else
 /// over a short sample.
 async fn metrics(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<axum::Json<Metrics>> {
     let sandbox = sandbox_of(&state, &params).await?;

@@ -704,7 +704,9 @@ async fn record(
         let _ = state.rt.destroy(&info.id).await;
         return Err(e.into());
     }
-    if let Err(e) = state.commands.spawn_entrypoint(state, &info.id, entrypoint).await {
+    if let Err(e) =
+        state.commands.spawn_entrypoint(&axum::extract::FromRef::from_ref(state), &info.id, entrypoint).await
+    {
         // Nothing half-made stays behind: the sandbox and its row go with the failed start.
         let _ = state.rt.destroy(&info.id).await;
         state.store.delete(&row.id).await?;
@@ -1666,6 +1668,17 @@ fn workspace_document() -> Value {
             }
         }
     })
+}
+
+impl crate::execd::SandboxLookup for AppState {
+    fn sandbox<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = ApiResult<(paddock_core::runtime::SandboxId, SandboxRow)>> + Send + 'a>,
+    > {
+        Box::pin(AppState::sandbox(self, id))
+    }
 }
 
 // Here rather than in `state`: adopting is the lifecycle's, and `state` imports no handler.

@@ -57,3 +57,17 @@ impl axum::extract::FromRef<AppState> for Arc<crate::tenants::Tenants> {
         state.tenants.clone()
     }
 }
+
+impl axum::extract::FromRef<AppState> for crate::execd::ExecdState {
+    fn from_ref(state: &AppState) -> Self {
+        Self {
+            rt: state.rt.clone(),
+            store: state.store.clone(),
+            config: state.config.clone(),
+            commands: state.commands.clone(),
+            metrics: state.metrics.clone(),
+            budget: state.budget.clone(),
+            lookup: Arc::new(state.clone()),
+        }
+    }
+}

@@ -27,11 +27,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::commands::stream_headers;
+use super::ExecdState;
+use super::stream_headers;
 use super::text::{LineSplitter, parse_query, query_one};
 use super::{invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
-use crate::state::AppState;
 use crate::store::now_ms;
 
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");
@@ -532,7 +532,7 @@ impl Contexts {
     /// Starts a driver and registers a new context for it.
     pub(super) async fn create(
         &self,
-        state: &AppState,
+        state: &ExecdState,
         sandbox: &SandboxId,
         language: Language,
         kind: Kind,
@@ -564,7 +564,12 @@ impl Contexts {
     }
 
     /// The default context of `language`, made on first use.
-    async fn default_for(&self, state: &AppState, sandbox: &SandboxId, language: Language) -> ApiResult<Arc<Context>> {
+    async fn default_for(
+        &self,
+        state: &ExecdState,
+        sandbox: &SandboxId,
+        language: Language,
+    ) -> ApiResult<Arc<Context>> {
         let existing = {
             let all = lock(&self.sandboxes);
             all.get(sandbox.as_str()).and_then(|s| s.defaults.get(&language).and_then(|id| s.contexts.get(id)).cloned())
@@ -598,12 +603,12 @@ fn room_error(sandbox: &SandboxId, kind: Kind) -> ApiError {
 }
 
 /// Starts a context's driver and waits until it says it is ready on both streams.
-async fn start_driver(state: &AppState, sandbox: &SandboxId, ctx: &Context) -> ApiResult<Driver> {
+async fn start_driver(state: &ExecdState, sandbox: &SandboxId, ctx: &Context) -> ApiResult<Driver> {
     let nonce = super::unique_hex::<12>();
     let language = ctx.language;
     // Variables persisted with set_env reach contexts and sessions started later, as commands.
-    let mut env = super::commands::persisted_env(state, sandbox).await?;
-    env.insert("EXECD_ENVS".to_owned(), super::commands::ENV_FILE.to_owned());
+    let mut env = super::env::persisted_env(state, sandbox).await?;
+    env.insert("EXECD_ENVS".to_owned(), super::env::ENV_FILE.to_owned());
     env.insert("PADDOCK_CODE_NONCE".to_owned(), nonce.clone());
     if language == Language::Python {
         env.insert("PYTHONIOENCODING".to_owned(), "utf-8".to_owned());
@@ -832,7 +837,7 @@ struct Cell {
 /// Runs one cell on the context's driver (starting a fresh one if the last died), streaming
 /// events, and ends with `execution_complete` (code) or the exit status (sessions).
 async fn run_cell(
-    state: AppState,
+    state: ExecdState,
     sandbox: SandboxId,
     ctx: Arc<Context>,
     mut slot: tokio::sync::OwnedMutexGuard<Option<Driver>>,
@@ -1062,7 +1067,7 @@ fn marker_events(json: &[u8], kind: Kind, count: u64, exit_code: &mut Option<i32
 /// Starts streaming a run on `ctx`: `init` (the context id, which `interrupt` takes) first,
 /// then the run's events; a context that already runs something answers "session is busy".
 pub(super) fn start_run(
-    state: AppState,
+    state: ExecdState,
     sandbox: SandboxId,
     ctx: Arc<Context>,
     code: String,
@@ -1108,7 +1113,7 @@ struct CreateContext {
 
 /// `POST /code/context {language}` → 200 `{id, language}` (exactly 200: the SDK needs it).
 pub async fn create_context(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -1121,7 +1126,7 @@ pub async fn create_context(
 
 /// `GET /code/contexts/{context}`.
 pub async fn get_context(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
     let sandbox = sandbox_of(&state, &params).await?;
@@ -1132,7 +1137,7 @@ pub async fn get_context(
 
 /// `DELETE /code/contexts/{context}`: ends the context's interpreter.
 pub async fn delete_context(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
@@ -1148,7 +1153,7 @@ fn language_query(raw: Option<&str>) -> ApiResult<Option<Language>> {
 
 /// `GET /code/contexts?language=` (every language without it).
 pub async fn list_contexts(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
@@ -1160,7 +1165,7 @@ pub async fn list_contexts(
 
 /// `DELETE /code/contexts?language=`: every context of that language, the default one too.
 pub async fn delete_contexts(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
@@ -1186,7 +1191,7 @@ struct RunContext {
 /// `POST /code {code, context: {id?, language?}}`: the run's events; without an id, the
 /// language's default context.
 pub async fn run(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -1222,7 +1227,7 @@ pub async fn run(
 
 /// `DELETE /code?id=`: interrupts the context's running cell (a no-op when it runs nothing).
 pub async fn interrupt(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {

@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::ExecdState;
 use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
 use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
-use crate::state::AppState;
 use crate::store::LifecycleState;
 use crate::store::now_ms;
 use crate::time_fmt::rfc3339;
@@ -51,10 +51,6 @@ pub const MAX_RUNNING_PER_SANDBOX: usize = 128;
 /// Events buffered between the command and a slow client before the command is slowed down.
 const STREAM_BUFFER: usize = 64;
 const SIGKILL: i32 = 9;
-/// The file `commands.set_env` appends `KEY=VALUE` lines to, named to every command as
-/// `EXECD_ENVS` (as OpenSandbox's execd does). It lives in the sandbox's own `/tmp`, which the
-/// sandbox user can write on every runtime and which goes with the sandbox.
-pub const ENV_FILE: &str = "/tmp/.paddock/envs";
 /// Entrypoint output kept in the state database (the newest bytes), for the CLI and a
 /// restarted server; the server's memory keeps `LOG_CAP`.
 pub const ENTRYPOINT_TAIL_STORED: usize = 64 << 10;
@@ -64,8 +60,6 @@ pub const ENTRYPOINT_TAIL_STORED: usize = 64 << 10;
 const ENTRYPOINT_PERSIST_EVERY: Duration = Duration::from_secs(5);
 /// Why a sandbox whose entrypoint ended is Failed.
 pub const ENTRYPOINT_EXITED: &str = "ENTRYPOINT_EXITED";
-/// Largest env file read; a bigger one is refused rather than truncated to a surprise.
-const ENV_FILE_CAP: u64 = 256 << 10;
 
 /// Commands started through the execd API, per sandbox, for status, logs and interrupt. Also
 /// caches what is looked up once per sandbox (its shell, its user and group names).
@@ -164,9 +158,9 @@ impl Commands {
     /// Starts a sandbox's entrypoint (`argv`, run directly) in the background: its output is
     /// kept in a bounded log, copied to the state database every few seconds, and when it
     /// ends the sandbox is marked Failed with its exit status and last output.
-    pub async fn spawn_entrypoint(&self, state: &AppState, id: &SandboxId, argv: Vec<String>) -> ApiResult<()> {
+    pub async fn spawn_entrypoint(&self, state: &ExecdState, id: &SandboxId, argv: Vec<String>) -> ApiResult<()> {
         let content = argv.join(" ");
-        let env = BTreeMap::from([("EXECD_ENVS".to_owned(), ENV_FILE.to_owned())]);
+        let env = BTreeMap::from([("EXECD_ENVS".to_owned(), super::env::ENV_FILE.to_owned())]);
         let request = ExecRequest { argv, cwd: None, env, timeout_ms: None, stdin: false };
         let started = self.start(state, id, request, content, true).await?;
         lock(&self.sandboxes).entry(id.as_str().to_owned()).or_default().entrypoint = Some(started.command.clone());
@@ -219,7 +213,7 @@ impl Commands {
     }
 
     /// The shell for `command` strings: bash when the sandbox has it, else sh.
-    async fn shell(&self, state: &AppState, sandbox: &SandboxId) -> ApiResult<&'static str> {
+    async fn shell(&self, state: &ExecdState, sandbox: &SandboxId) -> ApiResult<&'static str> {
         if let Some(shell) = lock(&self.sandboxes).get(sandbox.as_str()).and_then(|s| s.shell) {
             return Ok(shell);
         }
@@ -267,7 +261,7 @@ impl Commands {
 
     async fn start(
         &self,
-        state: &AppState,
+        state: &ExecdState,
         sandbox: &SandboxId,
         request: ExecRequest,
         content: String,
@@ -379,7 +373,7 @@ async fn collect_log(started: Started) {
 /// Keeps an entrypoint's output, copies it to the state database while it runs, and when it
 /// ends marks the sandbox Failed with the reason: a sandbox whose entrypoint is gone must not
 /// look healthy.
-async fn watch_entrypoint(state: AppState, sandbox: SandboxId, started: Started) {
+async fn watch_entrypoint(state: ExecdState, sandbox: SandboxId, started: Started) {
     let command = started.command.clone();
     let persist = async {
         let mut stored_end = 0;
@@ -476,17 +470,9 @@ pub(super) fn expand_home(path: String) -> String {
     }
 }
 
-pub(super) fn stream_headers(mut r: Response) -> Response {
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    r
-}
-
 /// `POST /command`.
 pub async fn run(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -524,9 +510,9 @@ pub async fn run(
     };
     let timeout_ms = super::timeout_ms(req.timeout)?;
     // Variables persisted with set_env, then the request's own, which win.
-    let mut env = persisted_env(&state, &sandbox).await?;
+    let mut env = super::env::persisted_env(&state, &sandbox).await?;
     env.extend(req.envs);
-    env.entry("EXECD_ENVS".to_owned()).or_insert_with(|| ENV_FILE.to_owned());
+    env.entry("EXECD_ENVS".to_owned()).or_insert_with(|| super::env::ENV_FILE.to_owned());
     let request = ExecRequest { argv, cwd: req.cwd.map(expand_home), env, timeout_ms, stdin: false };
     request.validate()?;
     let started = state.commands.start(&state, &sandbox, request, content, req.background).await?;
@@ -534,37 +520,14 @@ pub async fn run(
     if req.background {
         let complete = Event::complete(0, now_ms()).frame();
         tokio::spawn(collect_log(started));
-        return Ok(stream_headers([init, complete].concat().into_response()));
+        return Ok(super::stream_headers([init, complete].concat().into_response()));
     }
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Cannot fail: the channel is new and has room.
     let _ = tx.try_send(init);
     tokio::spawn(stream_output(state, started, tx, Instant::now()));
     let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
-    Ok(stream_headers(body.into_response()))
-}
-
-/// The variables in the sandbox's env file (`ENV_FILE`), read through the runtime like any
-/// file of the sandbox; none when it does not exist (or cannot be read by the sandbox user).
-pub(super) async fn persisted_env(state: &AppState, sandbox: &SandboxId) -> ApiResult<BTreeMap<String, String>> {
-    let reader = match state.rt.read_file(sandbox, ENV_FILE).await {
-        Ok(r) => r,
-        Err(RuntimeError::File { .. }) => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut bytes = Vec::new();
-    reader
-        .take(ENV_FILE_CAP + 1)
-        .read_to_end(&mut bytes)
-        .await
-        .map_err(|e| RuntimeError::from_io(format!("reading {ENV_FILE} in sandbox {sandbox}"), &e))?;
-    if bytes.len() as u64 > ENV_FILE_CAP {
-        return Err(ApiError::bad_request(format!(
-            "the env file {ENV_FILE} ($EXECD_ENVS, written by set_env) is larger than {} KiB: delete it (DELETE /files?path={ENV_FILE}) or shorten it",
-            ENV_FILE_CAP >> 10
-        )));
-    }
-    Ok(super::text::parse_env_file(&String::from_utf8_lossy(&bytes)))
+    Ok(super::stream_headers(body.into_response()))
 }
 
 /// Reads from `pipe` when there is one; never completes otherwise.
@@ -577,7 +540,7 @@ async fn read_some(pipe: &mut Option<ByteReader>, buf: &mut [u8]) -> std::io::Re
 
 /// Sends the output of a foreground command as it arrives, then its end. Stops (killing the
 /// command's process group) as soon as the client goes away.
-async fn stream_output(state: AppState, started: Started, tx: mpsc::Sender<Bytes>, t0: Instant) {
+async fn stream_output(state: ExecdState, started: Started, tx: mpsc::Sender<Bytes>, t0: Instant) {
     let Started { command, stdout, stderr, done } = started;
     let relayed = relay_output(stdout, stderr, done, &tx).await;
     if relayed.client_gone {
@@ -718,7 +681,7 @@ async fn send_lines(tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<Str
 
 /// `DELETE /command?id=`: kills the command's process group.
 pub async fn interrupt(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
@@ -746,7 +709,10 @@ struct CommandStatus<'a> {
 }
 
 /// `GET /command/status/{cmd}`.
-pub async fn status(State(state): State<AppState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<Response> {
+pub async fn status(
+    State(state): State<ExecdState>,
+    Path(params): Path<HashMap<String, String>>,
+) -> ApiResult<Response> {
     let sandbox = sandbox_of(&state, &params).await?;
     let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
     let s = lock(&command.status);
@@ -765,7 +731,7 @@ pub async fn status(State(state): State<AppState>, Path(params): Path<HashMap<St
 /// `GET /command/{cmd}/logs?cursor=`: a background command's output from `cursor` on, and the
 /// cursor to continue from.
 pub async fn logs(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {

@@ -18,12 +18,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::ExecdState;
 use super::text::{
     BadRange, ByteRange, NameGlob, format_mode, parse_mode, parse_query, parse_range, query_all, query_one,
 };
 use super::{Names, invalid_body, missing_query, sandbox_of};
 use crate::error::{ApiError, ApiResult};
-use crate::state::AppState;
 use crate::time_fmt::rfc3339;
 
 /// Most entries a listing or search returns; beyond it the caller must narrow the request.
@@ -47,7 +47,7 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> ApiRes
     serde_json::from_slice(body).map_err(|e| invalid_body(format!("invalid request body: {e}: expected {shape}")))
 }
 
-async fn stat(state: &AppState, sandbox: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
+async fn stat(state: &ExecdState, sandbox: &SandboxId, path: &str) -> Result<FileStat, RuntimeError> {
     match state.rt.file(sandbox, FileOp::Stat { path: path.to_owned() }).await? {
         FileReply::Stat(s) => Ok(s),
         other => Err(RuntimeError::System(format!("unexpected answer to a stat: {other:?}"))),
@@ -55,7 +55,7 @@ async fn stat(state: &AppState, sandbox: &SandboxId, path: &str) -> Result<FileS
 }
 
 /// `Ok(None)` when the path does not exist.
-async fn stat_opt(state: &AppState, sandbox: &SandboxId, path: &str) -> ApiResult<Option<FileStat>> {
+async fn stat_opt(state: &ExecdState, sandbox: &SandboxId, path: &str) -> ApiResult<Option<FileStat>> {
     match stat(state, sandbox, path).await {
         Ok(s) => Ok(Some(s)),
         Err(RuntimeError::File { kind: FileErrorKind::NotFound, .. }) => Ok(None),
@@ -63,13 +63,13 @@ async fn stat_opt(state: &AppState, sandbox: &SandboxId, path: &str) -> ApiResul
     }
 }
 
-async fn run_op(state: &AppState, sandbox: &SandboxId, op: FileOp) -> ApiResult<()> {
+async fn run_op(state: &ExecdState, sandbox: &SandboxId, op: FileOp) -> ApiResult<()> {
     state.rt.file(sandbox, op).await?;
     Ok(())
 }
 
 /// Reads a whole (small) file of the sandbox; more than `cap` bytes is an error.
-pub(super) async fn read_small(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Vec<u8>> {
+pub(super) async fn read_small(state: &ExecdState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Vec<u8>> {
     Ok(read_held(state, sandbox, path, cap).await?.data)
 }
 
@@ -82,7 +82,7 @@ pub(super) struct Held {
 
 /// Reads a whole file of at most `cap` bytes, reserving room in the server's memory budget as
 /// it grows (a file's size is only a hint: it may grow, or be a device that never ends).
-pub(super) async fn read_held(state: &AppState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Held> {
+pub(super) async fn read_held(state: &ExecdState, sandbox: &SandboxId, path: &str, cap: usize) -> ApiResult<Held> {
     const STEP: usize = 1 << 20;
     let mut rx = state.rt.read_file(sandbox, path).await?;
     let mut out = Vec::new();
@@ -116,7 +116,7 @@ fn too_big(path: &str, cap: usize) -> ApiError {
 
 /// Writes `data` to a file of the sandbox, replacing it.
 async fn write_small(
-    state: &AppState,
+    state: &ExecdState,
     sandbox: &SandboxId,
     path: &str,
     mode: Option<u32>,
@@ -127,7 +127,7 @@ async fn write_small(
 }
 
 /// The sandbox's user and group names, read once per sandbox; ids stand in when unreadable.
-async fn names(state: &AppState, sandbox: &SandboxId) -> Arc<Names> {
+async fn names(state: &ExecdState, sandbox: &SandboxId) -> Arc<Names> {
     if let Some(n) = state.commands.cached_names(sandbox) {
         return n;
     }
@@ -145,7 +145,7 @@ async fn names(state: &AppState, sandbox: &SandboxId) -> Arc<Names> {
 /// sandbox's user and group, `nobody` / `nogroup` (65534), or any other user or group of the
 /// sandbox's `/etc/passwd` and `/etc/group`, or id, but root. `None` when neither is asked.
 async fn wanted_owner(
-    state: &AppState,
+    state: &ExecdState,
     sandbox: &SandboxId,
     owner: Option<&str>,
     group: Option<&str>,
@@ -193,7 +193,7 @@ fn file_owner(given: &str, mine: u32, db: &HashMap<u32, String>, what: &str, fil
 
 /// Gives `path` the owners [`wanted_owner`] found, if any.
 async fn apply_owner(
-    state: &AppState,
+    state: &ExecdState,
     sandbox: &SandboxId,
     path: &str,
     wanted: Option<(Option<FileOwner>, Option<FileOwner>)>,
@@ -238,7 +238,11 @@ fn file_info(s: FileStat, names: &Names) -> FileInfo {
 }
 
 /// `GET /files/info?path=a&path=b` → `{"a": FileInfo, "b": FileInfo}`.
-pub async fn info(State(state): State<AppState>, Path(params): Params, RawQuery(raw): RawQuery) -> ApiResult<Response> {
+pub async fn info(
+    State(state): State<ExecdState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let mut out = BTreeMap::new();
@@ -256,7 +260,7 @@ pub async fn info(State(state): State<AppState>, Path(params): Params, RawQuery(
 
 /// `DELETE /files?path=…`: removes files; missing ones are fine, directories are refused.
 pub async fn remove_files(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
@@ -282,7 +286,7 @@ pub async fn remove_files(
 
 /// `DELETE /directories?path=…`: removes directories recursively; missing ones are fine.
 pub async fn remove_dirs(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
@@ -304,7 +308,7 @@ struct RenameItem {
 }
 
 /// `POST /files/mv` `[{src, dest}]`: the destination must not exist; its parents are created.
-pub async fn rename(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn rename(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
     let items: Vec<RenameItem> = json_body(&body, r#"[{"src": "...", "dest": "..."}]"#)?;
     for item in items {
@@ -346,7 +350,7 @@ fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
 }
 
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
-pub async fn chmod(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn chmod(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 644}}"#)?;
     for (path, p) in request {
@@ -368,7 +372,7 @@ pub async fn chmod(State(state): State<AppState>, Path(params): Params, body: By
 }
 
 /// `POST /directories` `{path: {mode}}`: `mkdir -p`; the mode applies to a directory it creates.
-pub async fn make_dirs(State(state): State<AppState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn make_dirs(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 755}}"#)?;
     for (path, p) in request {
@@ -386,7 +390,12 @@ pub async fn make_dirs(State(state): State<AppState>, Path(params): Params, body
 
 /// Lists `root` and its subdirectories down to `max_depth` levels (all when `None`), without
 /// following symlinks, in the order of a depth-first walk with sorted names.
-async fn walk(state: &AppState, sandbox: &SandboxId, root: &str, max_depth: Option<usize>) -> ApiResult<Vec<FileStat>> {
+async fn walk(
+    state: &ExecdState,
+    sandbox: &SandboxId,
+    root: &str,
+    max_depth: Option<usize>,
+) -> ApiResult<Vec<FileStat>> {
     let mut out = Vec::new();
     if max_depth == Some(0) {
         return Ok(out);
@@ -433,7 +442,11 @@ async fn walk(state: &AppState, sandbox: &SandboxId, root: &str, max_depth: Opti
 }
 
 /// `GET /directories/list?path=&depth=` (depth 1 by default: the directory's own entries).
-pub async fn list(State(state): State<AppState>, Path(params): Params, RawQuery(raw): RawQuery) -> ApiResult<Response> {
+pub async fn list(
+    State(state): State<ExecdState>,
+    Path(params): Params,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
     let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to list"))?;
@@ -463,7 +476,7 @@ pub async fn list(State(state): State<AppState>, Path(params): Params, RawQuery(
 /// `GET /files/search?path=&pattern=`: files (not directories) below `path` whose name matches
 /// the glob (`**` by default).
 pub async fn search(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
@@ -502,7 +515,7 @@ struct ReplaceResult {
 
 /// `POST /files/replace[?verbose=true]` `{path: {old, new}}`: replaces every occurrence.
 pub async fn replace(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     RawQuery(raw): RawQuery,
     body: Bytes,
@@ -604,7 +617,7 @@ impl LineWindow {
 
 /// Streams the chosen part of a file into the response body; a failure mid-way ends the body
 /// with an error, so the client sees a broken transfer rather than a short file.
-async fn pump(state: AppState, sandbox: SandboxId, path: String, cut: Cut, tx: mpsc::Sender<std::io::Result<Bytes>>) {
+async fn pump(state: ExecdState, sandbox: SandboxId, path: String, cut: Cut, tx: mpsc::Sender<std::io::Result<Bytes>>) {
     let fail = async |tx: &mpsc::Sender<std::io::Result<Bytes>>, message: String| {
         let _ = tx.send(Err(std::io::Error::other(message))).await;
     };
@@ -706,7 +719,7 @@ fn positive(q: &[(String, String)], name: &str) -> ApiResult<Option<u64>> {
 
 /// `GET /files/download?path=[&offset=&limit=]` with optional `Range: bytes=…`.
 pub async fn download(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -846,7 +859,7 @@ enum FeedError {
 /// through a pipe, lands under a temporary name and is renamed into place once complete, so a
 /// failed upload never leaves a truncated file behind.
 pub async fn upload(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Params,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<StatusCode> {
@@ -914,7 +927,7 @@ pub async fn upload(
 
 /// Streams one file part into the sandbox at `path`; returns the bytes stored.
 async fn store_upload(
-    state: &AppState,
+    state: &ExecdState,
     sandbox: &SandboxId,
     path: &str,
     mode: Option<u32>,

@@ -12,11 +12,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::ExecdState;
 use super::code::{Kind, Language, start_run};
 use super::commands::expand_home;
 use super::{invalid_body, sandbox_of};
 use crate::error::{ApiError, ApiResult};
-use crate::state::AppState;
 
 #[derive(Deserialize)]
 struct CreateSession {
@@ -47,7 +47,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8], hint: &str) -> ApiResult<T
 
 /// `POST /session {cwd?}` → 200 `{session_id}`.
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -60,7 +60,7 @@ pub async fn create(
 
 /// `POST /session/{session}/run {command, cwd?, timeout?}`: the run's events, as `/command`'s.
 pub async fn run(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -79,7 +79,7 @@ pub async fn run(
 
 /// `DELETE /session/{session}`: ends the session's shell.
 pub async fn delete(
-    State(state): State<AppState>,
+    State(state): State<ExecdState>,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let sandbox = sandbox_of(&state, &params).await?;
