@@ -139,10 +139,25 @@ async fn ping(State(state): State<ExecdState>, Path(params): Path<HashMap<String
     }
 }
 
-/// The sandbox named by the `id` path parameter, which must exist.
-async fn sandbox_of(state: &ExecdState, params: &HashMap<String, String>) -> ApiResult<SandboxId> {
-    let id = params.get("id").map_or("", String::as_str);
-    Ok(state.sandbox(id).await?.0)
+/// The sandbox the route's `id` path parameter names, which must exist (else a 404 that says
+/// how to find the right id): every execd handler's first step, as an extractor.
+pub(super) struct InSandbox(pub SandboxId);
+
+impl<S> axum::extract::FromRequestParts<S> for InSandbox
+where
+    S: Send + Sync,
+    ExecdState: axum::extract::FromRef<S>,
+{
+    type Rejection = crate::error::ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| crate::error::ApiError::bad_request(e.body_text()))?;
+        let id = params.get("id").map_or("", String::as_str);
+        let state = <ExecdState as axum::extract::FromRef<S>>::from_ref(state);
+        Ok(Self(state.sandbox(id).await?.0))
+    }
 }
 
 /// `501 NOT_SUPPORTED` for an execd route Paddock does not serve, naming the feature and what
@@ -235,11 +250,7 @@ fn cpu_percent(earlier: (u64, u64), later: (u64, u64)) -> Option<f64> {
 /// `GET /metrics`: the sandbox's limits and its CPU and memory use, as the runtime measures
 /// them. CPU use is the rate since the previous call for this sandbox (within a minute), else
 /// over a short sample.
-async fn metrics(
-    State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
-) -> ApiResult<axum::Json<Metrics>> {
-    let sandbox = sandbox_of(&state, &params).await?;
+async fn metrics(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox) -> ApiResult<axum::Json<Metrics>> {
     let resources = state.rt.get(&sandbox).await?.spec.resources;
     const MIB: f64 = (1u64 << 20) as f64;
     let mut now = state.rt.metrics(&sandbox).await?;

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::ExecdState;
 use super::stream_headers;
 use super::text::{LineSplitter, parse_query, query_one};
-use super::{invalid_body, missing_query, sandbox_of};
+use super::{InSandbox, invalid_body, missing_query};
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 
@@ -1114,10 +1114,9 @@ struct CreateContext {
 /// `POST /code/context {language}` → 200 `{id, language}` (exactly 200: the SDK needs it).
 pub async fn create_context(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let req: CreateContext = parse_json(&body, "context request (send {\"language\": \"python\"})")?;
     let language = Language::parse(req.language.as_deref().unwrap_or("python"))?;
     let ctx = state.commands.contexts.create(&state, &sandbox, language, Kind::Code, None).await?;
@@ -1127,9 +1126,9 @@ pub async fn create_context(
 /// `GET /code/contexts/{context}`.
 pub async fn get_context(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let id = params.get("context").map_or("", String::as_str);
     let ctx = state.commands.contexts.get(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;
     Ok(axum::Json(ctx.describe()).into_response())
@@ -1138,9 +1137,9 @@ pub async fn get_context(
 /// `DELETE /code/contexts/{context}`: ends the context's interpreter.
 pub async fn delete_context(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let id = params.get("context").map_or("", String::as_str);
     state.commands.contexts.remove(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;
     Ok(StatusCode::OK)
@@ -1154,10 +1153,9 @@ fn language_query(raw: Option<&str>) -> ApiResult<Option<Language>> {
 /// `GET /code/contexts?language=` (every language without it).
 pub async fn list_contexts(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let language = language_query(raw.as_deref())?;
     let list: Vec<Value> = state.commands.contexts.list(&sandbox, language).iter().map(|c| c.describe()).collect();
     Ok(axum::Json(list).into_response())
@@ -1166,10 +1164,9 @@ pub async fn list_contexts(
 /// `DELETE /code/contexts?language=`: every context of that language, the default one too.
 pub async fn delete_contexts(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let language = language_query(raw.as_deref())?
         .ok_or_else(|| missing_query("language", "the language whose contexts to delete"))?;
     state.commands.contexts.remove_language(&sandbox, language);
@@ -1190,12 +1187,7 @@ struct RunContext {
 
 /// `POST /code {code, context: {id?, language?}}`: the run's events; without an id, the
 /// language's default context.
-pub async fn run(
-    State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
+pub async fn run(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox, body: Bytes) -> ApiResult<Response> {
     let req: RunCode =
         parse_json(&body, "run request (send {\"code\": \"...\", \"context\": {\"language\": \"python\"}})")?;
     let code = req
@@ -1228,10 +1220,9 @@ pub async fn run(
 /// `DELETE /code?id=`: interrupts the context's running cell (a no-op when it runs nothing).
 pub async fn interrupt(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let id = query_one(&q, "id").ok_or_else(|| missing_query("id", "the context id from the run's init event"))?;
     let ctx = state.commands.contexts.get(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;

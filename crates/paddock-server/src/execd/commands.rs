@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::ExecdState;
 use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
-use super::{Names, invalid_body, missing_query, sandbox_of};
+use super::{InSandbox, Names, invalid_body, missing_query};
 use crate::error::{ApiError, ApiResult};
 use crate::store::LifecycleState;
 use crate::store::now_ms;
@@ -471,12 +471,7 @@ pub(super) fn expand_home(path: String) -> String {
 }
 
 /// `POST /command`.
-pub async fn run(
-    State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
+pub async fn run(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox, body: Bytes) -> ApiResult<Response> {
     let req: RunCommandRequest = serde_json::from_slice(&body)
         .map_err(|e| invalid_body(format!("invalid command request: {e}: send {{\"command\": \"...\"}}")))?;
     if req.gid.is_some() && req.uid.is_none() {
@@ -682,10 +677,9 @@ async fn send_lines(tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<Str
 /// `DELETE /command?id=`: kills the command's process group.
 pub async fn interrupt(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let id = query_one(&q, "id").ok_or_else(|| missing_query("id", "the command id to interrupt"))?;
     let command = state.commands.get(&sandbox, id)?;
@@ -711,9 +705,9 @@ struct CommandStatus<'a> {
 /// `GET /command/status/{cmd}`.
 pub async fn status(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
     let s = lock(&command.status);
     let body = CommandStatus {
@@ -732,10 +726,10 @@ pub async fn status(
 /// cursor to continue from.
 pub async fn logs(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
     let q = parse_query(raw.as_deref());
     // execd reads a malformed cursor as 0.

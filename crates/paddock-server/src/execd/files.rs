@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::{Field, MultipartRejection};
-use axum::extract::{Multipart, Path, RawQuery, State};
+use axum::extract::{Multipart, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::{FileErrorKind, FileKind, FileOp, FileOwner, FileReply, FileStat, RuntimeError, SandboxId};
@@ -22,7 +22,7 @@ use super::ExecdState;
 use super::text::{
     BadRange, ByteRange, NameGlob, format_mode, parse_mode, parse_query, parse_range, query_all, query_one,
 };
-use super::{Names, invalid_body, missing_query, sandbox_of};
+use super::{InSandbox, Names, invalid_body, missing_query};
 use crate::error::{ApiError, ApiResult};
 use crate::time_fmt::rfc3339;
 
@@ -37,7 +37,6 @@ const MAX_METADATA: usize = 64 << 10;
 const MAX_IN_MEMORY: usize = 64 << 20;
 const CHUNK: usize = 64 << 10;
 
-type Params = Path<HashMap<String, String>>;
 
 fn not_supported(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", message)
@@ -240,10 +239,9 @@ fn file_info(s: FileStat, names: &Names) -> FileInfo {
 /// `GET /files/info?path=a&path=b` → `{"a": FileInfo, "b": FileInfo}`.
 pub async fn info(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let mut out = BTreeMap::new();
     let paths = query_all(&q, "path");
@@ -261,10 +259,9 @@ pub async fn info(
 /// `DELETE /files?path=…`: removes files; missing ones are fine, directories are refused.
 pub async fn remove_files(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     for path in query_all(&q, "path") {
         match stat_opt(&state, &sandbox, path).await? {
@@ -287,10 +284,9 @@ pub async fn remove_files(
 /// `DELETE /directories?path=…`: removes directories recursively; missing ones are fine.
 pub async fn remove_dirs(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     for path in query_all(&q, "path") {
         match state.rt.file(&sandbox, FileOp::Remove { path: path.to_owned(), recursive: true }).await {
@@ -308,8 +304,11 @@ struct RenameItem {
 }
 
 /// `POST /files/mv` `[{src, dest}]`: the destination must not exist; its parents are created.
-pub async fn rename(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
+pub async fn rename(
+    State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let items: Vec<RenameItem> = json_body(&body, r#"[{"src": "...", "dest": "..."}]"#)?;
     for item in items {
         stat(&state, &sandbox, &item.src).await?;
@@ -350,8 +349,11 @@ fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
 }
 
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
-pub async fn chmod(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
+pub async fn chmod(
+    State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 644}}"#)?;
     for (path, p) in request {
         let mode = mode_of(&p)?;
@@ -372,8 +374,11 @@ pub async fn chmod(State(state): State<ExecdState>, Path(params): Params, body: 
 }
 
 /// `POST /directories` `{path: {mode}}`: `mkdir -p`; the mode applies to a directory it creates.
-pub async fn make_dirs(State(state): State<ExecdState>, Path(params): Params, body: Bytes) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
+pub async fn make_dirs(
+    State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 755}}"#)?;
     for (path, p) in request {
         let mode = mode_of(&p)?;
@@ -444,10 +449,9 @@ async fn walk(
 /// `GET /directories/list?path=&depth=` (depth 1 by default: the directory's own entries).
 pub async fn list(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to list"))?;
     let depth = match query_one(&q, "depth") {
@@ -477,10 +481,9 @@ pub async fn list(
 /// the glob (`**` by default).
 pub async fn search(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the directory to search"))?;
     let pattern = NameGlob::new(query_one(&q, "pattern").unwrap_or("**"));
@@ -516,11 +519,10 @@ struct ReplaceResult {
 /// `POST /files/replace[?verbose=true]` `{path: {old, new}}`: replaces every occurrence.
 pub async fn replace(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let verbose = query_one(&parse_query(raw.as_deref()), "verbose") == Some("true");
     let request: BTreeMap<String, ReplaceItem> = json_body(&body, r#"{"/path": {"old": "...", "new": "..."}}"#)?;
     let mut results = BTreeMap::new();
@@ -720,11 +722,10 @@ fn positive(q: &[(String, String)], name: &str) -> ApiResult<Option<u64>> {
 /// `GET /files/download?path=[&offset=&limit=]` with optional `Range: bytes=…`.
 pub async fn download(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let q = parse_query(raw.as_deref());
     let path = query_one(&q, "path").ok_or_else(|| missing_query("path", "the file to download"))?.to_owned();
     let (offset, limit) = (positive(&q, "offset")?, positive(&q, "limit")?);
@@ -860,10 +861,9 @@ enum FeedError {
 /// failed upload never leaves a truncated file behind.
 pub async fn upload(
     State(state): State<ExecdState>,
-    Path(params): Params,
+    InSandbox(sandbox): InSandbox,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let mut multipart = multipart.map_err(|e| {
         upload_error(
             "INVALID_FILE",

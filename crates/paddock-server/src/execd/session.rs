@@ -15,7 +15,7 @@ use serde_json::json;
 use super::ExecdState;
 use super::code::{Kind, Language, start_run};
 use super::commands::expand_home;
-use super::{invalid_body, sandbox_of};
+use super::{InSandbox, invalid_body};
 use crate::error::{ApiError, ApiResult};
 
 #[derive(Deserialize)]
@@ -48,10 +48,9 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8], hint: &str) -> ApiResult<T
 /// `POST /session {cwd?}` → 200 `{session_id}`.
 pub async fn create(
     State(state): State<ExecdState>,
-    Path(params): Path<HashMap<String, String>>,
+    InSandbox(sandbox): InSandbox,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let req: CreateSession = parse(&body, "send {} or {\"cwd\": \"/workspace\"}")?;
     let cwd = req.cwd.filter(|c| !c.is_empty()).map(expand_home);
     let ctx = state.commands.contexts.create(&state, &sandbox, Language::Bash, Kind::Session, cwd).await?;
@@ -61,10 +60,10 @@ pub async fn create(
 /// `POST /session/{session}/run {command, cwd?, timeout?}`: the run's events, as `/command`'s.
 pub async fn run(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let id = params.get("session").map_or("", String::as_str);
     let req: RunInSession = parse(&body, "send {\"command\": \"...\"}")?;
     let command = req
@@ -80,9 +79,9 @@ pub async fn run(
 /// `DELETE /session/{session}`: ends the session's shell.
 pub async fn delete(
     State(state): State<ExecdState>,
+    InSandbox(sandbox): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
-    let sandbox = sandbox_of(&state, &params).await?;
     let id = params.get("session").map_or("", String::as_str);
     state.commands.contexts.remove(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
     Ok(StatusCode::OK)
