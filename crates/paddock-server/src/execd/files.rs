@@ -37,7 +37,6 @@ const MAX_METADATA: usize = 64 << 10;
 const MAX_IN_MEMORY: usize = 64 << 20;
 const CHUNK: usize = 64 << 10;
 
-
 fn not_supported(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", message)
 }
