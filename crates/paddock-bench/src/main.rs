@@ -84,8 +84,8 @@ async fn run(cli: Cli) -> Result<u8> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match // One thread, as the `paddock` CLI command it replaces ran: the figures stay comparable.
-    tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // One thread, as the `paddock bench` command it replaces ran: the figures stay comparable.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("paddock-bench: error: cannot start the async runtime: {e}");

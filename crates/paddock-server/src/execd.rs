@@ -80,7 +80,7 @@ pub(super) fn stream_headers(mut r: axum::response::Response) -> axum::response:
 /// Routes relative to an execd base URL; the sandbox id is the `id` path parameter.
 pub fn router<S>() -> Router<S>
 where
-    S: Clone + Send + Sync + 'static,
+    S: SandboxLookup + Clone + Send + Sync + 'static,
     ExecdState: axum::extract::FromRef<S>,
 {
     Router::new()
@@ -114,8 +114,7 @@ where
 
 /// `GET /ping`: healthy only while the sandbox can run commands, so a paused or failed
 /// sandbox is not reported healthy (the SDK's `is_healthy()` asks this).
-async fn ping(State(state): State<ExecdState>, Path(params): Path<HashMap<String, String>>) -> ApiResult<()> {
-    let (sandbox, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
+async fn ping(State(state): State<ExecdState>, InSandbox(sandbox, row): InSandbox) -> ApiResult<()> {
     // Its entrypoint ended: the sandbox still runs commands, but it is not what was asked for.
     if row.reason.as_deref() == Some(ENTRYPOINT_EXITED) {
         return Err(crate::error::ApiError::new(
@@ -140,13 +139,12 @@ async fn ping(State(state): State<ExecdState>, Path(params): Path<HashMap<String
 }
 
 /// The sandbox the route's `id` path parameter names, which must exist (else a 404 that says
-/// how to find the right id): every execd handler's first step, as an extractor.
-pub(super) struct InSandbox(pub SandboxId);
+/// how to find the right id), and its row: every execd handler's first step, as an extractor.
+pub(super) struct InSandbox(pub SandboxId, pub crate::store::SandboxRow);
 
 impl<S> axum::extract::FromRequestParts<S> for InSandbox
 where
-    S: Send + Sync,
-    ExecdState: axum::extract::FromRef<S>,
+    S: SandboxLookup + Send + Sync,
 {
     type Rejection = crate::error::ApiError;
 
@@ -154,9 +152,8 @@ where
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
             .map_err(|e| crate::error::ApiError::bad_request(e.body_text()))?;
-        let id = params.get("id").map_or("", String::as_str);
-        let state = <ExecdState as axum::extract::FromRef<S>>::from_ref(state);
-        Ok(Self(state.sandbox(id).await?.0))
+        let (id, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
+        Ok(Self(id, row))
     }
 }
 
@@ -250,7 +247,7 @@ fn cpu_percent(earlier: (u64, u64), later: (u64, u64)) -> Option<f64> {
 /// `GET /metrics`: the sandbox's limits and its CPU and memory use, as the runtime measures
 /// them. CPU use is the rate since the previous call for this sandbox (within a minute), else
 /// over a short sample.
-async fn metrics(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox) -> ApiResult<axum::Json<Metrics>> {
+async fn metrics(State(state): State<ExecdState>, InSandbox(sandbox, _): InSandbox) -> ApiResult<axum::Json<Metrics>> {
     let resources = state.rt.get(&sandbox).await?.spec.resources;
     const MIB: f64 = (1u64 << 20) as f64;
     let mut now = state.rt.metrics(&sandbox).await?;

@@ -67,7 +67,6 @@ impl axum::extract::FromRef<AppState> for crate::execd::ExecdState {
             commands: state.commands.clone(),
             metrics: state.metrics.clone(),
             budget: state.budget.clone(),
-            lookup: Arc::new(state.clone()),
         }
     }
 }

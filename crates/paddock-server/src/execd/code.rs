@@ -1114,7 +1114,7 @@ struct CreateContext {
 /// `POST /code/context {language}` → 200 `{id, language}` (exactly 200: the SDK needs it).
 pub async fn create_context(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: CreateContext = parse_json(&body, "context request (send {\"language\": \"python\"})")?;
@@ -1126,7 +1126,7 @@ pub async fn create_context(
 /// `GET /code/contexts/{context}`.
 pub async fn get_context(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
     let id = params.get("context").map_or("", String::as_str);
@@ -1137,7 +1137,7 @@ pub async fn get_context(
 /// `DELETE /code/contexts/{context}`: ends the context's interpreter.
 pub async fn delete_context(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let id = params.get("context").map_or("", String::as_str);
@@ -1153,7 +1153,7 @@ fn language_query(raw: Option<&str>) -> ApiResult<Option<Language>> {
 /// `GET /code/contexts?language=` (every language without it).
 pub async fn list_contexts(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
     let language = language_query(raw.as_deref())?;
@@ -1164,7 +1164,7 @@ pub async fn list_contexts(
 /// `DELETE /code/contexts?language=`: every context of that language, the default one too.
 pub async fn delete_contexts(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let language = language_query(raw.as_deref())?
@@ -1187,7 +1187,11 @@ struct RunContext {
 
 /// `POST /code {code, context: {id?, language?}}`: the run's events; without an id, the
 /// language's default context.
-pub async fn run(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox, body: Bytes) -> ApiResult<Response> {
+pub async fn run(
+    State(state): State<ExecdState>,
+    InSandbox(sandbox, _): InSandbox,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: RunCode =
         parse_json(&body, "run request (send {\"code\": \"...\", \"context\": {\"language\": \"python\"}})")?;
     let code = req
@@ -1220,7 +1224,7 @@ pub async fn run(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox,
 /// `DELETE /code?id=`: interrupts the context's running cell (a no-op when it runs nothing).
 pub async fn interrupt(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let q = parse_query(raw.as_deref());

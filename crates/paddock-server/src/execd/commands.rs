@@ -471,7 +471,11 @@ pub(super) fn expand_home(path: String) -> String {
 }
 
 /// `POST /command`.
-pub async fn run(State(state): State<ExecdState>, InSandbox(sandbox): InSandbox, body: Bytes) -> ApiResult<Response> {
+pub async fn run(
+    State(state): State<ExecdState>,
+    InSandbox(sandbox, _): InSandbox,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: RunCommandRequest = serde_json::from_slice(&body)
         .map_err(|e| invalid_body(format!("invalid command request: {e}: send {{\"command\": \"...\"}}")))?;
     if req.gid.is_some() && req.uid.is_none() {
@@ -677,7 +681,7 @@ async fn send_lines(tx: &mpsc::Sender<Bytes>, kind: &'static str, lines: Vec<Str
 /// `DELETE /command?id=`: kills the command's process group.
 pub async fn interrupt(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let q = parse_query(raw.as_deref());
@@ -705,7 +709,7 @@ struct CommandStatus<'a> {
 /// `GET /command/status/{cmd}`.
 pub async fn status(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<Response> {
     let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
@@ -726,7 +730,7 @@ pub async fn status(
 /// cursor to continue from.
 pub async fn logs(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {

@@ -238,7 +238,7 @@ fn file_info(s: FileStat, names: &Names) -> FileInfo {
 /// `GET /files/info?path=a&path=b` → `{"a": FileInfo, "b": FileInfo}`.
 pub async fn info(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
     let q = parse_query(raw.as_deref());
@@ -258,7 +258,7 @@ pub async fn info(
 /// `DELETE /files?path=…`: removes files; missing ones are fine, directories are refused.
 pub async fn remove_files(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let q = parse_query(raw.as_deref());
@@ -283,7 +283,7 @@ pub async fn remove_files(
 /// `DELETE /directories?path=…`: removes directories recursively; missing ones are fine.
 pub async fn remove_dirs(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let q = parse_query(raw.as_deref());
@@ -305,7 +305,7 @@ struct RenameItem {
 /// `POST /files/mv` `[{src, dest}]`: the destination must not exist; its parents are created.
 pub async fn rename(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let items: Vec<RenameItem> = json_body(&body, r#"[{"src": "...", "dest": "..."}]"#)?;
@@ -350,7 +350,7 @@ fn mode_of(p: &Permission) -> ApiResult<Option<u32>> {
 /// `POST /files/permissions` `{path: {mode, owner?, group?}}`.
 pub async fn chmod(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 644}}"#)?;
@@ -375,7 +375,7 @@ pub async fn chmod(
 /// `POST /directories` `{path: {mode}}`: `mkdir -p`; the mode applies to a directory it creates.
 pub async fn make_dirs(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let request: BTreeMap<String, Permission> = json_body(&body, r#"{"/path": {"mode": 755}}"#)?;
@@ -448,7 +448,7 @@ async fn walk(
 /// `GET /directories/list?path=&depth=` (depth 1 by default: the directory's own entries).
 pub async fn list(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
     let q = parse_query(raw.as_deref());
@@ -480,7 +480,7 @@ pub async fn list(
 /// the glob (`**` by default).
 pub async fn search(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
     let q = parse_query(raw.as_deref());
@@ -518,7 +518,7 @@ struct ReplaceResult {
 /// `POST /files/replace[?verbose=true]` `{path: {old, new}}`: replaces every occurrence.
 pub async fn replace(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -721,7 +721,7 @@ fn positive(q: &[(String, String)], name: &str) -> ApiResult<Option<u64>> {
 /// `GET /files/download?path=[&offset=&limit=]` with optional `Range: bytes=…`.
 pub async fn download(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
@@ -860,7 +860,7 @@ enum FeedError {
 /// failed upload never leaves a truncated file behind.
 pub async fn upload(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<StatusCode> {
     let mut multipart = multipart.map_err(|e| {

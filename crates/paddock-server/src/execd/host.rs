@@ -1,7 +1,7 @@
 //! What the execd emulation needs of the server, and no more: the runtime, the store, the
-//! command registry, metrics, limits, the memory budget and a way to look a sandbox up. The
-//! server's whole state converts to it (`FromRef`), so execd imports no module that knows
-//! every handler.
+//! command registry, metrics, limits and the memory budget (`ExecdState`, which the server's
+//! whole state converts to by `FromRef`), and a way to look a sandbox up (`SandboxLookup`, on
+//! the router's state). So execd imports no module that knows every handler.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,12 +35,4 @@ pub struct ExecdState {
     pub metrics: Arc<Metrics>,
     /// What requests may hold in memory at once (`budget.rs`).
     pub budget: MemoryBudget,
-    pub lookup: Arc<dyn SandboxLookup>,
-}
-
-impl ExecdState {
-    /// The row of a sandbox the API knows, or a 404 that says how to find the right id.
-    pub async fn sandbox(&self, id: &str) -> ApiResult<(SandboxId, SandboxRow)> {
-        self.lookup.sandbox(id).await
-    }
 }

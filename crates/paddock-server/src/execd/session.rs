@@ -48,7 +48,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8], hint: &str) -> ApiResult<T
 /// `POST /session {cwd?}` → 200 `{session_id}`.
 pub async fn create(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     body: Bytes,
 ) -> ApiResult<Response> {
     let req: CreateSession = parse(&body, "send {} or {\"cwd\": \"/workspace\"}")?;
@@ -60,7 +60,7 @@ pub async fn create(
 /// `POST /session/{session}/run {command, cwd?, timeout?}`: the run's events, as `/command`'s.
 pub async fn run(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -79,7 +79,7 @@ pub async fn run(
 /// `DELETE /session/{session}`: ends the session's shell.
 pub async fn delete(
     State(state): State<ExecdState>,
-    InSandbox(sandbox): InSandbox,
+    InSandbox(sandbox, _): InSandbox,
     Path(params): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let id = params.get("session").map_or("", String::as_str);
