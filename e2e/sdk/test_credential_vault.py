@@ -111,6 +111,15 @@ def test_every_auth_type_is_injected_and_a_change_adds_replaces_and_deletes(make
     shown = json.dumps(sb.credential_vault.get().model_dump(mode="json"))
     assert not any(v in shown for v in SECRETS.values()), shown
     assert {b.auth.type for b in state.bindings} == {"bearer", "basic", "apiKey", "customHeaders"}
+    # Each part alone, as the SDK reads it: names, revisions and auth types, never a value.
+    assert sorted(c.name for c in sb.credential_vault.list_credentials()) == sorted(SECRETS)
+    one = sb.credential_vault.get_credential("client-id")
+    assert (one.name, one.revision) == ("client-id", 1), one
+    assert sorted(b.name for b in sb.credential_vault.list_bindings()) == ["api-key", "basic", "bearer", "custom-headers"]
+    assert sb.credential_vault.get_binding("api-key").auth.type == "apiKey"
+    with pytest.raises(Exception) as missing:
+        sb.credential_vault.get_binding("no-such-binding")
+    assert "404" in str(missing.value) or "not found" in str(missing.value).lower(), missing.value
 
     got = fetch(sb, f"-H 'Authorization: Bearer made-up' http://{HOST}/echo/bearer")
     # The upstream got the vault's value, not the sandbox's; echoed back, it is overwritten.

@@ -1,12 +1,20 @@
 //! What every part of the HTTP API shares: its header names and well-known ports, the body
-//! limit of JSON requests and the JSON extractor that keeps to it, and where a path names a
-//! sandbox or a proxied port. A leaf: it knows no handler and no state.
+//! limit of JSON requests and the JSON extractor that keeps to it, where a path names a
+//! sandbox or a proxied port, and the extractors of path parameters (`ApiPath`, and
+//! `InSandbox` for a route under `/sandboxes/{id}`). A leaf: it knows no handler, and the
+//! router's state only through `SandboxLookup`.
+
+use std::future::Future;
+use std::pin::Pin;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{FromRequestParts, Path, Request};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
+use paddock_core::runtime::SandboxId;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiResult};
+use crate::store::SandboxRow;
 
 /// Header carrying the OpenSandbox API key.
 pub const API_KEY_HEADER: &str = "open-sandbox-api-key";
@@ -80,5 +88,58 @@ where
                 Err(ApiError::bad_request(format!("invalid JSON body: {}", rejection.body_text())))
             }
         }
+    }
+}
+
+/// Path parameters, by name (`ApiPath<Cmd>` with `struct Cmd { cmd: String }`), whose
+/// rejection (a segment that is not UTF-8 once decoded) is a `{code, message}` 400 instead of
+/// axum's plain text.
+pub struct ApiPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(Self(v)),
+            Err(rejection) => Err(ApiError::bad_request(format!("invalid path: {}", rejection.body_text()))),
+        }
+    }
+}
+
+/// How a handler finds the sandbox a request names: the API's own rows, and one the server
+/// has not seen yet adopted (the lifecycle's business, hence behind a trait the router's
+/// state implements).
+pub trait SandboxLookup: Send + Sync {
+    fn sandbox<'a>(&'a self, id: &'a str) -> Lookup<'a>;
+}
+
+/// A lookup under way.
+pub type Lookup<'a> = Pin<Box<dyn Future<Output = ApiResult<(SandboxId, SandboxRow)>> + Send + 'a>>;
+
+#[derive(serde::Deserialize)]
+struct IdParam {
+    id: String,
+}
+
+/// The sandbox the route's `id` path parameter names, which must exist (else a 404 that says
+/// how to find the right id), and its row: the first step of every handler under
+/// `/sandboxes/{id}`, as an extractor.
+pub struct InSandbox(pub SandboxId, pub SandboxRow);
+
+impl<S> FromRequestParts<S> for InSandbox
+where
+    S: SandboxLookup + Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let ApiPath(IdParam { id }) = ApiPath::from_request_parts(parts, state).await?;
+        let (id, row) = state.sandbox(&id).await?;
+        Ok(Self(id, row))
     }
 }

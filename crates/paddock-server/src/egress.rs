@@ -5,14 +5,12 @@
 //! the whole policy. Paddock's own `GET /v1/sandboxes/{id}/egress` adds the counters and the
 //! newest denials.
 
-use std::collections::HashMap;
-
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use paddock_core::egress::{EgressPolicy, EgressRule, EgressStatus, Enforcement};
 use serde_json::{Value, json};
 
-use crate::api::ApiJson;
+use crate::api::{ApiJson, InSandbox};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -37,12 +35,10 @@ fn policy_status(s: &EgressStatus) -> Value {
     })
 }
 
-fn id_of(p: &HashMap<String, String>) -> &str {
-    p.get("id").map(String::as_str).unwrap_or_default()
-}
-
-async fn current(state: &AppState, id: &str) -> ApiResult<(paddock_core::runtime::SandboxId, EgressStatus)> {
-    let (sid, _) = state.sandbox(id).await?;
+async fn current(
+    state: &AppState,
+    sid: paddock_core::runtime::SandboxId,
+) -> ApiResult<(paddock_core::runtime::SandboxId, EgressStatus)> {
     let status = state.rt.egress(&sid).await?;
     Ok((sid, status))
 }
@@ -58,35 +54,34 @@ pub fn policy_routes() -> axum::routing::MethodRouter<AppState> {
     axum::routing::get(get_policy).put(replace).post(replace).patch(patch_rules).delete(delete_rules)
 }
 
-pub async fn get_policy(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (_, status) = current(&state, id_of(&p)).await?;
+pub async fn get_policy(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<Response> {
+    let (_, status) = current(&state, sid).await?;
     Ok(axum::Json(policy_status(&status)).into_response())
 }
 
 pub async fn replace(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Response> {
-    let (sid, _) = state.sandbox(id_of(&p)).await?;
     set(&state, &sid, policy).await
 }
 
 pub async fn patch_rules(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(rules): ApiJson<Vec<EgressRule>>,
 ) -> ApiResult<Response> {
-    let (sid, status) = current(&state, id_of(&p)).await?;
+    let (sid, status) = current(&state, sid).await?;
     set(&state, &sid, status.policy.patched(&rules)).await
 }
 
 pub async fn delete_rules(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(targets): ApiJson<Vec<String>>,
 ) -> ApiResult<Response> {
-    let (sid, status) = current(&state, id_of(&p)).await?;
+    let (sid, status) = current(&state, sid).await?;
     let (policy, removed) = status.policy.without(&targets);
     if removed == 0 {
         // Idempotent, as OpenSandbox's sidecar: nothing changes, and the reply says so.
@@ -99,8 +94,8 @@ pub async fn delete_rules(
 
 /// `GET /v1/sandboxes/{id}/egress`: the policy, how it is enforced, what was counted and the
 /// newest denials (oldest first).
-pub async fn status(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (_, status) = current(&state, id_of(&p)).await?;
+pub async fn status(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<Response> {
+    let (_, status) = current(&state, sid).await?;
     Ok(axum::Json(status).into_response())
 }
 

@@ -16,17 +16,36 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::{get, post};
-use paddock_core::runtime::SandboxId;
 use serde::Serialize;
 
 pub use commands::{Commands, ENTRYPOINT_EXITED, MAX_RUNNING_PER_SANDBOX};
 pub use env::ENV_FILE;
-pub use host::{ExecdState, Lookup, SandboxLookup};
+pub use host::ExecdState;
+
+use crate::api::{ApiPath, InSandbox, SandboxLookup};
 
 use crate::error::ApiResult;
 use crate::store::now_ms;
+
+/// The `{cmd}` of a command's routes.
+#[derive(serde::Deserialize)]
+pub(super) struct CommandParam {
+    pub cmd: String,
+}
+
+/// The `{context}` of a code context's routes.
+#[derive(serde::Deserialize)]
+pub(super) struct ContextParam {
+    pub context: String,
+}
+
+/// The `{session}` of a bash session's routes.
+#[derive(serde::Deserialize)]
+pub(super) struct SessionParam {
+    pub session: String,
+}
 
 /// OpenSandbox's error for a body the route cannot use.
 pub(super) fn invalid_body(message: impl Into<String>) -> crate::error::ApiError {
@@ -135,25 +154,6 @@ async fn ping(State(state): State<ExecdState>, InSandbox(sandbox, row): InSandbo
             "SANDBOX_FAILED",
             format!("sandbox {sandbox} has failed: its processes are gone; delete it and create another"),
         )),
-    }
-}
-
-/// The sandbox the route's `id` path parameter names, which must exist (else a 404 that says
-/// how to find the right id), and its row: every execd handler's first step, as an extractor.
-pub(super) struct InSandbox(pub SandboxId, pub crate::store::SandboxRow);
-
-impl<S> axum::extract::FromRequestParts<S> for InSandbox
-where
-    S: SandboxLookup + Send + Sync,
-{
-    type Rejection = crate::error::ApiError;
-
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| crate::error::ApiError::bad_request(e.body_text()))?;
-        let (id, row) = state.sandbox(params.get("id").map_or("", String::as_str)).await?;
-        Ok(Self(id, row))
     }
 }
 

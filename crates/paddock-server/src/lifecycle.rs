@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::{Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, patch, post};
@@ -15,7 +15,7 @@ use paddock_core::spec::SandboxSpec;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::api::{ApiJson, SANDBOX_TOKEN_HEADER};
+use crate::api::{ApiJson, ApiPath, InSandbox, SANDBOX_TOKEN_HEADER};
 use crate::error::{ApiError, ApiResult};
 use crate::execd::ENTRYPOINT_EXITED;
 use crate::state::AppState;
@@ -91,7 +91,7 @@ async fn list_volumes(
 async fn delete_volume(
     State(state): State<AppState>,
     tenant: Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     paddock_core::volume::validate_volume_name(&name).map_err(|e| ApiError::bad_request(e.message))?;
     crate::tenants::check_user_name("volume", &name)?;
@@ -749,8 +749,7 @@ async fn refresh(state: &AppState, row: SandboxRow) -> ApiResult<SandboxRow> {
     Ok(row)
 }
 
-async fn get_one(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    let (_, row) = state.sandbox(&id).await?;
+async fn get_one(State(state): State<AppState>, InSandbox(_, row): InSandbox) -> ApiResult<Response> {
     Ok(axum::Json(sandbox_json(&refresh(&state, row).await?)).into_response())
 }
 
@@ -814,24 +813,24 @@ async fn list(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQue
     .into_response())
 }
 
-async fn remove(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, _) = state.sandbox(&id).await?;
+async fn remove(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<StatusCode> {
+    let id = sid.as_str();
     match state.rt.destroy(&sid).await {
         Ok(()) | Err(RuntimeError::NotFound(_)) => {}
         Err(e) => return Err(e.into()),
     }
-    state.commands.forget_sandbox(&id);
-    forget_use(&state, &id);
-    state.store.delete(&id).await?;
+    state.commands.forget_sandbox(id);
+    forget_use(&state, id);
+    state.store.delete(id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn patch_metadata(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InSandbox(sid, row): InSandbox,
     ApiJson(patch): ApiJson<BTreeMap<String, Option<String>>>,
 ) -> ApiResult<Response> {
-    let (_, row) = state.sandbox(&id).await?;
+    let id = sid.as_str();
     let mut metadata = row.metadata.clone();
     for (k, v) in patch {
         match v {
@@ -840,8 +839,8 @@ async fn patch_metadata(
         };
     }
     validate_metadata(&metadata)?;
-    state.store.set_metadata(&id, &metadata).await?;
-    let (_, row) = state.sandbox(&id).await?;
+    state.store.set_metadata(id, &metadata).await?;
+    let (_, row) = state.sandbox(id).await?;
     Ok(axum::Json(sandbox_json(&row)).into_response())
 }
 
@@ -857,19 +856,19 @@ fn refuse_failed(row: &SandboxRow) -> ApiResult<()> {
     Ok(())
 }
 
-async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, row) = state.sandbox(&id).await?;
+async fn pause(State(state): State<AppState>, InSandbox(sid, row): InSandbox) -> ApiResult<StatusCode> {
+    let id = sid.as_str();
     refuse_failed(&refresh(&state, row).await?)?;
     state.rt.pause(&sid).await?;
-    state.store.set_state(&id, LifecycleState::Paused, Some("SANDBOX_PAUSED"), None).await?;
+    state.store.set_state(id, LifecycleState::Paused, Some("SANDBOX_PAUSED"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
-async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let (sid, row) = state.sandbox(&id).await?;
+async fn resume(State(state): State<AppState>, InSandbox(sid, row): InSandbox) -> ApiResult<StatusCode> {
+    let id = sid.as_str();
     refuse_failed(&refresh(&state, row).await?)?;
     state.rt.resume(&sid).await?;
-    state.store.set_state(&id, LifecycleState::Running, Some("SANDBOX_RUNNING"), None).await?;
+    state.store.set_state(id, LifecycleState::Running, Some("SANDBOX_RUNNING"), None).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -881,10 +880,10 @@ struct RenewRequest {
 
 async fn renew(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> ApiResult<Response> {
-    let (sid, _) = state.sandbox(&id).await?;
+    let id = sid.as_str();
     let at = parse_rfc3339(&req.expires_at).ok_or_else(|| {
         ApiError::bad_request(format!(
             "expiresAt {:?} is not an RFC 3339 time such as 2026-01-01T12:00:00Z",
@@ -904,7 +903,7 @@ async fn renew(
         ));
     }
     state.rt.renew(&sid, Duration::from_millis(ttl.cast_unsigned())).await?;
-    state.store.set_expires(&id, Some(at)).await?;
+    state.store.set_expires(id, Some(at)).await?;
     Ok(axum::Json(json!({ "expiresAt": rfc3339(at) })).into_response())
 }
 
@@ -914,14 +913,21 @@ struct EndpointQuery {
     expires: Option<String>,
 }
 
+/// The `{port}` of an endpoint's route, checked by the handler (its error names the range).
+#[derive(Deserialize)]
+struct PortParam {
+    port: String,
+}
+
 async fn endpoint(
     State(state): State<AppState>,
-    Path((id, port)): Path<(String, String)>,
+    InSandbox(sid, row): InSandbox,
+    ApiPath(PortParam { port }): ApiPath<PortParam>,
     Query(q): Query<EndpointQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let (_, row) = state.sandbox(&id).await?;
-    renew_on_access(&state, &id).await;
+    let id = sid.as_str();
+    renew_on_access(&state, id).await;
     let port: u16 = port
         .parse()
         .ok()
@@ -1016,13 +1022,13 @@ async fn entrypoint_record(state: &AppState, id: &str) -> ApiResult<Option<crate
 /// together), running or ended.
 async fn diagnostic_logs(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InSandbox(sid, row): InSandbox,
     Query(q): Query<DiagnosticQuery>,
 ) -> ApiResult<Response> {
-    let (_, row) = state.sandbox(&id).await?;
+    let id = sid.as_str();
     let scope = diagnostic_scope(q, &LOG_SCOPES)?;
     let mut warnings = Vec::new();
-    let (content, truncated) = match entrypoint_record(&state, &id).await? {
+    let (content, truncated) = match entrypoint_record(&state, id).await? {
         Some(log) => (String::from_utf8_lossy(&log.tail).into_owned(), log.truncated),
         None if row.entrypoint.is_empty() => {
             warnings.push("this sandbox runs no entrypoint (it was made with the CLI): there is no log".to_owned());
@@ -1035,22 +1041,22 @@ async fn diagnostic_logs(
             (String::new(), false)
         }
     };
-    Ok(diagnostic(&id, "logs", scope, content, truncated, warnings))
+    Ok(diagnostic(id, "logs", scope, content, truncated, warnings))
 }
 
 /// `GET /sandboxes/{id}/diagnostics/events?scope=`: the sandbox's lifecycle as text, one
 /// event a line: created, entrypoint started and ended, its state now.
 async fn diagnostic_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InSandbox(sid, row): InSandbox,
     Query(q): Query<DiagnosticQuery>,
 ) -> ApiResult<Response> {
-    let (_, row) = state.sandbox(&id).await?;
+    let id = sid.as_str();
     let scope = diagnostic_scope(q, &EVENT_SCOPES)?;
     let row = refresh(&state, row).await?;
     let mut lines =
         vec![format!("{} Created: sandbox {} from image {}", rfc3339(row.created_at_ms), row.id, row.image)];
-    if let Some(log) = entrypoint_record(&state, &id).await? {
+    if let Some(log) = entrypoint_record(&state, id).await? {
         lines.push(format!("{} EntrypointStarted: {}", rfc3339(log.started_at_ms), log.command));
         if let Some(at) = log.finished_at_ms {
             let how = match (log.exit_code, &log.error) {
@@ -1073,7 +1079,7 @@ async fn diagnostic_events(
         Some(e) => lines.push(format!("{} Expires", rfc3339(e))),
         None => lines.push("- NoExpiry: the sandbox lives until deleted".to_owned()),
     }
-    Ok(diagnostic(&id, "events", scope, lines.join("\n") + "\n", false, Vec::new()))
+    Ok(diagnostic(id, "events", scope, lines.join("\n") + "\n", false, Vec::new()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1089,7 +1095,7 @@ fn thread_of(tenant: &Tenant, raw: &str) -> ApiResult<ThreadId> {
 async fn acquire(
     State(state): State<AppState>,
     tenant: Tenant,
-    Path(thread): Path<String>,
+    ApiPath(thread): ApiPath<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
@@ -1125,7 +1131,11 @@ async fn acquire(
     Ok(axum::Json(body).into_response())
 }
 
-async fn release(State(state): State<AppState>, tenant: Tenant, Path(thread): Path<String>) -> ApiResult<StatusCode> {
+async fn release(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiPath(thread): ApiPath<String>,
+) -> ApiResult<StatusCode> {
     let t = thread_of(&tenant, &thread)?;
     state.rt.release(&t).await?;
     forget_thread_rows(&state, &tenant, &thread).await?;
@@ -1135,7 +1145,7 @@ async fn release(State(state): State<AppState>, tenant: Tenant, Path(thread): Pa
 async fn destroy_workspace(
     State(state): State<AppState>,
     tenant: Tenant,
-    Path(thread): Path<String>,
+    ApiPath(thread): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let t = thread_of(&tenant, &thread)?;
     state.rt.destroy_workspace(&t).await?;
@@ -1670,13 +1680,8 @@ fn workspace_document() -> Value {
     })
 }
 
-impl crate::execd::SandboxLookup for AppState {
-    fn sandbox<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = ApiResult<(paddock_core::runtime::SandboxId, SandboxRow)>> + Send + 'a>,
-    > {
+impl crate::api::SandboxLookup for AppState {
+    fn sandbox<'a>(&'a self, id: &'a str) -> crate::api::Lookup<'a> {
         Box::pin(AppState::sandbox(self, id))
     }
 }

@@ -5,12 +5,11 @@
 //! server the sandbox runs on its own loopback, through a connection the runtime opens inside
 //! the sandbox's network namespace.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -18,7 +17,7 @@ use axum::routing::any;
 use hyper_util::rt::TokioIo;
 use tower::{Layer, ServiceExt};
 
-use crate::api::{API_KEY_HEADER, EGRESS_PORT, SANDBOX_TOKEN_HEADER};
+use crate::api::{API_KEY_HEADER, ApiPath, EGRESS_PORT, InSandbox, SANDBOX_TOKEN_HEADER};
 use crate::error::{ApiError, ApiResult};
 use crate::proxy_pool::{PortKey, Sender};
 use crate::state::AppState;
@@ -67,22 +66,29 @@ async fn egress_not_served(method: axum::http::Method, uri: axum::http::Uri) -> 
     )
 }
 
+/// `{port}` and, below it, `{*rest}` of a proxied route.
+#[derive(serde::Deserialize)]
+struct ProxyPath {
+    port: String,
+    rest: Option<String>,
+}
+
 async fn forward(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
+    ApiPath(p): ApiPath<ProxyPath>,
     mut req: Request,
 ) -> ApiResult<Response> {
-    let id = p.get("id").map(String::as_str).unwrap_or_default();
     let port: u16 = p
-        .get("port")
-        .and_then(|s| s.parse().ok())
+        .port
+        .parse()
+        .ok()
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::bad_request("the port must be a number from 1 to 65535"))?;
-    let (sid, _) = state.sandbox(id).await?;
     // The execd and egress ports are answered by this server, never by the sandbox: a path
     // their routers do not match (the bare port, a trailing slash) is unserved, not a 502.
     if port == crate::api::EXECD_PORT || port == EGRESS_PORT {
-        let rest = p.get("rest").map(|r| format!("/{r}")).unwrap_or_default();
+        let rest = p.rest.as_ref().map(|r| format!("/{r}")).unwrap_or_default();
         let what = if port == EGRESS_PORT {
             "this is not an egress route Paddock serves: /policy and /credential-vault are".into()
         } else {
@@ -116,7 +122,7 @@ async fn forward(
     let key = (sid.to_string(), port);
     let pooled = if client_upgrade.is_none() { state.pool.take(&key) } else { None };
 
-    let rest = p.get("rest").map(String::as_str).unwrap_or("");
+    let rest = p.rest.as_deref().unwrap_or("");
     let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
     let uri =
         format!("/{rest}{query}").parse().map_err(|_| ApiError::bad_request("the proxied path is not a valid URI"))?;

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -23,7 +23,7 @@ use paddock_core::runtime::SandboxId;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{ApiJson, EGRESS_PORT};
+use crate::api::{ApiJson, EGRESS_PORT, InSandbox};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -224,8 +224,7 @@ pub struct TicketRequest {
 /// `POST /v1/sandboxes/{id}/signatures/revoke`: every signed route and endpoint of the sandbox
 /// made before stops working (its route epoch moves on), and its unused tickets are dropped.
 /// Links made after are signed anew.
-pub async fn revoke_signatures(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    let (sid, _) = state.sandbox(&id).await?;
+pub async fn revoke_signatures(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<Response> {
     let epoch = state.store.bump_route_epoch(sid.as_str()).await?;
     let dropped = {
         let mut t = state.tickets.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -240,11 +239,10 @@ pub async fn revoke_signatures(State(state): State<AppState>, Path(id): Path<Str
 /// request to that port, e.g. a browser's WebSocket handshake.
 pub async fn issue_ticket(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    InSandbox(sid, _): InSandbox,
     headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<TicketRequest>,
 ) -> ApiResult<Response> {
-    let (sid, _) = state.sandbox(&id).await?;
     if req.port == 0 || req.port == EGRESS_PORT {
         return Err(ApiError::bad_request("a ticket opens a port from 1 to 65535 other than the egress policy port"));
     }

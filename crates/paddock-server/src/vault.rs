@@ -4,16 +4,14 @@
 //! every answer is the vault's sanitized state. Changes are checked whole against the
 //! sandbox's egress policy and answered only once the runtime put them in force.
 
-use std::collections::HashMap;
-
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::SandboxId;
 use paddock_core::vault::{CreateRequest, MutationRequest, Vault, VaultError};
 use serde_json::json;
 
-use crate::api::ApiJson;
+use crate::api::{ApiJson, ApiPath, InSandbox};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -23,14 +21,28 @@ static CHANGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub fn routes() -> axum::Router<AppState> {
     axum::Router::new()
         .route("/credential-vault", axum::routing::get(get_vault).post(create).patch(mutate).delete(delete))
-        .route("/credential-vault/credentials", axum::routing::get(list_credentials))
-        .route("/credential-vault/credentials/{name}", axum::routing::get(get_credential))
-        .route("/credential-vault/bindings", axum::routing::get(list_bindings))
-        .route("/credential-vault/bindings/{name}", axum::routing::get(get_binding))
+        .route("/credential-vault/{part}", axum::routing::get(part))
+        .route("/credential-vault/{part}/{name}", axum::routing::get(part))
 }
 
-fn id_of(p: &HashMap<String, String>) -> &str {
-    p.get("id").map(String::as_str).unwrap_or_default()
+/// `credentials` or `bindings` (`{part}`), and one of them by `{name}`.
+#[derive(serde::Deserialize)]
+struct Part {
+    part: String,
+    name: Option<String>,
+}
+
+impl Part {
+    /// The part's key in the vault's state, or a 404 for a path that names neither.
+    fn key(&self) -> ApiResult<&'static str> {
+        match self.part.as_str() {
+            "credentials" => Ok("credentials"),
+            "bindings" => Ok("bindings"),
+            other => Err(ApiError::not_found(format!(
+                "no vault route …/credential-vault/{other}: use …/credentials or …/bindings"
+            ))),
+        }
+    }
 }
 
 fn no_vault(id: &SandboxId) -> ApiError {
@@ -45,12 +57,18 @@ pub(crate) fn refused(e: VaultError) -> ApiError {
     }
 }
 
-async fn current(state: &AppState, id: &str) -> ApiResult<(SandboxId, Option<Vault>)> {
-    let (sid, _) = state.sandbox(id).await?;
+async fn current(state: &AppState, sid: SandboxId) -> ApiResult<(SandboxId, Option<Vault>)> {
     if !state.rt.capabilities().credential_vault {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "NOT_SUPPORTED", paddock_core::runtime::VAULT_UNSUPPORTED));
     }
     let vault = state.rt.vault(&sid).await?;
+    Ok((sid, vault))
+}
+
+/// The sandbox's vault, which must exist.
+async fn existing(state: &AppState, sid: SandboxId) -> ApiResult<(SandboxId, Vault)> {
+    let (sid, vault) = current(state, sid).await?;
+    let vault = vault.ok_or_else(|| no_vault(&sid))?;
     Ok((sid, vault))
 }
 
@@ -74,19 +92,18 @@ async fn apply(state: &AppState, sid: &SandboxId, vault: Vault) -> ApiResult<()>
     Ok(())
 }
 
-async fn get_vault(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let vault = vault.ok_or_else(|| no_vault(&sid))?;
+async fn get_vault(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<Response> {
+    let (_, vault) = existing(&state, sid).await?;
     Ok(axum::Json(vault.state()).into_response())
 }
 
 async fn create(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(req): ApiJson<CreateRequest>,
 ) -> ApiResult<Response> {
     let _one = CHANGES.lock().await;
-    let (sid, vault) = current(&state, id_of(&p)).await?;
+    let (sid, vault) = current(&state, sid).await?;
     if vault.is_some() {
         return Err(ApiError::conflict(format!(
             "sandbox {sid} already has a credential vault: change it with PATCH, or DELETE it first"
@@ -100,21 +117,20 @@ async fn create(
 
 async fn mutate(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
     ApiJson(req): ApiJson<MutationRequest>,
 ) -> ApiResult<Response> {
     let _one = CHANGES.lock().await;
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let vault = vault.ok_or_else(|| no_vault(&sid))?;
+    let (sid, vault) = existing(&state, sid).await?;
     let policy = state.rt.egress(&sid).await?.policy;
     let next = vault.mutate(req, &policy).map_err(refused)?;
     apply(&state, &sid, next.clone()).await?;
     Ok(axum::Json(next.state()).into_response())
 }
 
-async fn delete(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
+async fn delete(State(state): State<AppState>, InSandbox(sid, _): InSandbox) -> ApiResult<Response> {
     let _one = CHANGES.lock().await;
-    let (sid, vault) = current(&state, id_of(&p)).await?;
+    let (sid, vault) = current(&state, sid).await?;
     if vault.is_none() {
         return Err(no_vault(&sid));
     }
@@ -122,40 +138,25 @@ async fn delete(State(state): State<AppState>, Path(p): Path<HashMap<String, Str
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `{revision, <key>}`: one list of the vault's sanitized state.
-async fn listing(state: &AppState, id: &str, key: &str) -> ApiResult<Response> {
-    let (sid, vault) = current(state, id).await?;
-    let s = vault.ok_or_else(|| no_vault(&sid))?.state();
-    Ok(axum::Json(json!({"revision": s["revision"], key: s[key]})).into_response())
-}
-
-async fn list_credentials(
+/// `GET …/credential-vault/credentials` or `…/bindings`: `{revision, <part>}`, one list of the
+/// vault's sanitized state; with `/{name}`, one of them.
+async fn part(
     State(state): State<AppState>,
-    Path(p): Path<HashMap<String, String>>,
+    InSandbox(sid, _): InSandbox,
+    ApiPath(part): ApiPath<Part>,
 ) -> ApiResult<Response> {
-    listing(&state, id_of(&p), "credentials").await
-}
-
-async fn get_credential(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let vault = vault.ok_or_else(|| no_vault(&sid))?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let c = vault.credential_state(name).ok_or_else(|| ApiError::not_found(format!("credential not found: {name}")))?;
-    Ok(axum::Json(c).into_response())
-}
-
-async fn list_bindings(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    listing(&state, id_of(&p), "bindings").await
-}
-
-async fn get_binding(State(state): State<AppState>, Path(p): Path<HashMap<String, String>>) -> ApiResult<Response> {
-    let (sid, vault) = current(&state, id_of(&p)).await?;
-    let vault = vault.ok_or_else(|| no_vault(&sid))?;
-    let name = p.get("name").map(String::as_str).unwrap_or_default();
-    let b = vault
-        .bindings
-        .iter()
-        .find(|b| b.name == name)
-        .ok_or_else(|| ApiError::not_found(format!("binding not found: {name}")))?;
-    Ok(axum::Json(vault.binding_state(b)).into_response())
+    let key = part.key()?;
+    let (_, vault) = existing(&state, sid).await?;
+    let Some(name) = part.name else {
+        let s = vault.state();
+        return Ok(axum::Json(json!({"revision": s["revision"], key: s[key]})).into_response());
+    };
+    let found = if key == "credentials" {
+        vault.credential_state(&name)
+    } else {
+        vault.bindings.iter().find(|b| b.name == name).map(|b| vault.binding_state(b))
+    };
+    let what = key.trim_end_matches('s');
+    let found = found.ok_or_else(|| ApiError::not_found(format!("{what} not found: {name}")))?;
+    Ok(axum::Json(found).into_response())
 }

@@ -226,3 +226,50 @@ async fn fake_runtime_workspace_caps_default_to_the_servers_and_are_set_per_sand
         assert!(err["message"].as_str().unwrap().contains("workspace"), "{k}={v}: {err}");
     }
 }
+
+#[tokio::test]
+async fn fake_runtime_path_parameters_are_typed_with_json_errors_on_every_route_family() {
+    let s = Server::new().await;
+    let id = s.create().await;
+    // A segment that is not UTF-8 once decoded: a `{code, message}` 400, never axum's plain text.
+    for uri in [
+        "/v1/sandboxes/%FF".to_owned(),
+        "/v1/sandboxes/%FF/credential-vault".to_owned(),
+        "/v1/sandboxes/%FF/networkpolicy".to_owned(),
+        "/v1/sandboxes/%FF/endpoints/8080".to_owned(),
+        "/v1/workspaces/%FF/release".to_owned(),
+        "/v1/runs/%FF".to_owned(),
+        format!("/v1/sandboxes/{id}/credential-vault/bindings/%FF"),
+        format!("/v1/sandboxes/{id}/proxy/44772/command/status/%FF"),
+        format!("/v1/sandboxes/{id}/proxy/44772/code/contexts/%FF"),
+    ] {
+        let method = if uri.contains("/release") { "POST" } else { "GET" };
+        let (status, body) = s.call(method, &uri, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri}: {body}");
+        assert!(body["message"].as_str().is_some_and(|m| m.contains("invalid path")), "{uri}: {body}");
+    }
+    // A sandbox that does not exist is the same 404 under every route that names one, in the
+    // lifecycle API, the egress and vault APIs, execd and the port proxy.
+    let gone = "sbx-000000000000";
+    for (method, path) in [
+        ("GET", ""),
+        ("POST", "/pause"),
+        ("GET", "/networkpolicy"),
+        ("GET", "/egress"),
+        ("GET", "/credential-vault/credentials"),
+        ("GET", "/endpoints/8080"),
+        ("POST", "/signatures/revoke"),
+        ("GET", "/proxy/44772/ping"),
+        ("GET", "/proxy/44772/command/status/x"),
+        ("GET", "/proxy/8080/"),
+    ] {
+        let uri = format!("/v1/sandboxes/{gone}{path}");
+        let (status, body) = s.call(method, &uri, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {uri}: {body}");
+        assert!(body["message"].as_str().is_some_and(|m| m.contains("GET /v1/sandboxes")), "{uri}: {body}");
+    }
+    // And the sandbox that does exist is found by each of them.
+    let (status, body) = s.call("GET", &format!("/v1/sandboxes/{id}/proxy/44772/command/status/x"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no such command, in the sandbox that exists: {body}");
+    assert!(!body["message"].as_str().unwrap_or_default().contains("GET /v1/sandboxes"), "{body}");
+}

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::{ByteReader, ByteWriter, ExecOutcome, ExecRequest, Execution, Process, SandboxId};
@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::ExecdState;
 use super::stream_headers;
 use super::text::{LineSplitter, parse_query, query_one};
-use super::{InSandbox, invalid_body, missing_query};
+use super::{ApiPath, ContextParam, InSandbox, invalid_body, missing_query};
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 
@@ -1127,10 +1127,9 @@ pub async fn create_context(
 pub async fn get_context(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(ContextParam { context: id }): ApiPath<ContextParam>,
 ) -> ApiResult<Response> {
-    let id = params.get("context").map_or("", String::as_str);
-    let ctx = state.commands.contexts.get(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;
+    let ctx = state.commands.contexts.get(&sandbox, &id, Kind::Code).ok_or_else(|| context_not_found(&id))?;
     Ok(axum::Json(ctx.describe()).into_response())
 }
 
@@ -1138,10 +1137,9 @@ pub async fn get_context(
 pub async fn delete_context(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(ContextParam { context: id }): ApiPath<ContextParam>,
 ) -> ApiResult<StatusCode> {
-    let id = params.get("context").map_or("", String::as_str);
-    state.commands.contexts.remove(&sandbox, id, Kind::Code).ok_or_else(|| context_not_found(id))?;
+    state.commands.contexts.remove(&sandbox, &id, Kind::Code).ok_or_else(|| context_not_found(&id))?;
     Ok(StatusCode::OK)
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use paddock_core::runtime::{
@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::ExecdState;
 use super::text::{Event, LineSplitter, TailLog, parse_query, query_one};
-use super::{InSandbox, Names, invalid_body, missing_query};
+use super::{ApiPath, CommandParam, InSandbox, Names, invalid_body, missing_query};
 use crate::error::{ApiError, ApiResult};
 use crate::store::LifecycleState;
 use crate::store::now_ms;
@@ -710,9 +710,9 @@ struct CommandStatus<'a> {
 pub async fn status(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(CommandParam { cmd }): ApiPath<CommandParam>,
 ) -> ApiResult<Response> {
-    let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
+    let command = state.commands.get(&sandbox, &cmd)?;
     let s = lock(&command.status);
     let body = CommandStatus {
         id: &command.id,
@@ -731,10 +731,10 @@ pub async fn status(
 pub async fn logs(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(CommandParam { cmd }): ApiPath<CommandParam>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    let command = state.commands.get(&sandbox, params.get("cmd").map_or("", String::as_str))?;
+    let command = state.commands.get(&sandbox, &cmd)?;
     let q = parse_query(raw.as_deref());
     // execd reads a malformed cursor as 0.
     let cursor = query_one(&q, "cursor").and_then(|c| c.parse::<u64>().ok()).unwrap_or(0);

@@ -2,11 +2,10 @@
 //! `delete_session`). A session is a bash driver of `code` (one shell per session, so `cd`,
 //! variables and exports persist between runs); its runs stream events like `/command`.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -15,7 +14,7 @@ use serde_json::json;
 use super::ExecdState;
 use super::code::{Kind, Language, start_run};
 use super::commands::expand_home;
-use super::{InSandbox, invalid_body};
+use super::{ApiPath, InSandbox, SessionParam, invalid_body};
 use crate::error::{ApiError, ApiResult};
 
 #[derive(Deserialize)]
@@ -61,17 +60,16 @@ pub async fn create(
 pub async fn run(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(SessionParam { session: id }): ApiPath<SessionParam>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let id = params.get("session").map_or("", String::as_str);
     let req: RunInSession = parse(&body, "send {\"command\": \"...\"}")?;
     let command = req
         .command
         .filter(|c| !c.trim().is_empty())
         .ok_or_else(|| invalid_body("no command given: send a non-empty \"command\""))?;
     let timeout = super::timeout_ms(req.timeout)?.map(Duration::from_millis);
-    let ctx = state.commands.contexts.get(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
+    let ctx = state.commands.contexts.get(&sandbox, &id, Kind::Session).ok_or_else(|| not_found(&id))?;
     let cwd = req.cwd.filter(|c| !c.is_empty()).map(expand_home);
     Ok(start_run(state, sandbox, ctx, command, cwd, timeout))
 }
@@ -80,9 +78,8 @@ pub async fn run(
 pub async fn delete(
     State(state): State<ExecdState>,
     InSandbox(sandbox, _): InSandbox,
-    Path(params): Path<HashMap<String, String>>,
+    ApiPath(SessionParam { session: id }): ApiPath<SessionParam>,
 ) -> ApiResult<StatusCode> {
-    let id = params.get("session").map_or("", String::as_str);
-    state.commands.contexts.remove(&sandbox, id, Kind::Session).ok_or_else(|| not_found(id))?;
+    state.commands.contexts.remove(&sandbox, &id, Kind::Session).ok_or_else(|| not_found(&id))?;
     Ok(StatusCode::OK)
 }

@@ -43,9 +43,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Path(id) = axum::extract::Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("the path does not name a run: {}", e.body_text())))?;
+        let crate::api::ApiPath(id) = crate::api::ApiPath::<String>::from_request_parts(parts, state).await?;
         let runs = Arc::<Runs>::from_ref(state);
         let run = runs.get(&id).await?;
         // Another tenant's run is as absent as one that never was.
@@ -478,7 +476,7 @@ async fn evaluation_view(id: &str, name: Option<&str>, runs: &Runs, tenant: &Ten
 async fn get_evaluation(
     State(runs): State<Arc<Runs>>,
     tenant: Tenant,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    crate::api::ApiPath(id): crate::api::ApiPath<String>,
 ) -> ApiResult<axum::Json<Value>> {
     Ok(axum::Json(evaluation_view(&id, None, &runs, &tenant).await?))
 }
