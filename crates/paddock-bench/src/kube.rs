@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{ExecRequest, Runtime, SandboxId};
-use paddock_core::spec::SandboxSpec;
+use paddock_core::spec::{SandboxSpec, ValidatedSpec};
 use paddock_runtime_k8s::KubeRuntime;
 use serde::Serialize;
 
@@ -116,13 +116,13 @@ fn thread(label: &str) -> Result<ThreadId> {
     Ok(ThreadId::new(format!("bench-{label}-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))?)
 }
 
-fn spec() -> SandboxSpec {
+fn spec() -> ValidatedSpec {
     let mut s = SandboxSpec::default();
     s.resources.millicpus = 500;
     s.resources.memory_bytes = 128 << 20;
     s.resources.tmp_bytes = 16 << 20;
     s.resources.workspace_bytes = Some(64 << 20);
-    s
+    s.validated().expect("the bench's spec is valid")
 }
 
 async fn exec_true(rt: &dyn Runtime, id: &SandboxId) -> Result<Duration> {
@@ -216,9 +216,9 @@ pub async fn run(
     // A profile of its own on a runtime that keeps no Pods warm: every claim starts one.
     let cold_claims = rt.with_model(paddock_runtime_k8s::SandboxModel::Claim, 0);
     let cold_spec = || {
-        let mut s = spec();
+        let mut s = spec().into_inner();
         s.resources.memory_bytes = 96 << 20;
-        s
+        s.validated().expect("the bench's spec is valid")
     };
     let (mut keeper, mut warm_claim, mut cold_claim) = (Vec::new(), Vec::new(), Vec::new());
     let mut progress = Progress::new("[4/4] create: warm-pool claim vs empty-pool claim vs keeper Pod", n);
@@ -231,7 +231,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for (samples, runtime, spec) in [
-            (&mut warm_claim, &claims, SandboxSpec::default()),
+            (&mut warm_claim, &claims, ValidatedSpec::default()),
             (&mut cold_claim, &cold_claims, cold_spec()),
             (&mut keeper, rt.as_ref(), spec()),
         ] {
@@ -247,7 +247,7 @@ pub async fn run(
 
     let local_exec = match local {
         Some(local) => {
-            let info = local.create(SandboxSpec::default()).await.context("a local sandbox for the baseline")?;
+            let info = local.create(ValidatedSpec::default()).await.context("a local sandbox for the baseline")?;
             let mut samples = Vec::new();
             let measured = async {
                 exec_true(&local, &info.id).await?;

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use paddock_core::runtime::{ExecRequest, Runtime, SandboxId};
-use paddock_core::spec::SandboxSpec;
+use paddock_core::spec::{SandboxSpec, ValidatedSpec};
 use paddock_runtime_local::LocalRuntime;
 use paddock_runtime_local::layout::DataDir;
 use serde::Serialize;
@@ -164,8 +164,10 @@ impl Config {
         Ok(cfg)
     }
 
-    fn spec(&self) -> SandboxSpec {
+    fn spec(&self) -> ValidatedSpec {
         SandboxSpec { labels: BTreeMap::from([(LABEL.to_owned(), self.run_label.clone())]), ..SandboxSpec::default() }
+            .validated()
+            .expect("the bench's spec is valid")
     }
 }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::egress::{EgressCounters, EgressPolicy, EgressStatus};
 use crate::naming::ThreadId;
-use crate::spec::{SandboxSpec, SpecError};
+use crate::spec::{SandboxSpec, SpecError, ValidatedSpec};
 
 /// A sandbox's id: `sbx-` and 12 lowercase hex digits for sandboxes Paddock made.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -614,7 +614,8 @@ pub trait Runtime: Send + Sync {
         Ok(())
     }
     /// Creates a sandbox; the runtime resolves `spec.image` (and refuses what it cannot run).
-    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
+    /// The spec was validated by the caller (`SandboxSpec::validated`) and is not again.
+    async fn create(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError>;
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError>;
     async fn list(&self) -> Result<Vec<SandboxInfo>, RuntimeError>;
     /// Starts a command; its output streams back through the returned `Process`.
@@ -625,7 +626,7 @@ pub trait Runtime: Send + Sync {
     /// remove it whatever became of the command.
     async fn create_and_exec(
         &self,
-        spec: SandboxSpec,
+        spec: ValidatedSpec,
         request: ExecRequest,
     ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
         let info = self.create(spec).await?;
@@ -696,7 +697,7 @@ pub trait Runtime: Send + Sync {
 
     /// Returns the live sandbox of this thread's workspace, or creates one (the workspace too,
     /// on first use). Concurrent acquires of one thread yield one sandbox.
-    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError>;
+    async fn acquire(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError>;
     /// Stops the thread's sandbox and keeps its workspace.
     async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError>;
     /// Stops the thread's sandbox and deletes its workspace.

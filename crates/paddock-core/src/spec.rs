@@ -388,6 +388,61 @@ impl SandboxSpec {
     }
 }
 
+/// A spec that passed [`SandboxSpec::validate`], which is what `Runtime::create` (and
+/// `create_and_exec`, `acquire`) take: the edge (the server's handler, the CLI) validates once
+/// and no runtime checks the caller's part again. It can only be made by validating, also when
+/// deserialized (the local runtime's supervisor reads one from its pipe, a process boundary),
+/// and it cannot be changed in place: a runtime that adds to a spec (an image's environment,
+/// a resolved volume) takes it apart with [`ValidatedSpec::into_inner`] and answers for what
+/// it adds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "SandboxSpec", into = "SandboxSpec")]
+pub struct ValidatedSpec(SandboxSpec);
+
+impl ValidatedSpec {
+    /// The spec, to change: what comes of it is no longer known to be valid.
+    pub fn into_inner(self) -> SandboxSpec {
+        self.0
+    }
+}
+
+impl Default for ValidatedSpec {
+    /// The default spec, which is valid (a test says so).
+    fn default() -> Self {
+        Self(SandboxSpec::default())
+    }
+}
+
+impl std::ops::Deref for ValidatedSpec {
+    type Target = SandboxSpec;
+
+    fn deref(&self) -> &SandboxSpec {
+        &self.0
+    }
+}
+
+impl TryFrom<SandboxSpec> for ValidatedSpec {
+    type Error = SpecError;
+
+    fn try_from(spec: SandboxSpec) -> Result<Self, SpecError> {
+        spec.validated()
+    }
+}
+
+impl From<ValidatedSpec> for SandboxSpec {
+    fn from(spec: ValidatedSpec) -> Self {
+        spec.0
+    }
+}
+
+impl SandboxSpec {
+    /// This spec, checked once (see [`ValidatedSpec`]).
+    pub fn validated(self) -> Result<ValidatedSpec, SpecError> {
+        self.validate()?;
+        Ok(ValidatedSpec(self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,6 +451,7 @@ mod tests {
     fn default_spec_is_valid_and_safe() {
         let s = SandboxSpec::default();
         s.validate().unwrap();
+        assert_eq!(*ValidatedSpec::default(), s, "ValidatedSpec::default is this spec");
         assert_eq!(s.user, User { uid: 1000, gid: 1000 });
         assert_eq!(s.resources.pids, 512);
         assert_eq!((s.resources.workspace_bytes, s.resources.workspace_inodes), (Some(2 << 30), 262_144));
@@ -458,5 +514,18 @@ mod tests {
     fn unknown_fields_are_rejected() {
         let e = serde_json::from_str::<SandboxSpec>(r#"{"resources":{"memory":1}}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn a_validated_spec_is_made_only_by_validating_also_from_json() {
+        let bad = SandboxSpec { user: User { uid: 0, gid: 0 }, ..Default::default() };
+        assert_eq!(bad.clone().validated().unwrap_err().field, "user");
+        let json = serde_json::to_string(&bad).unwrap();
+        let e = serde_json::from_str::<ValidatedSpec>(&json).unwrap_err().to_string();
+        assert!(e.contains("root inside a sandbox"), "deserializing validates: {e}");
+        let good = SandboxSpec { env: [("A".to_owned(), "1".to_owned())].into(), ..Default::default() };
+        let v = good.clone().validated().unwrap();
+        let back: ValidatedSpec = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
+        assert_eq!((back.clone().into_inner(), &back.env), (good, &v.env));
     }
 }

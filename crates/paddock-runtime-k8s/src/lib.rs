@@ -44,7 +44,7 @@ use paddock_core::runtime::{
     ByteReader, Capabilities, Duplex, ExecRequest, FileOp, FileReply, NetworkFeature, Process, Runtime, RuntimeError,
     SandboxId, SandboxInfo, SandboxMetrics, VolumeKind,
 };
-use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, ValidatedSpec, WorkspaceRef};
 use paddock_core::volume::VolumeSource;
 use tokio::io::AsyncReadExt;
 
@@ -249,7 +249,7 @@ impl KubeRuntime {
         let lp = ListParams::default().labels(objects::SANDBOX_LABEL).limit(1);
         match self.pods.list(&lp).await {
             Ok(_) if self.config.model == SandboxModel::Claim => {
-                let pool = self.ensure_profile(&self.prepare(SandboxSpec::default())?).await?;
+                let pool = self.ensure_profile(&self.prepare(ValidatedSpec::default())?).await?;
                 Ok(format!(
                     "Kubernetes reachable in namespace {ns:?}; sandboxes are claims on warm pool {pool} ({} pre-started); {}",
                     self.config.warm_pool,
@@ -324,9 +324,9 @@ impl KubeRuntime {
         no_gateway_because(&self.config)
     }
 
-    /// Validates a spec and fills in what the runtime decides: the image.
-    fn prepare(&self, mut spec: SandboxSpec) -> Result<SandboxSpec, RuntimeError> {
-        spec.validate()?;
+    /// Fills in what the runtime decides of a validated spec: the image, the gateway.
+    fn prepare(&self, spec: ValidatedSpec) -> Result<SandboxSpec, RuntimeError> {
+        let mut spec = spec.into_inner();
         if spec.gateway.is_some() {
             // No forwarder in the Pod: it dials the gateway at the address Pods reach it by,
             // which its NetworkPolicy opens (that address, that port) and its environment
@@ -525,7 +525,7 @@ impl Runtime for KubeRuntime {
         }
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn create(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         let me = self.clone();
         detached(async move { me.create_now(spec).await }).await
     }
@@ -743,11 +743,11 @@ impl Runtime for KubeRuntime {
         id: &SandboxId,
         policy: paddock_core::egress::EgressPolicy,
     ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
-        policy.validate().map_err(RuntimeError::InvalidArgument)?;
         let pod = self.find(id).await?;
         let mut spec = Self::info_of(&pod)?.spec;
         spec.network = NetworkPolicy::Egress(policy);
-        let mut spec = self.prepare(spec)?;
+        // The Pod's spec as read back, with the new policy: checked whole, the policy with it.
+        let mut spec = self.prepare(spec.validated()?)?;
         if pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(claim::CLAIM_ANNOTATION))
             && spec.network != NetworkPolicy::LoopbackOnly
         {
@@ -829,7 +829,7 @@ impl Runtime for KubeRuntime {
         self.delete_sandbox_pod(&pod, true).await
     }
 
-    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         let me = self.clone();
         let thread = thread.clone();
         detached(async move { me.acquire_now(&thread, spec).await }).await
@@ -912,7 +912,7 @@ async fn detached<T: Send + 'static>(
 }
 
 impl KubeRuntime {
-    async fn create_now(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn create_now(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         let spec = self.prepare(spec)?;
         // A warm pool's Pods come from its template: a sandbox with a workspace or volumes of
         // its own gets a keeper Pod instead.
@@ -935,7 +935,7 @@ impl KubeRuntime {
         }
     }
 
-    async fn acquire_now(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire_now(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         let naming = spec.workspace.as_ref().filter(|w| &w.thread == thread).map_or(self.config.naming, |w| w.naming);
         let mut spec = self.prepare(spec)?;
         spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming });
@@ -1101,13 +1101,15 @@ mod image_tests {
             let k = KubeRuntime::new(client, KubeConfig::default());
             for local in ["host", "/srv/rootfs"] {
                 let spec = SandboxSpec { image: Some(local.into()), ..Default::default() };
-                let e = k.prepare(spec).unwrap_err();
+                let e = k.prepare(spec.validated().unwrap()).unwrap_err();
                 assert_eq!(e.code(), "NOT_SUPPORTED");
                 assert!(e.to_string().contains("container images"), "{e}");
             }
-            let defaulted = k.prepare(SandboxSpec::default()).unwrap();
+            let defaulted = k.prepare(ValidatedSpec::default()).unwrap();
             assert_eq!(defaulted.image.as_deref(), Some("paddock.local/sandbox:1"));
-            let named = k.prepare(SandboxSpec { image: Some("python:3.11".into()), ..Default::default() }).unwrap();
+            let named = k
+                .prepare(SandboxSpec { image: Some("python:3.11".into()), ..Default::default() }.validated().unwrap())
+                .unwrap();
             assert_eq!(named.image.as_deref(), Some("python:3.11"));
         });
     }

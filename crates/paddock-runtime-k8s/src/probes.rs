@@ -79,7 +79,7 @@ impl crate::KubeRuntime {
 
     /// Ready Pods waiting in the default profile's warm pool (claim model).
     pub async fn default_pool_ready(&self) -> Result<u64, RuntimeError> {
-        let spec = self.prepare(paddock_core::spec::SandboxSpec::default())?;
+        let spec = self.prepare(paddock_core::spec::ValidatedSpec::default())?;
         let name = self.ensure_profile(&spec).await?;
         let pool = self.pools.get(&name).await.map_err(|e| crate::api_error("reading the warm pool", e))?;
         Ok(pool.data.pointer("/status/readyReplicas").and_then(serde_json::Value::as_u64).unwrap_or(0))

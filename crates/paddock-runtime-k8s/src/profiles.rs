@@ -148,7 +148,7 @@ impl KubeRuntime {
         // The default profile and the first few others this server sees keep warm Pods (an
         // SDK's default size rarely is Paddock's); any further profile starts cold, so clients
         // sending many distinct specs cannot pin idle Pods on the cluster.
-        let default = self.profile_pod_spec(&self.prepare(SandboxSpec::default())?);
+        let default = self.profile_pod_spec(&self.prepare(paddock_core::spec::ValidatedSpec::default())?);
         let warm = claim::profile_name(&default) == name
             || self.profiles.lock().unwrap_or_else(|p| p.into_inner()).len() <= MAX_WARM_PROFILES;
         let replicas = if warm { self.config.warm_pool } else { 0 };
@@ -181,7 +181,8 @@ impl KubeRuntime {
         let templates = self.templates.list(&lp).await.map_err(|e| api_error("listing SandboxTemplates", e))?.items;
         let pools = self.pools.list(&lp).await.map_err(|e| api_error("listing SandboxWarmPools", e))?.items;
         let idle_ms = paddock_core::units::millis(self.config.profile_idle);
-        let default = claim::profile_name(&self.profile_pod_spec(&self.prepare(SandboxSpec::default())?));
+        let default =
+            claim::profile_name(&self.profile_pod_spec(&self.prepare(paddock_core::spec::ValidatedSpec::default())?));
         let mut idle = Vec::new();
         for t in templates.iter().filter(|t| t.metadata.deletion_timestamp.is_none()) {
             let Some(name) = t.metadata.name.clone().filter(|n| *n != default) else { continue };

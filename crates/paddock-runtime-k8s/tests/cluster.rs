@@ -160,7 +160,7 @@ async fn cluster_the_agent_serves_the_same_exec_and_files() {
 
 async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, agent: bool) {
     {
-        let info = rt.create(small_spec()).await.expect("create");
+        let info = rt.create(small_spec().validated().unwrap()).await.expect("create");
         let id = info.id.clone();
         if agent {
             let pod = rt.pod_name(&id).await.unwrap();
@@ -342,7 +342,7 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
         // An image with a WorkingDir: commands that name no directory start there, as in a
         // container of that image; relative directories still start at the workspace.
         let spec = SandboxSpec { image: Some(WORKDIR_IMAGE.into()), ..small_spec() };
-        let id = rt.create(spec).await.expect("create from an image with a WorkingDir").id;
+        let id = rt.create(spec.validated().unwrap()).await.expect("create from an image with a WorkingDir").id;
         if agent {
             let pod = rt.pod_name(&id).await.unwrap();
             assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came up");
@@ -358,7 +358,7 @@ async fn exec_files_and_destroy(client: Client, ns: String, rt: KubeRuntime, age
     if agent {
         // A sandbox that kills the agent loses only speed: commands go on over pods/exec,
         // and the agent comes back.
-        let info = rt.create(small_spec()).await.expect("create");
+        let info = rt.create(small_spec().validated().unwrap()).await.expect("create");
         let id = info.id.clone();
         let pod = rt.pod_name(&id).await.unwrap();
         assert!(rt.wait_agent(&pod, Duration::from_secs(30)).await, "the agent came up");
@@ -386,10 +386,10 @@ async fn cluster_acquire_release_and_destroy_workspace() {
         cfg.storage_class = Some("standard".into());
         let rt = KubeRuntime::new(client.clone(), cfg.clone());
         let thread = ThreadId::new("Thread/ü 42").unwrap();
-        let first = rt.acquire(&thread, small_spec()).await.expect("acquire");
+        let first = rt.acquire(&thread, small_spec().validated().unwrap()).await.expect("acquire");
         assert_eq!(first.workspace.as_ref().unwrap().thread, thread);
         rt.write_file(&first.id, "notes.txt", None, Box::new(std::io::Cursor::new(b"kept".to_vec()))).await.unwrap();
-        let again = rt.acquire(&thread, small_spec()).await.unwrap();
+        let again = rt.acquire(&thread, small_spec().validated().unwrap()).await.unwrap();
         assert_eq!(again.id, first.id, "a running sandbox is reattached");
         // A command through the agent: this server now knows where `first` runs.
         if cfg.agent.is_some() {
@@ -404,7 +404,7 @@ async fn cluster_acquire_release_and_destroy_workspace() {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
         assert_eq!(claims.list(&ListParams::default()).await.unwrap().items.len(), 1, "the workspace is kept");
 
-        let second = other.acquire(&thread, small_spec()).await.unwrap();
+        let second = other.acquire(&thread, small_spec().validated().unwrap()).await.unwrap();
         assert_ne!(second.id, first.id);
         // The thread's new Pod has the old one's name: the released sandbox's commands must
         // not reach it.
@@ -431,14 +431,14 @@ async fn cluster_acquire_release_and_destroy_workspace() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         assert_eq!(rt.get(&second.id).await.unwrap().state, paddock_core::runtime::SandboxState::Failed);
-        let revived = rt.acquire(&thread, small_spec()).await.unwrap();
+        let revived = rt.acquire(&thread, small_spec().validated().unwrap()).await.unwrap();
         assert_ne!(revived.id, second.id);
         assert_eq!(read_all(&rt, &revived.id, "notes.txt").await.unwrap(), b"kept");
 
         rt.destroy_workspace(&thread).await.unwrap();
         assert!(pods_in(&client, &ns).await.is_empty());
         assert!(claims.list(&ListParams::default()).await.unwrap().items.is_empty(), "the PVC is gone");
-        let third = rt.acquire(&thread, small_spec()).await.unwrap();
+        let third = rt.acquire(&thread, small_spec().validated().unwrap()).await.unwrap();
         let e = read_all(&rt, &third.id, "notes.txt").await.unwrap_err();
         assert!(matches!(e, RuntimeError::File { kind: FileErrorKind::NotFound, .. }), "{e:?}");
         rt.destroy_workspace(&thread).await.unwrap();
@@ -455,7 +455,10 @@ async fn cluster_concurrent_acquires_make_one_pod() {
         let a = Arc::new(KubeRuntime::new(client.clone(), config(&ns)));
         let b = Arc::new(KubeRuntime::new(paddock_runtime_k8s::client::infer().await.unwrap(), config(&ns)));
         let thread = ThreadId::new("race").unwrap();
-        let (x, y) = tokio::join!(a.acquire(&thread, small_spec()), b.acquire(&thread, small_spec()));
+        let (x, y) = tokio::join!(
+            a.acquire(&thread, small_spec().validated().unwrap()),
+            b.acquire(&thread, small_spec().validated().unwrap())
+        );
         let (x, y) = (x.expect("first acquire"), y.expect("second acquire"));
         assert_eq!(x.id, y.id);
         assert_eq!(pods_in(&client, &ns).await.len(), 1);
@@ -464,7 +467,7 @@ async fn cluster_concurrent_acquires_make_one_pod() {
         cfg.naming = NamingMode::DawnCompat;
         let dawn = KubeRuntime::new(client.clone(), cfg);
         let t = ThreadId::new("Thread_ABC").unwrap();
-        dawn.acquire(&t, small_spec()).await.unwrap();
+        dawn.acquire(&t, small_spec().validated().unwrap()).await.unwrap();
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         assert!(pods.get_opt("dawn-sbx-thread-abc").await.unwrap().is_some());
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
@@ -575,7 +578,7 @@ async fn cluster_deny_policy_blocks_other_pods() {
         }
         assert_eq!(ok, 0, "the control Pods can talk");
 
-        let sbx = rt.create(small_spec()).await.unwrap();
+        let sbx = rt.create(small_spec().validated().unwrap()).await.unwrap();
         let ready = std::time::Instant::now();
         let o = sh(&rt, &sbx.id, "id -u").await;
         assert_eq!(o.stdout, "1000\n");
@@ -626,8 +629,8 @@ async fn cluster_expired_sandboxes_are_reaped() {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let mut spec = small_spec();
         spec.timeout_secs = Some(1);
-        let info = rt.create(spec).await.unwrap();
-        let keep = rt.create(small_spec()).await.unwrap();
+        let info = rt.create(spec.validated().unwrap()).await.unwrap();
+        let keep = rt.create(small_spec().validated().unwrap()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(rt.reap_expired().await.unwrap(), 1);
         assert!(matches!(rt.get(&info.id).await, Err(RuntimeError::NotFound(_))));
@@ -641,7 +644,7 @@ async fn cluster_expired_sandboxes_are_reaped() {
         let reaper = rt.spawn_reaper();
         // Short-lived only once it runs: a Pod may take more than a second to start on a busy
         // node, and the reaper rightly deletes a sandbox that expires while starting.
-        let short = rt.create(small_spec()).await.unwrap();
+        let short = rt.create(small_spec().validated().unwrap()).await.unwrap();
         rt.renew(&short.id, Duration::from_secs(1)).await.unwrap();
         let mut gone = false;
         for _ in 0..40 {
@@ -667,7 +670,7 @@ async fn cluster_oom_kill_is_reported() {
         let rt = KubeRuntime::new(client.clone(), KubeConfig { cpu_request_millicpus: None, ..config(&ns) });
         let mut spec = small_spec();
         spec.resources.memory_bytes = 48 << 20;
-        let sbx = rt.create(spec).await.unwrap();
+        let sbx = rt.create(spec.validated().unwrap()).await.unwrap();
         let pod = rt.pod_name(&sbx.id).await.unwrap();
         // Over pods/exec (the shell wrapper's counters), then through the agent (its own).
         for through_agent in [false, true] {
@@ -712,7 +715,7 @@ async fn cluster_missing_image_fails_fast_and_cleans_up() {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
         let spec = SandboxSpec { image: Some("paddock.local/no-such-image:1".into()), ..small_spec() };
         let started = std::time::Instant::now();
-        let e = rt.create(spec).await.unwrap_err();
+        let e = rt.create(spec.validated().unwrap()).await.unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
         let text = e.to_string();
         assert!(matches!(e, RuntimeError::Unavailable(_)) && text.contains("ErrImageNeverPull"), "{text}");
@@ -731,7 +734,7 @@ async fn cluster_missing_image_fails_fast_and_cleans_up() {
         cfg.ready_timeout = Duration::from_secs(5);
         let rt = KubeRuntime::new(client.clone(), cfg);
         let thread = ThreadId::new("unbindable").unwrap();
-        let e = rt.acquire(&thread, small_spec()).await.unwrap_err();
+        let e = rt.acquire(&thread, small_spec().validated().unwrap()).await.unwrap_err();
         let text = e.to_string();
         eprintln!("unbindable workspace: {text}");
         assert!(matches!(e, RuntimeError::Timeout(_)) && text.contains("is Pending"), "{text}");
@@ -781,7 +784,7 @@ async fn cluster_dawn_workspace_is_adopted() {
         cfg.naming = NamingMode::DawnCompat;
         let rt = KubeRuntime::new(client.clone(), cfg);
         let thread = ThreadId::new("Legacy_Thread").unwrap();
-        let info = rt.acquire(&thread, small_spec()).await.expect("acquire adopts Dawn's objects");
+        let info = rt.acquire(&thread, small_spec().validated().unwrap()).await.expect("acquire adopts Dawn's objects");
         assert_eq!(info.workspace.as_ref().unwrap().name, "dawn-sbx-vol-legacy-thread");
         assert_eq!(read_all(&rt, &info.id, "old.txt").await.unwrap(), b"from-dawn\n");
         let now = pods.get("dawn-sbx-legacy-thread").await.unwrap();
@@ -803,7 +806,7 @@ async fn cluster_large_environments_reach_the_command() {
     require_cluster();
     with_namespace(|client, ns| async move {
         let rt = KubeRuntime::new(client.clone(), config(&ns));
-        let sbx = rt.create(small_spec()).await.unwrap();
+        let sbx = rt.create(small_spec().validated().unwrap()).await.unwrap();
         // Both through the stage script and through a user command's stdin.
         for n in [491_000usize, 3_000_000] {
             let data = vec![b'y'; n];
@@ -863,7 +866,7 @@ async fn cluster_claim_model_serves_from_a_warm_pool() {
         spec.env.insert("GREETING".into(), "from-the-spec".into());
         spec.timeout_secs = Some(600);
         let started = std::time::Instant::now();
-        let sbx = rt.create(spec).await.unwrap();
+        let sbx = rt.create(spec.validated().unwrap()).await.unwrap();
         eprintln!("claimed from the warm pool in {:?}", started.elapsed());
         let o = sh(&rt, &sbx.id, "id -u; hostname; echo $GREETING").await;
         let lines: Vec<&str> = o.stdout.lines().collect();
@@ -885,7 +888,7 @@ async fn cluster_claim_model_serves_from_a_warm_pool() {
         assert_eq!(shutdown, paddock_runtime_k8s::claim::rfc3339(renewed.expires_unix_ms.unwrap()));
 
         // Another profile has no warm Pods: it starts one from its template.
-        let cold = rt.create(small_spec()).await.unwrap();
+        let cold = rt.create(small_spec().validated().unwrap()).await.unwrap();
         assert_eq!(sh(&rt, &cold.id, "id -u").await.stdout, "1000\n");
 
         // Destroy deletes the claim in the foreground: claim and Pod are gone on return.
@@ -896,7 +899,10 @@ async fn cluster_claim_model_serves_from_a_warm_pool() {
         assert!(matches!(rt.get(&sbx.id).await, Err(RuntimeError::NotFound(_))));
 
         // An expired claimed sandbox is reaped like any other.
-        let short = rt.create(SandboxSpec { timeout_secs: Some(600), ..Default::default() }).await.unwrap();
+        let short = rt
+            .create(SandboxSpec { timeout_secs: Some(600), ..Default::default() }.validated().unwrap())
+            .await
+            .unwrap();
         rt.renew(&short.id, Duration::from_secs(1)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         // Whichever comes first deletes it: Paddock's reaper or the controller acting on the
@@ -935,8 +941,8 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
         let pvc_of = |t: &ThreadId| paddock_runtime_k8s::objects::thread_names(t, NamingMode::Hashed).pvc.unwrap();
         let (used, idle) = (ThreadId::new("reap-used").unwrap(), ThreadId::new("reap-idle").unwrap());
-        rt.acquire(&used, small_spec()).await.unwrap();
-        rt.acquire(&idle, small_spec()).await.unwrap();
+        rt.acquire(&used, small_spec().validated().unwrap()).await.unwrap();
+        rt.acquire(&idle, small_spec().validated().unwrap()).await.unwrap();
         rt.release(&idle).await.unwrap();
         // A PVC Paddock did not make is never touched.
         let foreign: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
@@ -958,7 +964,7 @@ async fn cluster_unused_workspace_pvcs_are_reaped_after_their_ttl() {
         assert!(since(&claims.get(&pvc_of(&used)).await.unwrap()).is_none());
 
         // Used again: the mark goes, even with a zero TTL.
-        rt.acquire(&idle, small_spec()).await.unwrap();
+        rt.acquire(&idle, small_spec().validated().unwrap()).await.unwrap();
         let r = rt.reap_pvcs(Duration::ZERO).await.unwrap();
         assert!(r.deleted.is_empty() && r.in_use.contains(&pvc_of(&idle)), "{r:?}");
         let idle_pvc = claims.get(&pvc_of(&idle)).await.unwrap();
@@ -997,7 +1003,7 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
         plain_pod(&client, &ns, "plain-client", "exec sleep 3600").await;
         let mut spec = small_spec();
         spec.network = paddock_core::spec::NetworkPolicy::Egress(EgressPolicy::allow_all());
-        let sbx = rt.create(spec).await.unwrap();
+        let sbx = rt.create(spec.validated().unwrap()).await.unwrap();
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
         let name = format!("paddock-net-{}", sbx.id);
         let egress_of = |np: NetworkPolicy| serde_json::to_value(np.spec.unwrap().egress.unwrap_or_default()).unwrap();
@@ -1074,7 +1080,10 @@ async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
         };
         let with = |v: Vec<VolumeMount>| SandboxSpec { volumes: v, ..small_spec() };
 
-        let a = rt.create(with(vec![mount("/mnt/data", None, false, true)])).await.expect("create with a volume");
+        let a = rt
+            .create(with(vec![mount("/mnt/data", None, false, true)]).validated().unwrap())
+            .await
+            .expect("create with a volume");
         let o = sh(
             &rt,
             &a.id,
@@ -1084,10 +1093,14 @@ async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
         assert_eq!(o.stdout, "1000\none\n", "{}", o.stderr);
         // A second sandbox at once: read-only, and a subPath of it.
         let b = rt
-            .create(with(vec![
-                mount("/mnt/ro", None, true, false),
-                VolumeMount { name: "sub".into(), ..mount("/mnt/sub", Some("sub"), false, false) },
-            ]))
+            .create(
+                with(vec![
+                    mount("/mnt/ro", None, true, false),
+                    VolumeMount { name: "sub".into(), ..mount("/mnt/sub", Some("sub"), false, false) },
+                ])
+                .validated()
+                .unwrap(),
+            )
             .await
             .expect("create with the existing volume");
         let o = sh(&rt, &b.id, "cat /mnt/ro/f /mnt/sub/g; ls /mnt/sub; touch /mnt/ro/x").await;
@@ -1111,24 +1124,30 @@ async fn cluster_named_volumes_are_pvcs_shared_kept_and_deleted() {
             },
             ..mount("/mnt/n", None, false, false)
         };
-        assert!(matches!(rt.create(with(vec![missing])).await.unwrap_err(), RuntimeError::NotFound(_)));
+        assert!(matches!(
+            rt.create(with(vec![missing]).validated().unwrap()).await.unwrap_err(),
+            RuntimeError::NotFound(_)
+        ));
         let host =
             VolumeMount { source: VolumeSource::Host { path: "/etc".into() }, ..mount("/mnt/h", None, false, false) };
-        assert!(matches!(rt.create(with(vec![host])).await.unwrap_err(), RuntimeError::Unsupported(_)));
+        assert!(matches!(
+            rt.create(with(vec![host]).validated().unwrap()).await.unwrap_err(),
+            RuntimeError::Unsupported(_)
+        ));
         let thread = ThreadId::new("volume-thread").unwrap();
-        let ws = rt.acquire(&thread, small_spec()).await.unwrap();
+        let ws = rt.acquire(&thread, small_spec().validated().unwrap()).await.unwrap();
         let ws_claim = ws.workspace.as_ref().unwrap().name.clone();
         let steal = VolumeMount {
             source: VolumeSource::Named { name: ws_claim, create: false, delete_with_sandbox: false, size_bytes: None },
             ..mount("/mnt/steal", None, false, false)
         };
-        let e = rt.create(with(vec![steal])).await.unwrap_err();
+        let e = rt.create(with(vec![steal]).validated().unwrap()).await.unwrap_err();
         assert!(e.to_string().contains("workspace"), "{e}");
 
         // The files outlive the sandboxes, until the volume is deleted.
         rt.destroy(&a.id).await.unwrap();
         rt.destroy(&b.id).await.unwrap();
-        let c = rt.create(with(vec![mount("/mnt/data", None, true, false)])).await.unwrap();
+        let c = rt.create(with(vec![mount("/mnt/data", None, true, false)]).validated().unwrap()).await.unwrap();
         assert_eq!(sh(&rt, &c.id, "cat /mnt/data/sub/g").await.stdout, "two\n");
         rt.destroy(&c.id).await.unwrap();
         for _ in 0..40 {
@@ -1199,7 +1218,7 @@ async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper
             s
         };
 
-        let a = rt.create(shaped(96)).await.expect("a claim on a new profile");
+        let a = rt.create(shaped(96).validated().unwrap()).await.expect("a claim on a new profile");
         assert!(claimed(client.clone(), ns.clone(), a.id.clone()).await);
         let profile = names(templates.clone()).await;
         assert_eq!(profile.len(), 1, "{profile:?}");
@@ -1220,7 +1239,7 @@ async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper
             let t = claim::template(&ns, &format!("paddock-other-{i}"), &pod_spec, now).unwrap();
             templates.create(&PostParams::default(), &t).await.unwrap();
         }
-        let b = rt.create(shaped(80)).await.expect("a keeper Pod");
+        let b = rt.create(shaped(80).validated().unwrap()).await.expect("a keeper Pod");
         assert!(!claimed(client.clone(), ns.clone(), b.id.clone()).await, "no 33rd profile");
         assert_eq!(names(templates.clone()).await.len(), 32);
         let o = sh(&rt, &b.id, "echo keeper").await;
@@ -1230,7 +1249,7 @@ async fn cluster_idle_claim_profiles_are_reaped_and_too_many_fall_back_to_keeper
         tokio::time::sleep(idle + Duration::from_secs(1)).await;
         rt.reap_expired().await.unwrap();
         assert!(names(templates.clone()).await.is_empty());
-        let c = rt.create(shaped(80)).await.expect("a claim");
+        let c = rt.create(shaped(80).validated().unwrap()).await.expect("a claim");
         assert!(claimed(client.clone(), ns.clone(), c.id.clone()).await);
         rt.destroy(&c.id).await.unwrap();
     })

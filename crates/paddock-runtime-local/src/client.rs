@@ -16,7 +16,7 @@ use paddock_core::runtime::{
     ByteReader, ByteWriter, Capabilities, Duplex, ExecOutcome, ExecRequest, Execution, FileOp, FileReply,
     NetworkFeature, Process, Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, VolumeKind,
 };
-use paddock_core::spec::{NetworkPolicy, SandboxSpec, WorkspaceRef};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, ValidatedSpec, WorkspaceRef};
 use paddock_sys::fdpass;
 use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
 use tokio::io::unix::AsyncFd;
@@ -196,7 +196,7 @@ impl LocalRuntime {
     /// `create_and_exec` the trait's way, one after the other.
     async fn create_then_exec(
         &self,
-        spec: SandboxSpec,
+        spec: ValidatedSpec,
         request: ExecRequest,
     ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
         let info = self.create(spec).await?;
@@ -241,8 +241,9 @@ impl LocalRuntime {
         }
         // Leased before the supervisor starts, so a prune never removes layers it is mounting;
         // the supervisor gives the lease back when the sandbox ends.
+        // What the image adds (its environment, working directory and command) is checked
+        // where the supervisor reads the spec, as a `ValidatedSpec`.
         let image = crate::image::prepare(&self.dd, &self.images, &mut spec, &id).await?;
-        spec.validate()?;
         crate::volumes::resolve(&self.dd, &self.volumes, &mut spec)?;
         // Once it may be running, only a failure it reported cleans up: a supervisor that
         // started keeps its directory until it ends.
@@ -529,7 +530,6 @@ impl LocalRuntime {
             }
         }
         spec.workspace = Some(WorkspaceRef { thread: thread.clone(), naming: self.naming });
-        spec.validate()?;
         crate::image::resolve(spec.image.as_deref())?;
         let (rt, name_owned, thread_owned, spec_owned) = (self.clone(), name.to_owned(), thread.clone(), spec.clone());
         blocking(move || rt.prepare_workspace(&name_owned, &thread_owned, &spec_owned)).await?;
@@ -564,7 +564,7 @@ impl Runtime for LocalRuntime {
             ..Default::default()
         };
         let result: Result<String, RuntimeError> = async {
-            let info = self.create(SandboxSpec::default()).await?;
+            let info = self.create(ValidatedSpec::default()).await?;
             let request = ExecRequest::shell("id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status");
             let out = match self.exec(&info.id, request).await {
                 Ok(p) => {
@@ -691,10 +691,10 @@ impl Runtime for LocalRuntime {
         blocking(move || crate::volumes::remove(&dd, &name)).await
     }
 
-    async fn create(&self, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn create(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
+        let mut spec = spec.into_inner();
         spec.image = self.images.apply_alias(spec.image.as_deref());
         crate::egress::give_gateway(&mut spec);
-        spec.validate()?;
         crate::image::resolve(spec.image.as_deref())?;
         match spec.workspace.clone() {
             Some(w) => {
@@ -783,10 +783,9 @@ impl Runtime for LocalRuntime {
 
     async fn create_and_exec(
         &self,
-        mut spec: SandboxSpec,
+        spec: ValidatedSpec,
         request: ExecRequest,
     ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
-        crate::egress::give_gateway(&mut spec);
         // Asked at once only where the supervisor's readiness is the sandbox's: a workspace's
         // sandbox is created under its lock, and an egress policy is put in force after the
         // start, before any command may run.
@@ -797,8 +796,9 @@ impl Runtime for LocalRuntime {
         if !at_once {
             return self.create_then_exec(spec, request).await;
         }
+        let mut spec = spec.into_inner();
+        crate::egress::give_gateway(&mut spec);
         spec.image = self.images.apply_alias(spec.image.as_deref());
-        spec.validate()?;
         crate::image::resolve(spec.image.as_deref())?;
         // The request waits in a connection of our own, whose other end the supervisor serves
         // as soon as the sandbox is ready.
@@ -977,7 +977,8 @@ impl Runtime for LocalRuntime {
         }
     }
 
-    async fn acquire(&self, thread: &ThreadId, mut spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
+        let mut spec = spec.into_inner();
         spec.image = self.images.apply_alias(spec.image.as_deref());
         crate::egress::give_gateway(&mut spec);
         self.with_workspace_lock(thread, async |name| self.acquire_locked(&name, thread, spec, true).await).await

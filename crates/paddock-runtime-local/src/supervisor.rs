@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use paddock_core::naming::resource_name;
 use paddock_core::runtime::{RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo};
-use paddock_core::spec::{SandboxSpec, command_env};
+use paddock_core::spec::{SandboxSpec, ValidatedSpec, command_env};
 
 use crate::identity::{self, HostIds};
 use crate::image::RootSource;
@@ -83,7 +83,10 @@ pub fn main(data_dir: &Path, id: &SandboxId, mut first: Option<OwnedFd>) -> i32 
         .and_then(|_| {
             serde_json::from_str::<protocol::Start>(&input).map_err(|e| RuntimeError::InvalidArgument(e.to_string()))
         })
-        .and_then(|start| Supervisor::start(DataDir::new(data_dir), id.clone(), start.spec, start.image, &mut first));
+        // The spec is checked here, where it crosses into the supervisor: what the client
+        // added to the caller's validated spec (the image's environment, say) included.
+        .and_then(|start| Ok((start.spec.validated()?, start.image)))
+        .and_then(|(spec, image)| Supervisor::start(DataDir::new(data_dir), id.clone(), spec, image, &mut first));
     let mut out = std::io::stdout();
     match started {
         Ok(mut sup) => {
@@ -140,11 +143,11 @@ impl Supervisor {
     fn start(
         dd: DataDir,
         id: SandboxId,
-        spec: SandboxSpec,
+        spec: ValidatedSpec,
         image: Option<ImageRoot>,
         first: &mut Option<OwnedFd>,
     ) -> Result<Self, RuntimeError> {
-        spec.validate()?;
+        let spec = spec.into_inner();
         // A session of its own first, also for the child below: a terminal's Ctrl-C or hang-up
         // is for the command that started the sandbox.
         let _ = rustix::process::setsid();

@@ -14,7 +14,7 @@ use paddock_core::runtime::{
     ByteReader, Capabilities, Duplex, ExecRequest, Execution, FileOp, FileReply, IsolationTargets, Process, Runtime,
     RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SettingCheck,
 };
-use paddock_core::spec::SandboxSpec;
+use paddock_core::spec::ValidatedSpec;
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// How long runtime calls may take.
@@ -159,7 +159,7 @@ impl Runtime for Deadlined {
     }
     async fn create_and_exec(
         &self,
-        spec: SandboxSpec,
+        spec: ValidatedSpec,
         request: ExecRequest,
     ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
         let what = || "creating a sandbox and starting its command".to_owned();
@@ -171,7 +171,7 @@ impl Runtime for Deadlined {
         });
         Ok((info, process))
     }
-    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn create(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         within(self.d.lifecycle, || "creating a sandbox".to_owned(), self.inner.create(spec)).await
     }
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
@@ -259,7 +259,7 @@ impl Runtime for Deadlined {
     async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         within(self.d.lifecycle, || format!("destroying {id}"), self.inner.destroy(id)).await
     }
-    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         within(self.d.lifecycle, || format!("acquiring thread {thread}"), self.inner.acquire(thread, spec)).await
     }
     async fn release(&self, thread: &ThreadId) -> Result<(), RuntimeError> {
@@ -318,7 +318,7 @@ mod tests {
         async fn health(&self) -> Result<(), RuntimeError> {
             self.saw("health")
         }
-        async fn create(&self, _: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        async fn create(&self, _: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
             self.saw("create")
         }
         async fn get(&self, _: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
@@ -332,7 +332,7 @@ mod tests {
         }
         async fn create_and_exec(
             &self,
-            _: SandboxSpec,
+            _: ValidatedSpec,
             _: ExecRequest,
         ) -> Result<(SandboxInfo, Result<Process, RuntimeError>), RuntimeError> {
             self.saw("create_and_exec")
@@ -382,7 +382,7 @@ mod tests {
         async fn destroy(&self, _: &SandboxId) -> Result<(), RuntimeError> {
             self.saw("destroy")
         }
-        async fn acquire(&self, _: &ThreadId, _: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        async fn acquire(&self, _: &ThreadId, _: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
             self.saw("acquire")
         }
         async fn release(&self, _: &ThreadId) -> Result<(), RuntimeError> {
@@ -419,11 +419,11 @@ mod tests {
         let _ = rt.check(false).await;
         let _ = rt.sandbox_settings(&id).await;
         let _ = rt.health().await;
-        let _ = rt.create(SandboxSpec::default()).await;
+        let _ = rt.create(ValidatedSpec::default()).await;
         let _ = rt.get(&id).await;
         let _ = rt.list().await;
         let _ = rt.exec(&id, ExecRequest::shell("true")).await;
-        let _ = rt.create_and_exec(SandboxSpec::default(), ExecRequest::shell("true")).await;
+        let _ = rt.create_and_exec(ValidatedSpec::default(), ExecRequest::shell("true")).await;
         let _ = rt.file(&id, FileOp::Stat { path: "/x".into() }).await;
         let _ = rt.read_file(&id, "/x").await;
         let _ = rt.write_file(&id, "/x", None, read()).await;
@@ -439,7 +439,7 @@ mod tests {
         let _ = rt.resume(&id).await;
         let _ = rt.renew(&id, Duration::from_secs(60)).await;
         let _ = rt.destroy(&id).await;
-        let _ = rt.acquire(&thread, SandboxSpec::default()).await;
+        let _ = rt.acquire(&thread, ValidatedSpec::default()).await;
         let _ = rt.release(&thread).await;
         let _ = rt.destroy_workspace(&thread).await;
         let seen: BTreeSet<String> = inner.0.lock().unwrap().iter().map(|m| m.to_string()).collect();

@@ -352,7 +352,7 @@ fn unsupported(what: &str) -> ApiError {
 }
 
 struct Planned {
-    spec: SandboxSpec,
+    spec: paddock_core::spec::ValidatedSpec,
     image: String,
     /// `None`: the image's own command, else [`DEFAULT_ENTRYPOINT`].
     entrypoint: Option<Vec<String>>,
@@ -457,7 +457,8 @@ fn plan(state: &AppState, tenant: &Tenant, req: CreateSandboxRequest) -> ApiResu
     // being written (see `adopt`). Users cannot set it: `paddock.dev/` is reserved.
     spec.labels.insert(ORIGIN_LABEL.to_owned(), "api".to_owned());
     spec.labels.insert(BOOT_LABEL.to_owned(), state.boot.id().to_owned());
-    spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // The one check of the spec: runtimes take it as it is.
+    let spec = spec.validated().map_err(|e| ApiError::bad_request(e.to_string()))?;
     for key in req.extensions.keys() {
         if !KNOWN_EXTENSIONS.contains(&key.as_str()) {
             return Err(ApiError::bad_request(format!(

@@ -409,7 +409,7 @@ async fn fake_runtime_sandboxes_made_outside_the_server_are_seen_and_managed() {
         labels: [("team".to_owned(), "cli".to_owned())].into(),
         ..Default::default()
     };
-    let cli = s.rt.create(spec.clone()).await.unwrap().id.to_string();
+    let cli = s.rt.create(spec.clone().validated().unwrap()).await.unwrap().id.to_string();
     let (status, list) = s.call("GET", "/v1/sandboxes", None).await;
     assert_eq!(status, StatusCode::OK);
     let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
@@ -419,7 +419,7 @@ async fn fake_runtime_sandboxes_made_outside_the_server_are_seen_and_managed() {
     assert_eq!((info["status"]["state"].as_str(), info["metadata"]["team"].as_str()), (Some("Running"), Some("cli")));
     assert!(info["expiresAt"].is_string(), "its runtime expiry: {info}");
     // Found by id alone, too, before any list or reconcile.
-    let other = s.rt.create(spec.clone()).await.unwrap().id.to_string();
+    let other = s.rt.create(spec.clone().validated().unwrap()).await.unwrap().id.to_string();
     assert_eq!(s.call("GET", &Server::execd(&other, "/ping"), None).await.0, StatusCode::OK);
     let (out, code) = run(&s, &other, json!({"command": "echo managed"})).await;
     assert_eq!((out, code), (vec!["managed".to_owned()], Some(0)));
@@ -429,7 +429,7 @@ async fn fake_runtime_sandboxes_made_outside_the_server_are_seen_and_managed() {
     // is not adopted behind its back.
     let mut mid_create = spec;
     mid_create.labels.insert("paddock.dev/origin".into(), "api".into());
-    let young = s.rt.create(mid_create).await.unwrap().id.to_string();
+    let young = s.rt.create(mid_create.validated().unwrap()).await.unwrap().id.to_string();
     assert_eq!(s.call("GET", &format!("/v1/sandboxes/{young}"), None).await.0, StatusCode::NOT_FOUND);
     // The API's own sandboxes do not show the label.
     let id = s.create().await;

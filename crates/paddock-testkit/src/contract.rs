@@ -18,7 +18,7 @@ use paddock_core::runtime::{
     ByteReader, ExecOutcome, ExecRequest, FileErrorKind, FileKind, FileOp, FileReply, Runtime, RuntimeError, SandboxId,
     SandboxInfo, SandboxState,
 };
-use paddock_core::spec::SandboxSpec;
+use paddock_core::spec::{SandboxSpec, ValidatedSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What a lane gives the contract.
@@ -26,14 +26,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub struct Contract {
     /// The spec every sandbox of the contract starts from (image, resources the lane can
     /// afford).
-    pub spec: SandboxSpec,
+    pub spec: ValidatedSpec,
     /// Makes the contract's thread ids unique to this run (several lanes may share a runtime's
     /// store).
     pub run_id: String,
 }
 
 impl Contract {
+    /// The lane's spec, which must be valid (the contract is about runtimes, not specs).
     pub fn new(spec: SandboxSpec) -> Self {
+        let spec = spec.validated().unwrap_or_else(|e| panic!("the contract's spec is invalid: {e}"));
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Self { spec, run_id: format!("{:x}{:x}", nanos & 0xffff_ffff, std::process::id()) }
     }

@@ -14,7 +14,7 @@ use paddock_core::runtime::{
     ByteReader, Capabilities, Duplex, ExecOutcome, ExecRequest, Execution, FileErrorKind, FileKind, FileOp, FileReply,
     FileStat, Process, Runtime, RuntimeError, SandboxId, SandboxInfo, SandboxMetrics, SandboxState, WorkspaceInfo,
 };
-use paddock_core::spec::{NetworkPolicy, SandboxSpec, command_env};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, ValidatedSpec, command_env};
 use paddock_core::units::unix_ms as now_ms;
 
 pub struct FakeRuntime {
@@ -323,8 +323,8 @@ impl Runtime for FakeRuntime {
             nested_containers: false,
         }
     }
-    async fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
-        self.new_sandbox(spec, None)
+    async fn create(&self, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
+        self.new_sandbox(spec.into_inner(), None)
     }
     async fn get(&self, id: &SandboxId) -> Result<SandboxInfo, RuntimeError> {
         self.known(id)
@@ -504,13 +504,13 @@ impl Runtime for FakeRuntime {
         self.threads.lock().unwrap().retain(|_, v| v != id);
         Ok(())
     }
-    async fn acquire(&self, thread: &ThreadId, spec: SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+    async fn acquire(&self, thread: &ThreadId, spec: ValidatedSpec) -> Result<SandboxInfo, RuntimeError> {
         let live = self.threads.lock().unwrap().get(thread.as_str()).cloned();
         if let Some(id) = live {
             return self.known(&id);
         }
         let ws = self.root.path().join("workspaces").join(hex_of(thread.as_str()));
-        let info = self.new_sandbox(spec, Some((thread.clone(), ws)))?;
+        let info = self.new_sandbox(spec.into_inner(), Some((thread.clone(), ws)))?;
         self.threads.lock().unwrap().insert(thread.as_str().to_owned(), info.id.clone());
         Ok(info)
     }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use paddock_core::naming::{NamingMode, ThreadId};
 use paddock_core::runtime::{ByteReader, ByteWriter, ExecOutcome, ExecRequest, FileOp, Process, Runtime, SandboxId};
-use paddock_core::spec::{NetworkPolicy, SandboxSpec, User, validate_env_name};
+use paddock_core::spec::{NetworkPolicy, SandboxSpec, User, ValidatedSpec, validate_env_name};
 use paddock_core::units::{format_duration, parse_bytes, parse_cpus, parse_duration};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
@@ -413,7 +413,7 @@ fn parse_user(s: &str) -> Result<User, String> {
 }
 
 impl SandboxOpts {
-    fn spec(&self, timeout: Option<Duration>) -> Result<(SandboxSpec, Option<ThreadId>)> {
+    fn spec(&self, timeout: Option<Duration>) -> Result<(ValidatedSpec, Option<ThreadId>)> {
         let mut spec = SandboxSpec::default();
         let r = &mut spec.resources;
         if let Some(m) = self.memory {
@@ -449,7 +449,8 @@ impl SandboxOpts {
         spec.network = self.network()?;
         spec.volumes = self.volumes.iter().enumerate().map(|(i, v)| v.mount(i)).collect();
         spec.credential_proxy = self.credential_proxy;
-        spec.validate().map_err(|e| anyhow!("--{e}"))?;
+        // The one check of the spec: the runtime takes it as it is.
+        let spec = spec.validated().map_err(|e| anyhow!("--{e}"))?;
         let thread =
             self.workspace.as_deref().map(|t| ThreadId::new(t).map_err(|e| anyhow!("--workspace: {e}"))).transpose()?;
         Ok((spec, thread))

@@ -297,6 +297,7 @@ async fn gate(
                 probing.gateway = Some(g.address);
                 probing.gateway_secret = Some(paddock_core::spec::GatewaySecret(g.secret.clone()));
             }
+            let probing = probing.validated().context("the gate's sandbox")?;
             let info = rt.create(probing).await.context("creating the gate's sandbox")?;
             made.push(info.id.clone());
             info.id
@@ -312,7 +313,7 @@ async fn gate(
         .map(|t| if t.port == 0 { IsolationTarget { port: canary_port, ..t.clone() } } else { t.clone() })
         .collect();
     eprintln!("gate: creating a second sandbox to be the neighbour");
-    let b = rt.create(spec()).await.context("creating the gate's neighbour sandbox")?;
+    let b = rt.create(spec().validated()?).await.context("creating the gate's neighbour sandbox")?;
     made.push(b.id.clone());
     let mut checks = Vec::new();
     let mut not_applicable = None;

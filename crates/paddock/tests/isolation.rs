@@ -282,8 +282,8 @@ async fn tmp_is_size_capped() {
 async fn another_sandboxes_workspace_is_out_of_reach() {
     let env = Env::new();
     // Plain host directories, so that the host path of A's file is known and B is shown it.
-    let a = env.rt.acquire(&"thread-a".parse_thread(), uncapped()).await.unwrap();
-    let b = env.rt.acquire(&"thread-b".parse_thread(), uncapped()).await.unwrap();
+    let a = env.rt.acquire(&"thread-a".parse_thread(), uncapped().validated().unwrap()).await.unwrap();
+    let b = env.rt.acquire(&"thread-b".parse_thread(), uncapped().validated().unwrap()).await.unwrap();
     common::assert_confined(&env.rt, &a.id).await;
     common::assert_confined(&env.rt, &b.id).await;
     let m = marker_name();
@@ -310,7 +310,7 @@ async fn rootfs_directory_replaces_the_host_root() {
     std::fs::create_dir_all(&inside).unwrap();
     let mut s = spec();
     s.image = Some(inside.to_string_lossy().into_owned());
-    let err = env.rt.create(s).await.unwrap_err();
+    let err = env.rt.create(s.validated().unwrap()).await.unwrap_err();
     assert!(err.to_string().contains("inside Paddock's data directory"), "{err}");
     // A tiny root filesystem: dash and the libraries it needs, nothing else.
     let image = tempfile::Builder::new().prefix("pdi").tempdir_in("/tmp").unwrap();
@@ -458,7 +458,7 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     let thread = ThreadId::new("identity-thread").unwrap();
     // Workspaces on host directories: capped ones (an image, a tmpfs) are mounted only in the
     // sandbox's own mount namespaces, where no host user reaches at all.
-    let ws = env.rt.acquire(&thread, uncapped()).await.unwrap();
+    let ws = env.rt.acquire(&thread, uncapped().validated().unwrap()).await.unwrap();
     common::assert_confined(&env.rt, &ws.id).await;
     let scratch = env.confined(uncapped()).await;
     let first = host_uid_of(&env, &ws.id).await;
@@ -494,7 +494,7 @@ async fn other_host_users_cannot_reach_sandbox_files_and_the_api_sets_no_set_id_
     }
     // A workspace keeps its identity across sandboxes, so its files stay its own.
     env.rt.release(&thread).await.unwrap();
-    let again = env.rt.acquire(&thread, uncapped()).await.unwrap();
+    let again = env.rt.acquire(&thread, uncapped().validated().unwrap()).await.unwrap();
     common::assert_confined(&env.rt, &again.id).await;
     assert_eq!(host_uid_of(&env, &again.id).await, first, "the workspace changed identity");
     assert_eq!(sh(&env.rt, &again.id, "cat /workspace/s").await.stdout, "secret\n");
@@ -845,7 +845,7 @@ async fn every_file_paddock_keeps_in_its_data_directory_is_root_only() {
     let thread = ThreadId::new("private-thread").unwrap();
     let mut ws_spec = spec();
     ws_spec.resources.workspace_bytes = Some(32 << 20);
-    let ws = env.rt.acquire(&thread, ws_spec).await.unwrap();
+    let ws = env.rt.acquire(&thread, ws_spec.validated().unwrap()).await.unwrap();
     common::assert_confined(&env.rt, &ws.id).await;
     let volume = VolumeMount {
         name: "v".into(),

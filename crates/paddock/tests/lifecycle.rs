@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{Env, assert_nothing_left, exec, sh};
 use paddock_core::naming::{NamingMode, ThreadId};
 use paddock_core::runtime::{ExecRequest, Runtime, RuntimeError, SandboxState};
-use paddock_core::spec::SandboxSpec;
+use paddock_core::spec::{SandboxSpec, ValidatedSpec};
 use paddock_runtime_local::LocalRuntime;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
@@ -166,7 +166,7 @@ async fn a_command_asked_for_with_its_sandbox_runs_in_it_confined_and_the_sandbo
             "id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; cat; ls /proc/self/fd | wc -l; exit 7",
         );
         request.stdin = true;
-        let (info, process) = rt.create_and_exec(SandboxSpec::default(), request).await.expect("create");
+        let (info, process) = rt.create_and_exec(ValidatedSpec::default(), request).await.expect("create");
         let process = process.unwrap_or_else(|e| panic!("{how}: the command did not start: {e}"));
         let paddock_core::runtime::Process { stdin, stdout, stderr, mut control } = process;
         let mut stdin = stdin.expect("asked for stdin");
@@ -183,7 +183,7 @@ async fn a_command_asked_for_with_its_sandbox_runs_in_it_confined_and_the_sandbo
         assert_nothing_left(env.data(), &info.id);
 
         // A command the sandbox cannot start: the sandbox is made all the same, and said so.
-        let (info, process) = rt.create_and_exec(SandboxSpec::default(), ExecRequest::default()).await.unwrap();
+        let (info, process) = rt.create_and_exec(ValidatedSpec::default(), ExecRequest::default()).await.unwrap();
         assert!(matches!(process, Err(RuntimeError::InvalidArgument(_))), "{how}: {:?}", process.err());
         assert_eq!(rt.get(&info.id).await.unwrap().state, SandboxState::Running, "{how}");
         rt.destroy(&info.id).await.unwrap();
@@ -251,7 +251,7 @@ async fn another_process_can_list_and_drive_running_sandboxes() {
 async fn a_dead_supervisor_means_failed_with_the_workspace_kept() {
     let env = Env::new();
     let t = thread("thread-supervisor-dies");
-    let info = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    let info = env.rt.acquire(&t, ValidatedSpec::default()).await.unwrap();
     assert_eq!(sh(&env.rt, &info.id, "echo keep > /workspace/kept").await.code(), 0);
     let record: serde_json::Value = serde_json::from_slice(
         &std::fs::read(env.data().join("sandboxes").join(info.id.as_str()).join("record.json")).unwrap(),
@@ -272,7 +272,7 @@ async fn a_dead_supervisor_means_failed_with_the_workspace_kept() {
     assert_eq!(state.state, SandboxState::Failed);
     assert!(state.failure.unwrap().contains("supervisor"));
     // Acquire again: a new sandbox, same files.
-    let again = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    let again = env.rt.acquire(&t, ValidatedSpec::default()).await.unwrap();
     assert_ne!(again.id, info.id);
     assert_eq!(sh(&env.rt, &again.id, "cat /workspace/kept").await.stdout, "keep\n");
     assert_nothing_left(env.data(), &info.id);
@@ -325,26 +325,26 @@ async fn expired_sandboxes_are_destroyed_and_renew_moves_expiry() {
 async fn workspaces_persist_and_concurrent_acquires_share_one_sandbox() {
     let env = Env::new();
     let t = thread("Thread_ABC");
-    let acquires = (0..4).map(|_| env.rt.acquire(&t, SandboxSpec::default()));
+    let acquires = (0..4).map(|_| env.rt.acquire(&t, ValidatedSpec::default()));
     let infos: Vec<_> = futures_join(acquires).await.into_iter().map(Result::unwrap).collect();
     assert!(infos.iter().all(|i| i.id == infos[0].id), "concurrent acquires made several sandboxes");
     let first = &infos[0];
     assert_eq!(sh(&env.rt, &first.id, "echo remembered > /workspace/note").await.code(), 0);
     env.rt.release(&t).await.unwrap();
     assert_nothing_left(env.data(), &first.id);
-    let second = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    let second = env.rt.acquire(&t, ValidatedSpec::default()).await.unwrap();
     assert_ne!(second.id, first.id);
     assert_eq!(sh(&env.rt, &second.id, "cat /workspace/note").await.stdout, "remembered\n");
 
     // A look-alike thread id gets a workspace of its own.
-    let alias = env.rt.acquire(&thread("thread.abc"), SandboxSpec::default()).await.unwrap();
+    let alias = env.rt.acquire(&thread("thread.abc"), ValidatedSpec::default()).await.unwrap();
     assert_ne!(alias.workspace.as_ref().unwrap().name, second.workspace.as_ref().unwrap().name);
     assert_eq!(sh(&env.rt, &alias.id, "ls -A /workspace").await.stdout, "");
 
     env.rt.destroy_workspace(&t).await.unwrap();
     assert!(!env.data().join("workspaces").join(&second.workspace.as_ref().unwrap().name).exists());
     assert_nothing_left(env.data(), &second.id);
-    let fresh = env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    let fresh = env.rt.acquire(&t, ValidatedSpec::default()).await.unwrap();
     assert_eq!(sh(&env.rt, &fresh.id, "ls -A /workspace").await.stdout, "", "a destroyed workspace came back");
     assert!(matches!(env.rt.destroy_workspace(&thread("never-used")).await, Err(RuntimeError::NotFound(_))));
 }
@@ -353,12 +353,12 @@ async fn workspaces_persist_and_concurrent_acquires_share_one_sandbox() {
 async fn creating_a_second_sandbox_on_a_busy_workspace_is_a_conflict() {
     let env = Env::new();
     let t = thread("busy");
-    env.rt.acquire(&t, SandboxSpec::default()).await.unwrap();
+    env.rt.acquire(&t, ValidatedSpec::default()).await.unwrap();
     let spec = SandboxSpec {
         workspace: Some(paddock_core::spec::WorkspaceRef { thread: t, naming: NamingMode::Hashed }),
         ..Default::default()
     };
-    assert!(matches!(env.rt.create(spec).await, Err(RuntimeError::Conflict(_))));
+    assert!(matches!(env.rt.create(spec.validated().unwrap()).await, Err(RuntimeError::Conflict(_))));
 }
 
 #[tokio::test]
@@ -399,7 +399,7 @@ async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     let mut spec = SandboxSpec::default();
     spec.resources.workspace_bytes = Some(32 << 20);
     spec.resources.workspace_inodes = 4096;
-    let first = env.rt.acquire(&t, spec.clone()).await.unwrap();
+    let first = env.rt.acquire(&t, spec.clone().validated().unwrap()).await.unwrap();
     common::assert_confined(&env.rt, &first.id).await;
     let out = sh(&env.rt, &first.id, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1 | grep -c 'No space'; echo keep > /workspace/small; stat -c %U /workspace").await;
     assert_eq!(out.stdout, "1\ncloudsdk\n".replace("cloudsdk", &user_name_1000()), "{}", out.stderr);
@@ -407,14 +407,14 @@ async fn workspace_size_is_capped_persistent_and_never_mounted_on_the_host() {
     assert!(!mounts.contains("files.img") && !mounts.contains("wsmnt"), "the workspace image is mounted on the host");
     env.rt.release(&t).await.unwrap();
     assert_nothing_left(env.data(), &first.id);
-    let second = env.rt.acquire(&t, spec.clone()).await.unwrap();
+    let second = env.rt.acquire(&t, spec.clone().validated().unwrap()).await.unwrap();
     assert_eq!(sh(&env.rt, &second.id, "cat /workspace/small").await.stdout, "keep\n");
     // The caps are fixed at creation (an ext4 image: df shows its own size and inodes, which
     // ext4 rounds up to whole block groups); a later acquire asking for others gets it as it is.
     env.rt.release(&t).await.unwrap();
     spec.resources.workspace_bytes = Some(64 << 20);
     spec.resources.workspace_inodes = 100_000;
-    let third = env.rt.acquire(&t, spec).await.unwrap();
+    let third = env.rt.acquire(&t, spec.validated().unwrap()).await.unwrap();
     let out = sh(&env.rt, &third.id, "cat /workspace/small; df -B1 --output=size,itotal /workspace | tail -1").await;
     let mut lines = out.stdout.lines();
     assert_eq!(lines.next(), Some("keep"), "{}", out.stderr);

@@ -120,11 +120,11 @@ async fn host_volumes_map_only_ordinary_owners_and_keep_read_only_and_set_id_out
     std::fs::create_dir(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, shared.join("out")).unwrap();
     for path in [outside.clone(), shared.join("out"), env.data().to_path_buf()] {
-        let e = env.rt.create(spec(vec![host("h", &path, "/mnt/h", false)])).await.unwrap_err();
+        let e = env.rt.create(spec(vec![host("h", &path, "/mnt/h", false)]).validated().unwrap()).await.unwrap_err();
         assert!(e.to_string().contains("outside the directories"), "{path:?}: {e}");
     }
     let plain = Env::new();
-    let e = plain.rt.create(spec(vec![host("h", &shared, "/mnt/h", false)])).await.unwrap_err();
+    let e = plain.rt.create(spec(vec![host("h", &shared, "/mnt/h", false)]).validated().unwrap()).await.unwrap_err();
     assert!(e.to_string().contains("--volume-root"), "{e}");
 }
 
@@ -161,7 +161,8 @@ async fn volumes_mount_below_the_sandboxs_own_tmp() {
     env.rt.destroy(&id).await.unwrap();
     assert_nothing_left(env.data(), &id);
     // At /tmp itself: refused, naming what to do.
-    let e = env.rt.create(spec(vec![host("t", &logs, "/tmp", false)])).await.unwrap_err();
+    // (A spec's own check, made where it enters: by the server or the CLI, before the runtime.)
+    let e = spec(vec![host("t", &logs, "/tmp", false)]).validated().unwrap_err();
     assert!(e.to_string().contains("mount below it"), "{e}");
 }
 
@@ -193,7 +194,11 @@ async fn named_volumes_are_shared_capped_and_never_followed_out_of() {
         .unwrap_err();
     assert!(e.to_string().contains("only files in /workspace and /tmp"), "{e}");
     // A subPath through the symlink the first sandbox left is refused, not followed to `/`.
-    let e = env.rt.create(spec(vec![named("v", "shared-data", "/mnt/x", Some("esc/etc"), false)])).await.unwrap_err();
+    let e = env
+        .rt
+        .create(spec(vec![named("v", "shared-data", "/mnt/x", Some("esc/etc"), false)]).validated().unwrap())
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("symbolic link"), "{e}");
 
     let listed = env.rt.volumes().await.unwrap();

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use paddock_core::naming::ThreadId;
 use paddock_core::runtime::{ExecOutcome, ExecRequest, Runtime, RuntimeError, SandboxId, SandboxState};
-use paddock_core::spec::{SandboxSpec, WorkspaceRef};
+use paddock_core::spec::{SandboxSpec, ValidatedSpec, WorkspaceRef};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, broadcast, watch};
@@ -402,8 +402,9 @@ impl Runs {
         Ok(())
     }
 
-    /// The sandbox spec of an attempt.
-    fn spec_of(&self, run: &RunRow) -> Result<SandboxSpec, String> {
+    /// The sandbox spec of an attempt, checked (a run's resources were at submission; what
+    /// the server adds, too, is checked here once, not by the runtime).
+    fn spec_of(&self, run: &RunRow) -> Result<ValidatedSpec, String> {
         let tenant = crate::tenants::Tenant::named(&run.tenant);
         let mut env: BTreeMap<String, String> = self.llm.sandbox_env(&tenant).into_iter().collect();
         env.extend(run.spec.env.clone());
@@ -425,12 +426,12 @@ impl Runs {
             let thread = ThreadId::new(t.clone()).map_err(|e| e.to_string())?;
             spec.workspace = Some(WorkspaceRef { thread, naming: Default::default() });
         }
-        Ok(spec)
+        spec.validated().map_err(|e| e.to_string())
     }
 
     /// Gets a sandbox for an attempt: a new one, or its thread's (made again when the one
     /// there has no gateway, e.g. one acquired through the workspace API).
-    async fn sandbox_for(&self, run: &RunRow, spec: SandboxSpec) -> Result<SandboxId, RuntimeError> {
+    async fn sandbox_for(&self, run: &RunRow, spec: ValidatedSpec) -> Result<SandboxId, RuntimeError> {
         match &spec.workspace {
             None => Ok(self.rt.create(spec).await?.id),
             Some(w) => {

@@ -43,8 +43,9 @@ impl Env {
         self.dir.path()
     }
 
+    /// Validates `spec` as the server or the CLI would, then creates its sandbox.
     pub async fn create(&self, spec: SandboxSpec) -> SandboxInfo {
-        self.rt.create(spec).await.expect("create sandbox")
+        self.rt.create(spec.validated().expect("a valid spec")).await.expect("create sandbox")
     }
 
     /// Creates a default sandbox and proves it is confined before anything else runs in it:
