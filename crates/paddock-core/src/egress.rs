@@ -467,6 +467,35 @@ impl EgressStatus {
     }
 }
 
+/// An egress policy that passed [`EgressPolicy::validate`]: what `Runtime::set_egress` takes,
+/// so the server (or the CLI) checks a new policy once and no runtime again. Made only by
+/// [`EgressPolicy::validated`]; a sandbox's first policy is checked with its spec
+/// (`ValidatedSpec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedPolicy(EgressPolicy);
+
+impl ValidatedPolicy {
+    pub fn into_inner(self) -> EgressPolicy {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidatedPolicy {
+    type Target = EgressPolicy;
+
+    fn deref(&self) -> &EgressPolicy {
+        &self.0
+    }
+}
+
+impl EgressPolicy {
+    /// This policy, checked once (see [`ValidatedPolicy`]).
+    pub fn validated(self) -> Result<ValidatedPolicy, String> {
+        self.validate()?;
+        Ok(ValidatedPolicy(self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,5 +657,14 @@ mod tests {
         assert!(many.validate().unwrap_err().contains("too many"));
         let bad = EgressPolicy { default_action: Action::Deny, egress: vec![rule(Action::Allow, "x y")] };
         assert!(bad.validate().unwrap_err().starts_with("egress rule 0"));
+    }
+
+    #[test]
+    fn a_validated_policy_is_made_only_by_validating() {
+        let bad = EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, "")] };
+        assert!(bad.validated().unwrap_err().starts_with("egress rule 0"));
+        let fine =
+            EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, "a.test")] };
+        assert_eq!(fine.clone().validated().unwrap().into_inner(), fine);
     }
 }

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use serde::{Deserialize, Serialize};
 
-use crate::egress::{EgressCounters, EgressPolicy, EgressStatus};
+use crate::egress::{EgressCounters, EgressStatus, ValidatedPolicy};
 use crate::naming::ThreadId;
 use crate::spec::{SandboxSpec, SpecError, ValidatedSpec};
 
@@ -660,7 +660,7 @@ pub trait Runtime: Send + Sync {
     /// Replaces a running sandbox's egress policy; new connections and DNS queries follow it
     /// at once. A policy the runtime cannot enforce is refused (`Unsupported`), never applied
     /// in part.
-    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+    async fn set_egress(&self, id: &SandboxId, policy: ValidatedPolicy) -> Result<EgressStatus, RuntimeError> {
         let _ = policy;
         self.get(id).await?;
         Err(RuntimeError::Unsupported("this runtime cannot change a running sandbox's egress policy".into()))

@@ -741,11 +741,11 @@ impl Runtime for KubeRuntime {
     async fn set_egress(
         &self,
         id: &SandboxId,
-        policy: paddock_core::egress::EgressPolicy,
+        policy: paddock_core::egress::ValidatedPolicy,
     ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         let pod = self.find(id).await?;
         let mut spec = Self::info_of(&pod)?.spec;
-        spec.network = NetworkPolicy::Egress(policy);
+        spec.network = NetworkPolicy::Egress(policy.into_inner());
         // The Pod's spec as read back, with the new policy: checked whole, the policy with it.
         let mut spec = self.prepare(spec.validated()?)?;
         if pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(claim::CLAIM_ANNOTATION))

@@ -1034,14 +1034,14 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
                 EgressRule::new(Action::Deny, "203.0.113.128/25"),
             ],
         };
-        let status = rt.set_egress(&sbx.id, one.clone()).await.unwrap();
+        let status = rt.set_egress(&sbx.id, one.clone().validated().unwrap()).await.unwrap();
         assert_eq!((status.policy.clone(), status.enforcement.as_str()), (one.clone(), "networkpolicy"));
         assert_eq!(
             egress_of(policies.get(&name).await.unwrap()),
             serde_json::json!([{"to": [{"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.128/25"]}}]}])
         );
         assert_eq!(rt.get(&sbx.id).await.unwrap().spec.network.policy(), one);
-        rt.set_egress(&sbx.id, EgressPolicy::deny_all()).await.unwrap();
+        rt.set_egress(&sbx.id, EgressPolicy::deny_all().validated().unwrap()).await.unwrap();
         assert_eq!(egress_of(policies.get(&name).await.unwrap()), serde_json::json!([]));
 
         // What a NetworkPolicy cannot enforce is refused, and changes nothing.
@@ -1049,7 +1049,10 @@ async fn cluster_egress_rules_become_the_network_policy_and_never_open_the_clust
         for target in refused {
             let bad =
                 EgressPolicy { default_action: Action::Deny, egress: vec![EgressRule::new(Action::Allow, target)] };
-            assert!(matches!(rt.set_egress(&sbx.id, bad).await, Err(RuntimeError::Unsupported(_))), "{target}");
+            assert!(
+                matches!(rt.set_egress(&sbx.id, bad.validated().unwrap()).await, Err(RuntimeError::Unsupported(_))),
+                "{target}"
+            );
         }
         assert_eq!(rt.egress(&sbx.id).await.unwrap().policy, EgressPolicy::deny_all());
         rt.destroy(&sbx.id).await.unwrap();

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use crate::layout::DataDir;
 use crate::protocol::{self, Control, FileCall, Ready, Record, Reply, Request};
-use paddock_core::egress::{EgressPolicy, EgressStatus, Enforcement};
+use paddock_core::egress::{EgressPolicy, EgressStatus, Enforcement, ValidatedPolicy};
 use paddock_egress::control::Request as ControlRequest;
 
 /// The embedded local runtime.
@@ -940,8 +940,7 @@ impl Runtime for LocalRuntime {
         Ok(())
     }
 
-    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
-        policy.validate().map_err(RuntimeError::InvalidArgument)?;
+    async fn set_egress(&self, id: &SandboxId, policy: ValidatedPolicy) -> Result<EgressStatus, RuntimeError> {
         let info = self.get(id).await?;
         if info.state == SandboxState::Failed {
             return Err(RuntimeError::Conflict(format!("sandbox {id} has failed: its egress cannot change")));

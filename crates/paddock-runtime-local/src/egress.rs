@@ -189,7 +189,9 @@ pub async fn ask(dd: &DataDir, id: &SandboxId, request: &ControlRequest) -> Resu
     }
 }
 
-/// Puts `policy` in force: tells the running enforcer, or starts one.
+/// Puts `policy` in force: tells the running enforcer, or starts one. The policy was checked
+/// (with its spec, as a `ValidatedPolicy`, or before it was stored), and the enforcer checks
+/// what it is sent again, where it crosses into its process.
 pub async fn apply(
     dd: &DataDir,
     exe: &Path,
@@ -199,7 +201,6 @@ pub async fn apply(
     policy: &EgressPolicy,
     gateway: Option<(SocketAddr, Option<paddock_core::spec::GatewaySecret>)>,
 ) -> Result<EgressStatus, RuntimeError> {
-    policy.validate().map_err(RuntimeError::InvalidArgument)?;
     store_policy(dd, id, policy)?;
     let rules = gateway.is_none() || !policy.denies_everything();
     // An enforcer started without its rules cannot open anything: a policy that does is put
@@ -348,6 +349,8 @@ fn setup(dd: &DataDir, id: &SandboxId) -> Result<(Start, Served, OwnedFd), Strin
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input).map_err(|e| format!("reading the configuration: {e}"))?;
     let start: Start = serde_json::from_slice(&input).map_err(|e| format!("bad configuration: {e}"))?;
+    // Checked where it crosses into this process, as a policy the control socket sends is.
+    start.policy.validate().map_err(|e| format!("bad policy: {e}"))?;
     let (netns, init) = network_of(dd, id)?;
     let host_ns =
         File::open("/proc/thread-self/ns/net").map_err(|e| format!("opening this thread's network namespace: {e}"))?;

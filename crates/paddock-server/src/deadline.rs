@@ -243,7 +243,7 @@ impl Runtime for Deadlined {
     async fn set_egress(
         &self,
         id: &SandboxId,
-        policy: paddock_core::egress::EgressPolicy,
+        policy: paddock_core::egress::ValidatedPolicy,
     ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
         within(self.d.call, || format!("changing the egress of {id}"), self.inner.set_egress(id, policy)).await
     }
@@ -280,7 +280,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Mutex;
 
-    use paddock_core::egress::{EgressPolicy, EgressStatus};
+    use paddock_core::egress::{EgressPolicy, EgressStatus, ValidatedPolicy};
     use paddock_core::vault::Vault;
     use paddock_core::volume::NamedVolume;
 
@@ -355,7 +355,7 @@ mod tests {
         async fn egress(&self, _: &SandboxId) -> Result<EgressStatus, RuntimeError> {
             self.saw("egress")
         }
-        async fn set_egress(&self, _: &SandboxId, _: EgressPolicy) -> Result<EgressStatus, RuntimeError> {
+        async fn set_egress(&self, _: &SandboxId, _: ValidatedPolicy) -> Result<EgressStatus, RuntimeError> {
             self.saw("set_egress")
         }
         async fn vault(&self, _: &SandboxId) -> Result<Option<Vault>, RuntimeError> {
@@ -430,7 +430,7 @@ mod tests {
         let _ = rt.connect(&id, 80).await;
         let _ = rt.metrics(&id).await;
         let _ = rt.egress(&id).await;
-        let _ = rt.set_egress(&id, EgressPolicy::deny_all()).await;
+        let _ = rt.set_egress(&id, EgressPolicy::deny_all().validated().unwrap()).await;
         let _ = rt.vault(&id).await;
         let _ = rt.set_vault(&id, None).await;
         let _ = rt.volumes().await;

@@ -44,7 +44,7 @@ async fn current(
 }
 
 async fn set(state: &AppState, sid: &paddock_core::runtime::SandboxId, policy: EgressPolicy) -> ApiResult<Response> {
-    policy.validate().map_err(ApiError::bad_request)?;
+    let policy = policy.validated().map_err(ApiError::bad_request)?;
     let status = state.rt.set_egress(sid, policy).await?;
     Ok(axum::Json(policy_status(&status)).into_response())
 }

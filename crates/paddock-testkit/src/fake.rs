@@ -477,12 +477,11 @@ impl Runtime for FakeRuntime {
     async fn set_egress(
         &self,
         id: &SandboxId,
-        policy: paddock_core::egress::EgressPolicy,
+        policy: paddock_core::egress::ValidatedPolicy,
     ) -> Result<paddock_core::egress::EgressStatus, RuntimeError> {
-        policy.validate().map_err(RuntimeError::InvalidArgument)?;
         self.known(id)?;
         if let Some(info) = self.sandboxes.lock().unwrap().get_mut(id) {
-            info.spec.network = NetworkPolicy::Egress(policy);
+            info.spec.network = NetworkPolicy::Egress(policy.into_inner());
         }
         self.egress(id).await
     }

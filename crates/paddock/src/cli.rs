@@ -747,6 +747,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
                 if let Some(a) = default_action {
                     policy.default_action = a;
                 }
+                let policy = policy.validated().map_err(|e| anyhow!("the egress policy: {e}"))?;
                 status = rt.set_egress(&id, policy).await?;
             }
             output::egress(&status, json);

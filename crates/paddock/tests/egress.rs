@@ -209,7 +209,10 @@ async fn a_rules_policy_reaches_only_what_it_allows_and_says_why_it_denies() {
 
     // A change applies to the very next connection, without restarting anything.
     env.rt
-        .set_egress(&id, rules(Action::Deny, &[(Action::Deny, "allowed.test"), (Action::Allow, "denied.test")]))
+        .set_egress(
+            &id,
+            rules(Action::Deny, &[(Action::Deny, "allowed.test"), (Action::Allow, "denied.test")]).validated().unwrap(),
+        )
         .await
         .unwrap();
     let flipped = sh(
@@ -276,11 +279,11 @@ async fn deny_has_no_route_and_no_dns_until_a_change_opens_it() {
     assert_ne!(sh(&env.rt, &id, &format!("curl -sS -m 3 http://{}/", world.ip)).await.code(), 0);
 
     // Opened while it runs.
-    env.rt.set_egress(&id, EgressPolicy::allow_all()).await.unwrap();
+    env.rt.set_egress(&id, EgressPolicy::allow_all().validated().unwrap()).await.unwrap();
     let out = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
     assert_eq!(out.stdout, "hello from outside host=allowed.test sni=-\n", "{}", out.stderr);
     // And closed again.
-    env.rt.set_egress(&id, EgressPolicy::deny_all()).await.unwrap();
+    env.rt.set_egress(&id, EgressPolicy::deny_all().validated().unwrap()).await.unwrap();
     assert_eq!(sh(&env.rt, &id, "curl -sS -m 5 http://allowed.test/").await.code(), 6);
 }
 
@@ -315,7 +318,7 @@ async fn a_gateway_sandbox_starts_without_rules_and_a_change_puts_them_in() {
     assert!(home.stdout.ends_with("home\n"), "the gateway answers: {} {}", home.stdout, home.stderr);
     assert_ne!(sh(&env.rt, &id, &format!("curl -sS -m 3 http://{}/", world.ip)).await.code(), 0);
 
-    env.rt.set_egress(&id, EgressPolicy::allow_all()).await.unwrap();
+    env.rt.set_egress(&id, EgressPolicy::allow_all().validated().unwrap()).await.unwrap();
     assert!(!bare.exists(), "the enforcer was replaced by one with rules");
     let out = sh(&env.rt, &id, "curl -sS -m 10 http://allowed.test/").await;
     assert_eq!(out.stdout, "hello from outside host=allowed.test sni=-\n", "{}", out.stderr);
@@ -372,7 +375,7 @@ async fn a_deny_rule_for_an_address_holds_for_every_name_that_leads_there() {
     assert_eq!(open.stdout, "hello from outside host=allowed.test sni=-\n", "{}", open.stderr);
 
     for rule in [world.ip.clone(), format!("{}/32", world.ip)] {
-        env.rt.set_egress(&id, rules(Action::Allow, &[(Action::Deny, &rule)])).await.unwrap();
+        env.rt.set_egress(&id, rules(Action::Allow, &[(Action::Deny, &rule)]).validated().unwrap()).await.unwrap();
         let raw = sh(&env.rt, &id, &format!("curl -sS -m 5 -w '%{{http_code}}' http://{}/", world.ip)).await;
         assert!(raw.stdout.ends_with("403"), "{rule}: {raw:?}");
         // The name: no address for it.
@@ -485,7 +488,9 @@ async fn rules_scoped_to_ports_hold_on_those_ports_only() {
     env.rt
         .set_egress(
             &id,
-            EgressPolicy { default_action: Action::Deny, egress: vec![ported(Action::Allow, &world.raw_ip, &[443])] },
+            EgressPolicy { default_action: Action::Deny, egress: vec![ported(Action::Allow, &world.raw_ip, &[443])] }
+                .validated()
+                .unwrap(),
         )
         .await
         .unwrap();
