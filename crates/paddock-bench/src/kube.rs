@@ -25,56 +25,9 @@ pub struct KubeBenchArgs {
     /// The kubectl binary for the `kubectl exec` baseline.
     #[arg(long, env = "PADDOCK_KUBECTL", default_value = "kubectl")]
     pub kubectl: PathBuf,
-    /// The kubeconfig context to use (default: the kubeconfig's current context).
-    #[arg(long, env = "PADDOCK_K8S_CONTEXT", value_name = "NAME")]
-    pub context: Option<String>,
-    /// Namespace the bench's sandboxes live in; it must exist.
-    #[arg(long, env = "PADDOCK_K8S_NAMESPACE", default_value = "paddock")]
-    pub namespace: String,
-    /// Image of the bench's sandboxes.
-    #[arg(long, env = "PADDOCK_K8S_IMAGE", default_value = "paddock.local/sandbox:1")]
-    pub default_image: String,
-    /// imagePullPolicy of the bench's Pods: IfNotPresent, Always or Never.
-    #[arg(long, default_value = "IfNotPresent")]
-    pub image_pull_policy: String,
-    /// StorageClass of workspace PVCs (the cluster's default when not given).
-    #[arg(long)]
-    pub storage_class: Option<String>,
-    /// CPU each sandbox Pod requests (e.g. 0.01), as `paddock serve --cpu-request`.
-    #[arg(long, value_parser = paddock_core::units::parse_cpus)]
-    pub cpu_request: Option<u32>,
-    /// Give a workspace PVC's root to the sandbox user (for provisioners that ignore fsGroup,
-    /// such as hostPath), as `paddock serve --chown-workspace`.
-    #[arg(long)]
-    pub chown_workspace: bool,
-    /// The static `paddock-agent` commands run through, or `none` for `pods/exec` alone.
-    /// Default: a static `paddock-agent` beside this binary, or in its cargo target directory's
-    /// static build; else `none`.
-    #[arg(long = "k8s-agent", env = "PADDOCK_K8S_AGENT", value_name = "PATH|none")]
-    pub agent: Option<String>,
-}
-
-impl KubeBenchArgs {
-    /// The runtime's configuration: the defaults of `paddock serve --runtime kubernetes` but for
-    /// what is given here.
-    pub fn config(&self, naming: paddock_core::naming::NamingMode) -> paddock_runtime_k8s::KubeConfig {
-        paddock_runtime_k8s::KubeConfig {
-            context: self.context.clone(),
-            namespace: self.namespace.clone(),
-            default_image: self.default_image.clone(),
-            image_pull_policy: self.image_pull_policy.clone(),
-            storage_class: self.storage_class.clone(),
-            cpu_request_millicpus: self.cpu_request,
-            chown_workspace: self.chown_workspace,
-            naming,
-            agent: match self.agent.as_deref() {
-                Some("none") => None,
-                Some(path) => Some(PathBuf::from(path)),
-                None => std::env::current_exe().ok().and_then(|exe| paddock_runtime_k8s::agent::find_beside(&exe)),
-            },
-            ..Default::default()
-        }
-    }
+    /// The runtime's own options, as `paddock --runtime kubernetes` takes them.
+    #[command(flatten)]
+    pub runtime: paddock_runtime_k8s::cli::KubeOpts,
 }
 
 #[derive(Debug, Serialize)]

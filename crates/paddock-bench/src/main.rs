@@ -71,7 +71,7 @@ async fn run(cli: Cli) -> Result<u8> {
     let _ = PADDOCK.set(paddock.clone());
     let naming = NamingMode::Hashed;
     if cli.kubernetes {
-        let config = cli.kube.config(naming);
+        let config = cli.kube.runtime.config(naming)?;
         let rt = Arc::new(paddock_runtime_k8s::KubeRuntime::from_default_kubeconfig(config).await?);
         // The local runtime's exec round trip is the yardstick of the 3x aim; it needs root.
         let local = paddock_runtime_local::LocalRuntime::new(&cli.data_dir, paddock, naming).ok();

@@ -16,6 +16,8 @@
 pub mod agent;
 pub mod check;
 pub mod claim;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod client;
 mod config;
 mod environ;
