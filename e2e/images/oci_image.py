@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--cmd")
     ap.add_argument("--entrypoint")
     ap.add_argument("--user")
+    ap.add_argument("--name", help="the image's name for `ctr images import` (io.containerd.image.name)")
     a = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="oci-image-")
@@ -100,6 +101,9 @@ def main():
                                "config": cfg_desc, "layers": layers}, sort_keys=True).encode()
         index = {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
                  "digest": blob(blobs, manifest), "size": len(manifest)}]}
+        if a.name:
+            index["manifests"][0]["annotations"] = {"io.containerd.image.name": a.name,
+                                                    "org.opencontainers.image.ref.name": a.name.rsplit(":", 1)[-1]}
         with open(os.path.join(work, "index.json"), "w") as f: json.dump(index, f)
         with open(os.path.join(work, "oci-layout"), "w") as f: json.dump({"imageLayoutVersion": "1.0.0"}, f)
         tmp = a.out + ".tmp"

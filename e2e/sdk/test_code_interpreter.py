@@ -40,15 +40,14 @@ def need_interpreters(sandbox) -> None:
 @pytest.fixture
 def interpreter(server, sandbox) -> CodeInterpreterSync:
     need_interpreters(sandbox)
-    # The SDK's default readiness check (GET /ping, then bash /dev/tcp to 127.0.0.1:44771).
-    ci = CodeInterpreterSync.create(sandbox, skip_health_check=not local_runtime(server))
+    # The SDK's default readiness check (GET /ping, then bash /dev/tcp to 127.0.0.1:44771),
+    # answered by the local runtime's sandbox init and by the agent in a Kubernetes Pod.
+    ci = CodeInterpreterSync.create(sandbox)
     yield ci
     ci.close()
 
 
 def test_create_with_the_default_readiness_check_is_quick(server, sandbox):
-    if not local_runtime(server):
-        pytest.skip("only the local runtime's sandbox init answers the SDK's readiness probe")
     need_interpreters(sandbox)
     t0 = time.monotonic()
     ci = CodeInterpreterSync.create(sandbox)
@@ -273,7 +272,7 @@ def test_the_async_sdk_runs_code_too(server, mode):
         try:
             if (await sb.commands.run("command -v python3")).exit_code != 0:
                 pytest.skip(f"the image {IMAGE!r} has no python3")
-            ci = await CodeInterpreter.create(sb, skip_health_check=not local_runtime(server))
+            ci = await CodeInterpreter.create(sb)
             ctx = await ci.codes.create_context(SupportedLanguage.PYTHON)
             await ci.codes.run("v = 6", context=ctx)
             ex = await ci.codes.run("print('async')\nv * 7", context=ctx)

@@ -21,7 +21,7 @@ import pytest
 from opensandbox import SandboxSync
 from opensandbox.models.execd import RunCommandOpts
 
-from conftest import EXTERNAL, IMAGE, PaddockServer, capabilities, wait_until
+from conftest import EXTERNAL, IMAGE, PaddockServer, wait_until
 
 DOMAIN = "sandboxes.test"
 PORT = 8765
@@ -122,8 +122,6 @@ def routed_server():
                                  "--ws-idle-timeout", "3s"])
     try:
         s.start()
-        if capabilities(s).get("runtime") != "local":
-            pytest.skip("the test's WebSocket server is Python, which the cluster's test image lacks")
         yield s
     finally:
         s.cleanup()
@@ -133,6 +131,9 @@ def routed_server():
 def app(routed_server):
     sb = SandboxSync.create(IMAGE, connection_config=routed_server.config("direct"), timeout=timedelta(minutes=10),
                             ready_timeout=timedelta(seconds=30))
+    if sb.commands.run("command -v python3").exit_code != 0:
+        sb.kill()
+        pytest.skip(f"the test's WebSocket server is Python, which the image {IMAGE!r} lacks")
     sb.files.write_file("/tmp/ws.py", SERVER)
     sb.commands.run("python3 /tmp/ws.py", opts=RunCommandOpts(background=True))
     key = {"OPEN-SANDBOX-API-KEY": routed_server.api_key}
