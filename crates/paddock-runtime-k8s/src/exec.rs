@@ -73,10 +73,15 @@ true"#;
 
 /// `sh -c SIGNAL paddock-signal TOKEN SIGNUM`: exits 3 when the command has not recorded its
 /// session yet (or has ended), else signals the whole session's process group.
+///
+/// dash (`/bin/sh` of Debian and Ubuntu images) reads `kill -s 9 -PID` as an unknown option
+/// and needs `--` before a process group; busybox's `kill` refuses `--`. Each form is tried in
+/// turn: without the second, a dash image's command lost only its shell to a timeout, and what
+/// the shell had started ran on with the output pipe.
 pub const SIGNAL_SCRIPT: &str = r#"f="/tmp/.paddock-exec/$1"
 [ -s "$f" ] || exit 3
 read p <"$f" || exit 3
-kill -s "$2" "-$p" 2>/dev/null || kill -s "$2" "$p""#;
+kill -s "$2" "-$p" 2>/dev/null || kill -s "$2" -- "-$p" 2>/dev/null || kill -s "$2" "$p""#;
 
 /// `sh -c STAGE paddock-stage TOKEN` stores its input as `TOKEN.args` for the wrapper.
 ///
@@ -661,6 +666,57 @@ mod tests {
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(String::from_utf8_lossy(&out.stdout), value);
         assert!(!std::path::Path::new("/tmp/.paddock-exec/unit-test-4.args").exists());
+    }
+
+    /// The signal script reaches everything a command started, under this host's `/bin/sh`
+    /// (dash on Debian) and under busybox when the host has it.
+    #[test]
+    fn the_signal_script_kills_the_whole_session_under_dash_and_busybox() {
+        let mut shells = vec![vec!["/bin/sh".to_owned()]];
+        if let Ok(bb) = which_busybox() {
+            shells.push(vec![bb, "sh".to_owned()]);
+        }
+        for (i, shell) in shells.iter().enumerate() {
+            let token = format!("unit-signal-{}-{i}", std::process::id());
+            let grandchild_file = std::env::temp_dir().join(format!("{token}.gc"));
+            // A session of its own, as the wrapper's `setsid` makes: a shell and a `sleep` it
+            // started, which holds on to nothing but must die with it.
+            let mut leader = std::process::Command::new("setsid")
+                .args(["sh", "-c", "sleep 30 & echo $! >\"$0\"; wait", grandchild_file.to_str().unwrap()])
+                .spawn()
+                .unwrap();
+            let mut grandchild = None;
+            for _ in 0..100 {
+                grandchild = std::fs::read_to_string(&grandchild_file).ok().and_then(|s| s.trim().parse::<u32>().ok());
+                if grandchild.is_some() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let grandchild = grandchild.expect("the session's sleep started");
+            std::fs::create_dir_all("/tmp/.paddock-exec").unwrap();
+            std::fs::write(format!("/tmp/.paddock-exec/{token}"), format!("{}\n", leader.id())).unwrap();
+            let st = std::process::Command::new(&shell[0])
+                .args(&shell[1..])
+                .args(["-c", SIGNAL_SCRIPT, "paddock-signal", &token, "9"])
+                .status()
+                .unwrap();
+            assert_eq!(st.code(), Some(0), "{shell:?}");
+            let ended = leader.wait().unwrap();
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&ended), Some(9), "{shell:?}: {ended:?}");
+            let alive = || {
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                    .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+            };
+            let mut waited = 0;
+            while alive() && waited < 100 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                waited += 1;
+            }
+            assert!(!alive(), "{shell:?}: the command's own child outlived the signal");
+            let _ = std::fs::remove_file(format!("/tmp/.paddock-exec/{token}"));
+            let _ = std::fs::remove_file(&grandchild_file);
+        }
     }
 
     fn which_busybox() -> Result<String, ()> {
