@@ -701,6 +701,9 @@ mod tests {
                 .args(["-c", SIGNAL_SCRIPT, "paddock-signal", &token, "9"])
                 .status()
                 .unwrap();
+            // Gone before any assertion, so a failing run leaves nothing behind for the next.
+            let _ = std::fs::remove_file(format!("/tmp/.paddock-exec/{token}"));
+            let _ = std::fs::remove_file(&grandchild_file);
             assert_eq!(st.code(), Some(0), "{shell:?}");
             let ended = leader.wait().unwrap();
             assert_eq!(std::os::unix::process::ExitStatusExt::signal(&ended), Some(9), "{shell:?}: {ended:?}");
@@ -714,8 +717,6 @@ mod tests {
                 waited += 1;
             }
             assert!(!alive(), "{shell:?}: the command's own child outlived the signal");
-            let _ = std::fs::remove_file(format!("/tmp/.paddock-exec/{token}"));
-            let _ = std::fs::remove_file(&grandchild_file);
         }
     }
 
